@@ -1,0 +1,78 @@
+"""The test matrix. Run it with `scripts/test` (which finds Python >= 3.12 and installs nox and uv).
+
+Sessions:
+  tests-3.12, tests-3.13   the core alone, on every supported Python installed here
+  lint                      ruff (lint + format check)
+  types                     mypy --strict on osmosis_core
+  plugin-<name>             the core plus one plugin from plugins/, that plugin's tests
+  bench                     the benchmarks in bench/ (not run by default)
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2024.4.15"
+nox.options.default_venv_backend = "uv"
+nox.options.error_on_missing_interpreters = False
+nox.options.reuse_venv = "yes"
+
+ROOT = Path(__file__).parent
+SUPPORTED = ("3.12", "3.13")
+
+
+def _installed(version: str) -> bool:
+    exe = shutil.which(f"python{version}")
+    if exe is None:
+        return False
+    return subprocess.run([exe, "-c", "pass"], capture_output=True).returncode == 0
+
+
+PYTHONS = [v for v in SUPPORTED if _installed(v)] or [SUPPORTED[0]]
+PLUGINS = sorted(p.name for p in (ROOT / "plugins").glob("osmosis-*") if (p / "pyproject.toml").is_file())
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3"]
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The core's tests on its own (no plugin installed)."""
+    session.install("-e", ".", *TEST_DEPS)
+    session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
+def lint(session: nox.Session) -> None:
+    """ruff: lint rules and formatting."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHONS[0])
+def types(session: nox.Session) -> None:
+    """mypy --strict on the core (and the plugins' packages)."""
+    session.install("-e", ".", "mypy>=1.11", *TEST_DEPS)
+    session.run("mypy", "osmosis_core")
+
+
+@nox.session(python=PYTHONS[0])
+@nox.parametrize("plugin", PLUGINS or [None])
+def plugin(session: nox.Session, plugin: str | None) -> None:
+    """The core with one plugin installed: discovery, then that plugin's tests."""
+    if plugin is None:
+        session.skip("no plugins in plugins/ yet")
+    session.install("-e", ".", "-e", f"plugins/{plugin}", *TEST_DEPS)
+    session.run("osmosis", "plugins", "--json")
+    session.run("pytest", f"plugins/{plugin}/tests", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0], default=False)
+def bench(session: nox.Session) -> None:
+    """The benchmarks: overhead and throughput ratios (printed, not asserted)."""
+    session.install("-e", ".")
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        session.run("python", str(script), *session.posargs)

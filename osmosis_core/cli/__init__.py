@@ -1,0 +1,89 @@
+"""The ``osmosis`` command line (click). Every command module keeps its heavy imports inside the
+command, so ``osmosis --help`` and ``osmosis plugins`` start fast.
+
+Expected errors print one clear line (exit 1); usage errors exit 2; ``--debug`` or
+``OSMOSIS_DEBUG=1`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from osmosis_core import __version__
+
+__all__ = ["OsmosisGroup", "main", "make_cli"]
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+def _debug(ctx: click.Context | None) -> bool:
+    if os.environ.get("OSMOSIS_DEBUG", "").lower() in ("1", "true", "yes"):
+        return True
+    root = ctx.find_root() if ctx is not None else None
+    return bool(root is not None and isinstance(root.obj, dict) and root.obj.get("debug"))
+
+
+class OsmosisGroup(click.Group):
+    """A group that turns the SDK's errors into one-line messages (exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from osmosis_core.errors import OsmosisError
+
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except OsmosisError as exc:
+            if _debug(ctx):
+                raise
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(130) from None
+        except Exception as exc:
+            if _debug(ctx):
+                raise
+            raise click.ClickException(f"{type(exc).__name__}: {exc} (rerun with --debug for the traceback)") from None
+
+
+@click.group(cls=OsmosisGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version", prog_name="osmosis")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors [env: OSMOSIS_DEBUG=1].")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Agent rollouts for RL post-training.
+
+    Write an AgentWorkflow and a Grader once, then run them over a dataset against any
+    OpenAI-compatible endpoint.
+
+    \b
+    Start here:
+      osmosis template apply multiply-plain demo
+      cd demo && osmosis run configs/eval/multiply-plain.toml --stub-policy
+    """
+    ctx.obj = {"debug": debug}
+
+
+def make_cli() -> click.Group:
+    """The root group with the core's commands and every plugin's (what ``main`` runs)."""
+    from osmosis_core.cli.plugins_cmd import plugins
+    from osmosis_core.cli.run_cmd import run
+    from osmosis_core.cli.template_cmd import template
+    from osmosis_core.cli.validate_cmd import validate
+
+    for command in (run, validate, plugins, template):
+        cli.add_command(command)
+    if len(sys.argv) > 1 and sys.argv[1] in ("-V", "--version"):
+        return cli
+    from osmosis_core.plugins.registry import get_registry
+
+    get_registry().add_commands(cli)
+    return cli
+
+
+def main() -> None:
+    """The console script."""
+    make_cli().main(prog_name="osmosis")

@@ -1,0 +1,76 @@
+"""Options shared by ``osmosis run`` and ``osmosis validate``: a config file plus overriding flags."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["config_options", "resolve_config"]
+
+_F = Callable[..., Any]
+
+_OPTIONS: list[Callable[[_F], _F]] = [
+    click.option("--rollout", "rollout_path", metavar="DIR", help="The rollout folder (overrides rollout.path)."),
+    click.option("--backend", metavar="NAME", help="The backend to run on (overrides run.backend), e.g. local."),
+    click.option("--dataset", metavar="FILE", help="A JSONL dataset (overrides dataset.path)."),
+    click.option("--limit", type=click.IntRange(min=0), help="Run only the first N rows."),
+    click.option("--n-samples", type=click.IntRange(min=1), help="Rollouts per row."),
+    click.option("--concurrency", type=click.IntRange(min=1), help="Rollouts at once."),
+    click.option("--policy-url", metavar="URL", help="The OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."),
+    click.option("--model", metavar="NAME", help="The model name sent to the endpoint."),
+    click.option("--api-key-env", metavar="VAR", help="The environment variable holding the API key."),
+    click.option("--agent-timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per workflow."),
+    click.option("--grader-timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per grading."),
+    click.option("--output", metavar="DIR", help="The run folder (default runs/<config>-<timestamp>)."),
+]
+
+
+def config_options(function: _F) -> _F:
+    """Add the config-overriding flags to a command."""
+    for option in reversed(_OPTIONS):
+        function = option(function)
+    return function
+
+
+def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
+    """Read CONFIG (if given) and apply the flags over it; check the result.
+
+    :raises ConfigError: a bad file or a bad combination, with key paths.
+    """
+    from osmosis_core.config import RunConfig, check_config, load_config
+    from osmosis_core.errors import ConfigError
+
+    config = load_config(config_file) if config_file is not None else RunConfig(root=Path.cwd())
+    cwd = Path.cwd()
+
+    def path_flag(value: str) -> str:
+        # paths given on the command line are relative to where the user stands
+        return str((cwd / value).resolve())
+
+    if flags.get("rollout_path"):
+        config.rollout.path = path_flag(flags["rollout_path"])
+    if flags.get("dataset"):
+        config.dataset.path = path_flag(flags["dataset"])
+    if flags.get("output"):
+        config.run.output = path_flag(flags["output"])
+    simple = {
+        "backend": ("run", "backend"),
+        "limit": ("dataset", "limit"),
+        "n_samples": ("run", "n_samples"),
+        "concurrency": ("run", "concurrency"),
+        "policy_url": ("policy", "base_url"),
+        "model": ("policy", "model"),
+        "api_key_env": ("policy", "api_key_env"),
+        "agent_timeout": ("run", "agent_timeout_sec"),
+        "grader_timeout": ("run", "grader_timeout_sec"),
+    }
+    for flag, (section, key) in simple.items():
+        if flags.get(flag) is not None:
+            setattr(getattr(config, section), key, flags[flag])
+    problems = check_config(config)
+    if problems:
+        raise ConfigError(str(config_file or "<command line>"), problems)
+    return config

@@ -1,0 +1,41 @@
+"""``osmosis plugins``: what is installed, what each plugin registers, and what failed to load."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+__all__ = ["plugins"]
+
+
+@click.command()
+@click.option("json_", "--json", is_flag=True, help="Print JSON (a list of plugin records) instead of a table.")
+def plugins(json_: bool) -> None:
+    """List plugins: name, distribution, version, hooks, status and any load error.
+
+    \b
+    Examples:
+      osmosis plugins
+      osmosis plugins --json
+      OSMOSIS_DISABLE_PLUGINS=harbor osmosis plugins
+    """
+    from osmosis_core.plugins.registry import get_registry
+
+    registry = get_registry()
+    records = [p.to_json() for p in registry.plugins]
+    if json_:
+        click.echo(json.dumps(records, indent=2))
+        return
+    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS")]
+    for p in registry.plugins:
+        hooks = ",".join(h.removeprefix("osmosis_register_") for h in p.hooks) or "-"
+        rows.append((p.name, p.distribution, p.version or "-", p.status, hooks))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        click.echo("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
+    for p in registry.plugins:
+        if p.error:
+            click.echo(f"{p.name}: {p.error}", err=True)
+    for line in registry.conflicts():
+        click.echo(f"conflict: {line}", err=True)

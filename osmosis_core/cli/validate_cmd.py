@@ -1,0 +1,66 @@
+"""``osmosis validate CONFIG``: the preflight of ``osmosis run`` alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from osmosis_core.cli.common import config_options, resolve_config
+
+__all__ = ["validate"]
+
+
+@click.command()
+@click.argument("config_file", metavar="CONFIG", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@config_options
+def validate(config_file: Path | None, **flags: Any) -> None:
+    """Check a run config without running anything.
+
+    Reads the config, the dataset (every line), the backend and its settings, and imports the
+    rollout's entrypoint once so wiring errors show now. A package the rollout declares in its
+    pyproject.toml but this environment lacks is a warning, not a failure.
+
+    \b
+    Examples:
+      osmosis validate configs/eval/multiply-plain.toml
+      osmosis validate configs/eval/multiply-plain.toml --backend local --limit 5
+    """
+    from osmosis_core.config import api_key_from_env
+    from osmosis_core.dataset import read_dataset
+    from osmosis_core.errors import ConfigError
+    from osmosis_core.loader import MissingDependency, load_rollout
+    from osmosis_core.plugins.registry import get_registry
+    from osmosis_core.runner import build_backend
+
+    config = resolve_config(config_file, flags)
+    registry = get_registry()
+    ok = click.style("ok", fg="green")
+    click.echo(f"{ok}    config {config.source or '(flags)'}")
+    if config.dataset.path:
+        rows = read_dataset(config.resolve(config.dataset.path), limit=config.dataset.limit)
+        labelled = sum(r.label is not None for r in rows)
+        click.echo(f"{ok}    dataset: {len(rows)} rows ({labelled} with a label)")
+    else:
+        click.echo(click.style("warn", fg="yellow") + "  no dataset.path (give --dataset to osmosis run)")
+    try:
+        rollout = load_rollout(config, registry)
+    except MissingDependency as exc:
+        if not exc.declared:
+            raise
+        click.echo(click.style("warn", fg="yellow") + f"  {exc}")
+        click.echo(click.style("skip", fg="yellow") + "  workflow, grader and backend checks need that package")
+        return
+    grader = rollout.grader_class.__name__ if rollout.grader_class else "none"
+    click.echo(f"{ok}    rollout: workflow {rollout.workflow_class.__name__}, grader {grader}")
+    backend = build_backend(config, rollout, registry, None)
+    click.echo(f"{ok}    backend {config.run.backend!r} (up to {backend.max_concurrency or 'unlimited'} at once)")
+    if config.policy.base_url:
+        try:
+            api_key_from_env(config)
+        except ConfigError as exc:
+            click.echo(click.style("warn", fg="yellow") + f"  {exc.problems[0]}")
+        click.echo(f"{ok}    policy {config.policy.base_url} model {config.policy.model!r}")
+    else:
+        click.echo(click.style("warn", fg="yellow") + "  no policy.base_url: give --policy-url or --stub-policy")

@@ -1,0 +1,290 @@
+"""The TOML run config of ``osmosis run``, read with attrs + cattrs; every problem names its key path.
+
+A complete config (``configs/eval/multiply-plain.toml``)::
+
+    [rollout]
+    path = "rollouts/multiply-plain"     # the rollout's folder, put on sys.path
+    entrypoint = "main.py"               # the module defining the workflow and grader
+    # workflow = "MultiplyWorkflow"      # optional: a class in the entrypoint, or "pkg.mod:Class"
+    # grader = "MultiplyGrader"          # optional: a class, "pkg.mod:Class", a registered name, or "none"
+
+    [rollout.workflow_config]            # fields of the workflow's config_type
+    max_turns = 6
+
+    [dataset]
+    path = "rollouts/multiply-plain/data/multiply.jsonl"
+    limit = 100
+
+    [policy]
+    base_url = "http://127.0.0.1:8000/v1"
+    model = "Qwen/Qwen3-8B"
+    api_key_env = "OPENAI_API_KEY"       # the key is read from this variable, never stored
+
+    [run]
+    backend = "local"
+    concurrency = 8
+    n_samples = 1
+    agent_timeout_sec = 300
+    grader_timeout_sec = 60
+    pass_threshold = 1.0
+    output = "runs/multiply-plain"
+
+    [backend.local]                      # the chosen backend's own table
+    max_concurrent = 8
+
+Relative paths are resolved against the workspace root: the folder holding ``configs/`` when the
+file sits in ``configs/<kind>/``, else the config file's own folder.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+
+from osmosis_core.errors import ConfigError
+
+__all__ = [
+    "DatasetSection",
+    "PolicySection",
+    "RolloutSection",
+    "RunConfig",
+    "RunSection",
+    "load_config",
+    "structure_table",
+    "workspace_root",
+]
+
+
+@attrs.define(kw_only=True)
+class RolloutSection:
+    """``[rollout]``: where the rollout's code is and which classes to run."""
+
+    path: str | None = None
+    entrypoint: str | None = None
+    workflow: str | None = None
+    grader: str | None = None
+    workflow_config: dict[str, Any] = attrs.field(factory=dict)
+    grader_config: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.define(kw_only=True)
+class DatasetSection:
+    """``[dataset]``: the JSONL rows to run."""
+
+    path: str | None = None
+    limit: int | None = None
+
+
+@attrs.define(kw_only=True)
+class PolicySection:
+    """``[policy]``: the OpenAI-compatible endpoint of the model under training or evaluation."""
+
+    base_url: str | None = None
+    model: str = "default"
+    api_key_env: str | None = None
+    headers: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.define(kw_only=True)
+class RunSection:
+    """``[run]``: how to run the dataset."""
+
+    backend: str = "local"
+    concurrency: int | None = None
+    n_samples: int = 1
+    agent_timeout_sec: float | None = 600.0
+    grader_timeout_sec: float | None = 120.0
+    pass_threshold: float = 1.0
+    output: str | None = None
+
+
+@attrs.define(kw_only=True)
+class RunConfig:
+    """A whole run config. ``backend`` maps a backend name to its raw table."""
+
+    rollout: RolloutSection = attrs.field(factory=RolloutSection)
+    dataset: DatasetSection = attrs.field(factory=DatasetSection)
+    policy: PolicySection = attrs.field(factory=PolicySection)
+    run: RunSection = attrs.field(factory=RunSection)
+    backend: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    source: Path | None = attrs.field(default=None, eq=False)
+    """The file it was read from (None when built in code)."""
+    root: Path = attrs.field(factory=Path.cwd, eq=False)
+    """The folder relative paths resolve against."""
+
+    def resolve(self, path: str | None) -> Path | None:
+        """A config path made absolute against :attr:`root`."""
+        if path is None:
+            return None
+        p = Path(os.path.expanduser(path))
+        return p if p.is_absolute() else self.root / p
+
+    @property
+    def name(self) -> str:
+        """A short name for run folders: the config file's stem, else the rollout folder's name."""
+        if self.source is not None:
+            return self.source.stem
+        if self.rollout.path:
+            return Path(self.rollout.path).name
+        return "run"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON/TOML-ready dict (it never holds a key: only the variable's name)."""
+        data: dict[str, Any] = _converter.unstructure(self)
+        data.pop("source", None)
+        data.pop("root", None)
+        cleaned: dict[str, Any] = _drop_none(data)
+        return cleaned
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    return value
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+_converter.register_unstructure_hook(Path, str)
+
+
+def _strict(kind: type[Any], wanted: str) -> Any:
+    def hook(value: Any, _type: Any) -> Any:
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if not ok:
+            raise ValueError(f"expected {wanted}, got {value!r}")
+        return value
+
+    return hook
+
+
+for _kind, _wanted in (
+    (int, "a whole number"),
+    (float, "a number"),
+    (str, "a string"),
+    (bool, "true or false"),
+):
+    _converter.register_structure_hook(_kind, _strict(_kind, _wanted))
+
+
+def _format_error(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, ForbiddenExtraKeysError):
+        keys = ", ".join(sorted(exc.extra_fields))
+        hint = ""
+        if "api_key" in exc.extra_fields:
+            hint = " (put the key in an environment variable and name it with api_key_env)"
+        return f"unknown key(s): {keys}{hint}"
+    if isinstance(exc, KeyError):
+        return "required key missing"
+    if (isinstance(exc, TypeError) and type_ is dict) or "Mapping" in str(type_) or "dict" in str(type_):
+        return f"expected a table, got {exc}"
+    return str(exc)
+
+
+def _problems(exc: BaseException, path: str) -> list[str]:
+    return list(cattrs.transform_error(exc, path=path, format_exception=_format_error))
+
+
+def structure_table[T](data: Any, type_: type[T], path: str, source: str) -> T:
+    """Read a table into an attrs class, rejecting unknown keys; errors become a :class:`ConfigError`.
+
+    Backends and workflows use it for their own tables (``[backend.harbor]`` and so on).
+    """
+    try:
+        return _converter.structure(data, type_)
+    except (ClassValidationError, ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(source, _problems(exc, path)) from None
+
+
+def workspace_root(config_file: Path) -> Path:
+    """The folder a config's relative paths resolve against (see the module docstring)."""
+    folder = config_file.resolve().parent
+    if folder.parent.name == "configs":
+        return folder.parent.parent
+    if folder.name == "configs":
+        return folder.parent
+    return folder
+
+
+def load_config(path: Path | str) -> RunConfig:
+    """Read and check a run config file.
+
+    :raises ConfigError: the file is missing, is not valid TOML (with its line), or has bad keys.
+    """
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, [f"no such file: {path}"]) from None
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read: {exc}"]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, [f"not valid TOML: {exc}"]) from None
+    return config_from_dict(data, source=path)
+
+
+def config_from_dict(data: dict[str, Any], *, source: Path | None = None, root: Path | None = None) -> RunConfig:
+    """Build a :class:`RunConfig` from a parsed TOML document, checking every key."""
+    label = str(source) if source is not None else "<config>"
+    config = structure_table(data, RunConfig, "$", label)
+    config.source = source
+    config.root = root if root is not None else (workspace_root(source) if source else Path.cwd())
+    problems = check_config(config)
+    if problems:
+        raise ConfigError(label, problems)
+    return config
+
+
+def check_config(config: RunConfig) -> list[str]:
+    """Semantic checks beyond types; each problem as ``message @ $.path``."""
+    problems: list[str] = []
+    run = config.run
+    if run.concurrency is not None and run.concurrency < 1:
+        problems.append(f"must be >= 1, got {run.concurrency} @ $.run.concurrency")
+    if run.n_samples < 1:
+        problems.append(f"must be >= 1, got {run.n_samples} @ $.run.n_samples")
+    for key in ("agent_timeout_sec", "grader_timeout_sec"):
+        value = getattr(run, key)
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            problems.append(f"must be a positive number of seconds, got {value} @ $.run.{key}")
+    if not math.isfinite(run.pass_threshold):
+        problems.append(f"must be a finite number @ $.run.pass_threshold (got {run.pass_threshold})")
+    if config.dataset.limit is not None and config.dataset.limit < 0:
+        problems.append(f"must be >= 0, got {config.dataset.limit} @ $.dataset.limit")
+    base_url = config.policy.base_url
+    if base_url is not None and not base_url.startswith(("http://", "https://")):
+        problems.append(f"must start with http:// or https://, got {base_url!r} @ $.policy.base_url")
+    if not config.rollout.path and not config.rollout.workflow:
+        problems.append("set rollout.path (a folder with main.py) or rollout.workflow (an import path) @ $.rollout")
+    for name, table in config.backend.items():
+        if not isinstance(table, dict):
+            problems.append(f"must be a table @ $.backend.{name}")
+    return problems
+
+
+def api_key_from_env(config: RunConfig) -> str | None:
+    """The API key, read from the variable ``policy.api_key_env`` names.
+
+    :raises ConfigError: the variable is named but not set.
+    """
+    var = config.policy.api_key_env
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise ConfigError(
+            str(config.source or "<config>"),
+            [f"the environment variable {var} is not set @ $.policy.api_key_env"],
+        )
+    return value

@@ -1,0 +1,140 @@
+"""Exceptions of the SDK, and the one classifier that maps any exception to an error category."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from osmosis_core.records import ErrorCategory, ErrorInfo
+
+__all__ = [
+    "ConfigError",
+    "DatasetError",
+    "InfraError",
+    "OsmosisError",
+    "PluginError",
+    "PolicyError",
+    "RolloutLoadError",
+    "classify_exception",
+    "error_info",
+    "redact",
+]
+
+
+class OsmosisError(Exception):
+    """Base class of the errors the SDK raises on purpose; the CLI shows them as one line."""
+
+
+class ConfigError(OsmosisError):
+    """The run config is invalid. ``problems`` holds one ``message @ $.path`` line per problem."""
+
+    def __init__(self, source: str, problems: Iterable[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        lines = "\n".join(f"  {p}" for p in self.problems)
+        super().__init__(f"{source}: invalid config\n{lines}" if self.problems else f"{source}: invalid config")
+
+
+class DatasetError(OsmosisError):
+    """The dataset has bad rows. ``problems`` holds one ``file:line: message`` per bad row."""
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid dataset\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+class PluginError(OsmosisError):
+    """A plugin is broken, duplicated, or a requested plugin name is unknown."""
+
+
+class RolloutLoadError(OsmosisError):
+    """The rollout's entrypoint could not be found, imported, or does not define what it must."""
+
+
+class PolicyError(OsmosisError):
+    """The policy model endpoint failed. Categorised as ``policy_error``.
+
+    Raise it (or let the core's chat helper raise it) when the endpoint is unreachable, answers
+    4xx/5xx, or breaks a stream. Its message names the endpoint and status, never the key.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, endpoint: str | None = None) -> None:
+        self.status = status
+        self.endpoint = endpoint
+        super().__init__(message)
+
+
+class InfraError(OsmosisError):
+    """The backend's machinery failed (sandbox, process, actor). Categorised as ``infra_error``."""
+
+
+_POLICY_MODULES = ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "aiohttp")
+
+
+def _is_policy_failure(exc: BaseException) -> bool:
+    """True for errors of HTTP clients and model SDKs (their module names tell, no import needed)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, PolicyError):
+            return True
+        for klass in type(cur).__mro__:
+            module = klass.__module__.split(".", 1)[0]
+            if module in _POLICY_MODULES and klass.__name__ not in ("object", "Exception"):
+                return True
+        cur = cur.__cause__
+    return False
+
+
+def classify_exception(exc: BaseException) -> ErrorCategory:
+    """Map an exception raised by a workflow, a grader or a backend to its category.
+
+    >>> classify_exception(TimeoutError()).value
+    'timeout'
+    >>> classify_exception(KeyError("x")).value
+    'agent_error'
+    """
+    if isinstance(exc, InfraError):
+        return ErrorCategory.INFRA_ERROR
+    if _is_policy_failure(exc):
+        return ErrorCategory.POLICY_ERROR
+    if isinstance(exc, TimeoutError):
+        return ErrorCategory.TIMEOUT
+    if isinstance(exc, (ValueError, TypeError, AssertionError)):
+        return ErrorCategory.VALIDATION_ERROR
+    return ErrorCategory.AGENT_ERROR
+
+
+def redact(text: str, secrets: Iterable[str | None]) -> str:
+    """Replace every secret (of four characters or more) in ``text`` with ``***``."""
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+def error_info(
+    exc: BaseException, *, secrets: Iterable[str | None] = (), category: ErrorCategory | None = None
+) -> ErrorInfo:
+    """The category and a one-line, secret-free message for an exception."""
+    message = str(exc).strip() or type(exc).__name__
+    if not message.startswith(type(exc).__name__) and not isinstance(exc, OsmosisError):
+        message = f"{type(exc).__name__}: {message}"
+    message = " | ".join(line.strip() for line in message.splitlines() if line.strip())
+    where = _raised_at(exc)
+    if where:
+        message = f"{message} (at {where})"
+    return ErrorInfo(category or classify_exception(exc), redact(message, secrets))
+
+
+def _raised_at(exc: BaseException) -> str | None:
+    """``file.py:LINE in func`` of the innermost frame outside the SDK and the standard library."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    for frame in reversed(frames):
+        name = frame.filename.replace("\\", "/")
+        if "/osmosis_core/" in name or "/lib/python3" in name or name.startswith("<"):
+            continue
+        return f"{name.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
+    return None

@@ -1,0 +1,285 @@
+"""``LocalBackend``: runs rollouts in-process on the running event loop (the ``local`` backend).
+
+It keeps the hot path lean: no filesystem work, no threads, one semaphore per stage, one timeout
+scope per stage, and a fresh workflow and grader instance (with a config copy) per rollout.
+
+>>> import anyio
+>>> from osmosis_core import AgentWorkflow, ExecutionRequest, PolicyEndpoint
+>>> class Echo(AgentWorkflow):
+...     async def run(self, ctx):
+...         return [*ctx.prompt, {"role": "assistant", "content": "hi"}]
+>>> results = []
+>>> async def collect(result):
+...     results.append(result)
+>>> request = ExecutionRequest("r1", [{"role": "user", "content": "hello"}],
+...                            PolicyEndpoint("http://127.0.0.1:1/v1", "m"))
+>>> anyio.run(LocalBackend(Echo).execute, request, collect)
+>>> results[0].status.value, len(results[0].sample.messages)
+('success', 2)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import attrs
+
+from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback
+from osmosis_core.context import RolloutContext
+from osmosis_core.errors import error_info
+from osmosis_core.records import (
+    ErrorCategory,
+    ErrorInfo,
+    ExecutionRequest,
+    ExecutionResult,
+    ExecutionStage,
+    ExecutionStatus,
+    RolloutSample,
+)
+from osmosis_core.workflow import (
+    AgentWorkflow,
+    AgentWorkflowConfig,
+    AgentWorkflowContext,
+    Grader,
+    GraderConfig,
+    GraderContext,
+    copy_config,
+)
+
+__all__ = ["LocalBackend", "LocalBackendConfig"]
+
+_WF = ExecutionStage.WORKFLOW
+_GR = ExecutionStage.GRADER
+
+
+@attrs.define(kw_only=True)
+class LocalBackendConfig:
+    """Settings of ``[backend.local]``."""
+
+    max_concurrent: int | None = None
+    """Rollouts at once; overrides the workflow config's ``concurrency.max_concurrent``."""
+
+
+def _positive(value: float | None) -> float | None:
+    return value if value is not None and value > 0 else None
+
+
+async def _within[**P, R](timeout: float | None, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Await ``fn`` within ``timeout`` seconds (TimeoutError past it).
+
+    On asyncio it uses asyncio's own timeout, which costs a fraction of a cancel scope.
+    """
+    if timeout is None:
+        return await fn(*args, **kwargs)
+    if asyncio._get_running_loop() is not None:  # on asyncio (not trio)
+        async with asyncio.timeout(timeout):
+            return await fn(*args, **kwargs)
+    with anyio.fail_after(timeout):
+        return await fn(*args, **kwargs)
+
+
+class LocalBackend(ExecutionBackend):
+    """Runs each rollout in-process with separate workflow and grader limits and timeouts.
+
+    :param workflow: the :class:`AgentWorkflow` subclass; a new instance per rollout.
+    :param workflow_config: its config (copied per rollout); default ``workflow.config_type()``.
+    :param grader: the :class:`Grader` subclass, or None for no grading.
+    :param grader_config: its config (copied per rollout).
+    :param max_concurrent: overrides ``workflow_config.concurrency.max_concurrent`` (default 4).
+    """
+
+    def __init__(
+        self,
+        workflow: type[AgentWorkflow[Any]],
+        workflow_config: AgentWorkflowConfig | None = None,
+        grader: type[Grader[Any]] | None = None,
+        grader_config: GraderConfig | None = None,
+        *,
+        max_concurrent: int | None = None,
+    ) -> None:
+        if not (isinstance(workflow, type) and issubclass(workflow, AgentWorkflow)):
+            raise TypeError(f"workflow must be an AgentWorkflow subclass, got {workflow!r}")
+        if grader is not None and not (isinstance(grader, type) and issubclass(grader, Grader)):
+            raise TypeError(f"grader must be a Grader subclass, got {grader!r}")
+        self.workflow_class = workflow
+        self.workflow_config = workflow_config if workflow_config is not None else workflow.config_type()
+        self.grader_class = grader
+        self.grader_config = grader_config if grader_config is not None else (grader.config_type() if grader else None)
+        self._limit = max_concurrent or self.workflow_config.concurrency.limit
+        grader_limit = self._limit
+        if self.grader_config is not None and self.grader_config.concurrency.max_concurrent is not None:
+            grader_limit = self.grader_config.concurrency.max_concurrent
+        self._workflow_slots = anyio.Semaphore(self._limit, fast_acquire=True)
+        self._grader_slots = anyio.Semaphore(grader_limit, fast_acquire=True)
+        self._queued = 0
+        self._running = 0
+        self._grading = 0
+        self._done = 0
+
+    @classmethod
+    def from_setup(cls, setup: BackendSetup) -> LocalBackend:
+        """The factory registered for the ``local`` backend."""
+        config = setup.backend_config if isinstance(setup.backend_config, LocalBackendConfig) else None
+        return cls(
+            setup.workflow_class,
+            setup.workflow_config,
+            setup.grader_class,
+            setup.grader_config,
+            max_concurrent=config.max_concurrent if config else None,
+        )
+
+    @property
+    def max_concurrency(self) -> int:
+        return self._limit
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "max_concurrency": self._limit,
+            "queued": self._queued,
+            "running": self._running,
+            "grading": self._grading,
+            "finished": self._done,
+        }
+
+    async def execute(
+        self,
+        request: ExecutionRequest,
+        on_workflow_complete: ResultCallback,
+        on_grader_complete: ResultCallback | None = None,
+    ) -> None:
+        submitted = time.perf_counter()
+        timings: dict[str, float] = {}
+        stage = _WF
+        rollout = RolloutContext(request.rollout_id, request.policy, request.metadata)
+        self._queued += 1
+        queued = True
+        try:
+            async with self._workflow_slots:
+                self._queued -= 1
+                queued = False
+                started = time.perf_counter()
+                timings["queued"] = started - submitted
+                self._running += 1
+                try:
+                    result = await self._run_workflow(request, rollout, timings, started)
+                finally:
+                    self._running -= 1
+            await on_workflow_complete(result)
+            if not result.ok or self.grader_class is None:
+                return
+            stage = _GR
+            assert result.sample is not None
+            async with self._grader_slots:
+                self._grading += 1
+                try:
+                    graded = await self._run_grader(request, rollout, result.sample, timings)
+                finally:
+                    self._grading -= 1
+            if on_grader_complete is not None:
+                await on_grader_complete(graded)
+        except anyio.get_cancelled_exc_class():
+            if queued:
+                self._queued -= 1
+            with anyio.CancelScope(shield=True):
+                cancelled = ExecutionResult(
+                    request.rollout_id,
+                    stage,
+                    ExecutionStatus.CANCELLED,
+                    error=ErrorInfo(ErrorCategory.CANCELLED, f"rollout cancelled during the {stage} stage"),
+                    timings=timings,
+                )
+                callback = on_workflow_complete if stage is _WF else on_grader_complete
+                if callback is not None:
+                    await callback(cancelled)
+            raise
+        finally:
+            self._done += 1
+
+    async def _run_workflow(
+        self, request: ExecutionRequest, rollout: RolloutContext, timings: dict[str, float], started: float
+    ) -> ExecutionResult:
+        timeout = _positive(request.agent_timeout_sec)
+        try:
+            workflow = self.workflow_class(copy_config(self.workflow_config))
+            ctx = AgentWorkflowContext(list(request.prompt), workflow.config, request.metadata, rollout)
+            with rollout:
+                output = await _within(timeout, workflow.run, ctx)
+                sample = await _collect_sample(output, rollout)
+        except Exception as exc:
+            timings["workflow"] = time.perf_counter() - started
+            return self._failure(request, _WF, exc, timings, timeout, "workflow")
+        timings["workflow"] = time.perf_counter() - started
+        return ExecutionResult(request.rollout_id, _WF, ExecutionStatus.SUCCESS, sample=sample, timings=timings)
+
+    async def _run_grader(
+        self,
+        request: ExecutionRequest,
+        rollout: RolloutContext,
+        sample: RolloutSample,
+        timings: dict[str, float],
+    ) -> ExecutionResult:
+        assert self.grader_class is not None
+        started = time.perf_counter()
+        timeout = _positive(request.grader_timeout_sec)
+        try:
+            if request.label is None:
+                raise ValueError(
+                    "the row has no label (ground_truth) but a grader is configured; "
+                    "add ground_truth to the row or remove the grader"
+                )
+            grader = self.grader_class(copy_config(self.grader_config))
+            ctx = GraderContext(sample, request.label, request.prompt, request.metadata, grader.config)
+            with rollout:
+                reward = await _within(timeout, grader.grade, ctx)
+            if reward is not None:
+                sample.reward = reward
+            if sample.reward is None:
+                raise ValueError(f"{self.grader_class.__name__}.grade returned no reward and set none")
+        except Exception as exc:
+            timings["grader"] = time.perf_counter() - started
+            return self._failure(request, _GR, exc, timings, timeout, "grader", sample)
+        timings["grader"] = time.perf_counter() - started
+        return ExecutionResult(request.rollout_id, _GR, ExecutionStatus.SUCCESS, sample=sample, timings=timings)
+
+    def _failure(
+        self,
+        request: ExecutionRequest,
+        stage: ExecutionStage,
+        exc: Exception,
+        timings: dict[str, float],
+        timeout: float | None,
+        what: str,
+        sample: RolloutSample | None = None,
+    ) -> ExecutionResult:
+        info = error_info(exc, secrets=(request.policy.api_key,))
+        if isinstance(exc, TimeoutError) and timeout is not None and timings.get(what, 0.0) >= timeout * 0.99:
+            info = ErrorInfo(ErrorCategory.TIMEOUT, f"the {what} ran past its {timeout:g} s timeout")
+        return ExecutionResult(
+            request.rollout_id, stage, ExecutionStatus.FAILURE, sample=sample, error=info, timings=timings
+        )
+
+
+async def _collect_sample(output: object, rollout: RolloutContext) -> RolloutSample:
+    if isinstance(output, RolloutSample):
+        return output
+    if isinstance(output, list):
+        return RolloutSample(messages=output)
+    if output is None:
+        sample = await rollout.get_sample()
+        if sample is None:
+            raise ValueError(
+                "the workflow returned None and registered no sample source; return the message "
+                "history (a list), a RolloutSample, or use an agent integration that registers one"
+            )
+        if not isinstance(sample, RolloutSample):
+            raise TypeError(f"the sample source returned {type(sample).__name__}, not a RolloutSample")
+        return sample
+    raise TypeError(
+        f"AgentWorkflow.run returned {type(output).__name__}; return a list of messages, "
+        "a RolloutSample, or None after registering a sample source"
+    )

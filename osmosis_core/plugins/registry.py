@@ -1,0 +1,307 @@
+"""The plugin registry: loads plugins one at a time, reports broken ones, collects what they register.
+
+Loading rules (the design's):
+
+* the core's built-ins register through the same hooks, first;
+* each entry point of group ``osmosis`` is imported on its own; one that fails is reported (name,
+  distribution, version, error) as a warning and skipped, and the rest keeps working;
+* ``OSMOSIS_DISABLE_PLUGINS=a,b`` skips those names; ``OSMOSIS_LOAD_PLUGINS=a,b`` loads only those
+  (set and empty: no external plugin at all);
+* a name (backend, template, grader) that two plugins claim is reported with the distribution
+  of each provider when it is asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import pluggy
+
+from osmosis_core.errors import PluginError
+from osmosis_core.plugins import hookspecs
+from osmosis_core.plugins.hookspecs import PROJECT_NAME
+
+if TYPE_CHECKING:
+    import click
+
+    from osmosis_core.backend import BackendSpec
+    from osmosis_core.templates import GraderSpec, TemplateSpec
+
+__all__ = ["BUILTIN_PLUGINS", "PluginInfo", "PluginRegistry", "get_registry", "reset_registry"]
+
+log = logging.getLogger("osmosis.plugins")
+
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (("core", "osmosis_core.plugins.builtin"),)
+"""(name, module) of the plugins that ship with the core."""
+
+Status = Literal["active", "disabled", "failed"]
+
+
+@attrs.frozen
+class PluginInfo:
+    """One plugin as ``osmosis plugins`` shows it."""
+
+    name: str
+    distribution: str
+    version: str
+    module: str
+    status: Status
+    hooks: tuple[str, ...] = ()
+    error: str | None = None
+    builtin: bool = False
+
+    @property
+    def provider(self) -> str:
+        """``distribution version``, as messages name it."""
+        return f"{self.distribution} {self.version}".strip()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with stable keys."""
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "module": self.module,
+            "status": self.status,
+            "hooks": list(self.hooks),
+            "error": self.error,
+            "builtin": self.builtin,
+        }
+
+
+def _names(value: str | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {n.strip() for n in value.split(",") if n.strip()}
+
+
+@attrs.frozen
+class _Provided[T]:
+    item: T
+    plugin: PluginInfo
+
+
+def _core_version() -> str:
+    from osmosis_core import __version__
+
+    return __version__
+
+
+class PluginRegistry:
+    """Loads plugins and answers "which backend/template/grader is called NAME".
+
+    :param load_entrypoints: load installed plugins (group ``osmosis``); tests pass False and
+        :meth:`register` their own.
+    """
+
+    def __init__(self, *, load_entrypoints: bool = True, env: dict[str, str] | None = None) -> None:
+        self.pm = pluggy.PluginManager(PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: list[PluginInfo] = []
+        self._info_of: dict[int, PluginInfo] = {}  # id(registered plugin object) -> its record
+        environ = os.environ if env is None else env
+        self._disabled = _names(environ.get("OSMOSIS_DISABLE_PLUGINS")) or set()
+        self._only = _names(environ.get("OSMOSIS_LOAD_PLUGINS"))
+        version = _core_version()
+        for name, module in BUILTIN_PLUGINS:
+            self._load(name, module, "osmosis-core", version, functools.partial(importlib.import_module, module), True)
+        if load_entrypoints:
+            self._load_entrypoints()
+        self._cache: dict[str, Any] = {}
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _load_entrypoints(self) -> None:
+        seen: dict[str, PluginInfo] = {}
+        for ep in sorted(entry_points(group=PROJECT_NAME), key=lambda e: e.name):
+            dist = ep.dist.name if ep.dist is not None else "?"
+            version = ep.dist.version if ep.dist is not None else "?"
+            if ep.name in seen:
+                other = seen[ep.name]
+                self._record(
+                    ep.name,
+                    dist,
+                    version,
+                    ep.value,
+                    "failed",
+                    error=f"plugin name {ep.name!r} is also provided by {other.distribution} "
+                    f"{other.version}; uninstall one of them",
+                )
+                continue
+            if ep.name in self._disabled or (self._only is not None and ep.name not in self._only):
+                info = self._record(ep.name, dist, version, ep.value, "disabled")
+            else:
+                info = self._load(ep.name, ep.value, dist, version, _loader(ep), False)
+            seen[ep.name] = info
+
+    def _load(
+        self, name: str, module: str, dist: str, version: str, load: Callable[[], object], builtin: bool
+    ) -> PluginInfo:
+        try:
+            plugin = load()
+            self.pm.register(plugin, name=name)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "plugin %r (%s) failed to load and is skipped: %s; osmosis-core is %s "
+                "(skip it with OSMOSIS_DISABLE_PLUGINS=%s)",
+                name,
+                f"{dist} {version}".strip(),
+                error,
+                _core_version(),
+                name,
+            )
+            return self._record(name, dist, version, module, "failed", error=error, builtin=builtin)
+        hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or ()))
+        info = self._record(name, dist, version, module, "active", hooks=hooks, builtin=builtin)
+        self._info_of[id(plugin)] = info
+        return info
+
+    def _record(
+        self,
+        name: str,
+        dist: str,
+        version: str,
+        module: str,
+        status: Status,
+        *,
+        hooks: tuple[str, ...] = (),
+        error: str | None = None,
+        builtin: bool = False,
+    ) -> PluginInfo:
+        info = PluginInfo(name, dist, version, module, status, hooks, error, builtin)
+        self.plugins.append(info)
+        return info
+
+    def register(self, plugin: object, name: str, *, distribution: str = "(in-process)") -> PluginInfo:
+        """Register an in-process plugin object or module (tests, embedding applications)."""
+        self._cache.clear()
+        return self._load(name, getattr(plugin, "__name__", name), distribution, "", lambda: plugin, False)
+
+    def check_pending(self) -> None:
+        """Fail on a ``@hookimpl`` whose name matches no hook (a misspelt hook)."""
+        self.pm.check_pending()
+
+    # -- collecting ----------------------------------------------------------------------------
+
+    def _info(self, plugin: object) -> PluginInfo:
+        info = self._info_of.get(id(plugin))
+        return info if info is not None else PluginInfo(str(self.pm.get_name(plugin)), "?", "?", "?", "active")
+
+    def _collect(self, hook_name: str, kind: str) -> dict[str, list[_Provided[Any]]]:
+        if hook_name in self._cache:
+            return self._cache[hook_name]  # type: ignore[no-any-return]
+        found: dict[str, list[_Provided[Any]]] = {}
+        hook = getattr(self.pm.hook, hook_name)
+        for impl in hook.get_hookimpls():
+            info = self._info(impl.plugin)
+            try:
+                items = impl.function() or ()
+                for item in items:
+                    found.setdefault(_normalise(item.name), []).append(_Provided(item, info))
+            except Exception as exc:
+                log.warning(
+                    "plugin %r failed in %s and is skipped: %s: %s",
+                    info.name,
+                    hook_name,
+                    type(exc).__name__,
+                    exc,
+                )
+        self._cache[hook_name] = found
+        return found
+
+    def _pick(self, hook_name: str, kind: str, name: str) -> Any:
+        found = self._collect(hook_name, kind)
+        providers = found.get(_normalise(name))
+        if not providers:
+            known = ", ".join(sorted(found)) or "none"
+            raise PluginError(f"unknown {kind} {name!r}; known {kind}s: {known}")
+        if len(providers) > 1:
+            who = "; ".join(f"{p.plugin.name} ({p.plugin.provider})" for p in providers)
+            raise PluginError(
+                f"{kind} {name!r} is provided by more than one plugin: {who}. "
+                "Uninstall one, or skip one with OSMOSIS_DISABLE_PLUGINS"
+            )
+        return providers[0].item
+
+    def _all(self, hook_name: str, kind: str) -> list[Any]:
+        return [ps[0].item for _, ps in sorted(self._collect(hook_name, kind).items())]
+
+    def conflicts(self) -> list[str]:
+        """One line per name claimed by more than one plugin."""
+        lines = []
+        for hook_name, kind in (
+            ("osmosis_register_backends", "backend"),
+            ("osmosis_register_templates", "template"),
+            ("osmosis_register_graders", "grader"),
+        ):
+            for name, providers in sorted(self._collect(hook_name, kind).items()):
+                if len(providers) > 1:
+                    who = ", ".join(f"{p.plugin.name} ({p.plugin.distribution})" for p in providers)
+                    lines.append(f"{kind} {name!r} is provided by: {who}")
+        return lines
+
+    def backend(self, name: str) -> BackendSpec:
+        """The backend spec called ``name``. :raises PluginError: unknown or claimed twice."""
+        return self._pick("osmosis_register_backends", "backend", name)  # type: ignore[no-any-return]
+
+    def backends(self) -> list[BackendSpec]:
+        """Every registered backend spec (first provider of each name)."""
+        return self._all("osmosis_register_backends", "backend")
+
+    def template(self, name: str) -> TemplateSpec:
+        """The template spec called ``name``."""
+        return self._pick("osmosis_register_templates", "template", name)  # type: ignore[no-any-return]
+
+    def templates(self) -> list[TemplateSpec]:
+        """Every registered template spec."""
+        return self._all("osmosis_register_templates", "template")
+
+    def grader(self, name: str) -> GraderSpec:
+        """The grader spec called ``name``."""
+        return self._pick("osmosis_register_graders", "grader", name)  # type: ignore[no-any-return]
+
+    def graders(self) -> list[GraderSpec]:
+        """Every registered grader spec."""
+        return self._all("osmosis_register_graders", "grader")
+
+    def add_commands(self, cli: click.Group) -> None:
+        """Let every plugin add its commands; a plugin that fails here is reported and skipped."""
+        for impl in self.pm.hook.osmosis_register_commands.get_hookimpls():
+            try:
+                impl.function(cli)
+            except Exception as exc:
+                info = self._info(impl.plugin)
+                log.warning("plugin %r failed to add its commands: %s: %s", info.name, type(exc).__name__, exc)
+
+
+def _loader(ep: EntryPoint) -> Callable[[], object]:
+    return ep.load
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+_registry: PluginRegistry | None = None
+
+
+def get_registry() -> PluginRegistry:
+    """The process-wide registry, loaded on first use."""
+    global _registry
+    if _registry is None:
+        _registry = PluginRegistry()
+    return _registry
+
+
+def reset_registry(registry: PluginRegistry | None = None) -> None:
+    """Replace (or drop) the process-wide registry; for tests and embedding applications."""
+    global _registry
+    _registry = registry

@@ -1,0 +1,378 @@
+"""Driving a backend over a dataset: the engine behind ``osmosis run``.
+
+:func:`prepare_run` checks everything that can be checked before a rollout starts (config,
+dataset, backend, rollout import, run folder); :func:`execute_run` then feeds every missing
+(row, sample) pair to the backend with a bounded number in flight, writes each result the moment
+it is known, and stops cleanly on Ctrl-C or SIGTERM, keeping every finished result.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import attrs
+
+from osmosis_core import __version__
+from osmosis_core.backend import BackendSetup, ExecutionBackend
+from osmosis_core.config import RunConfig, api_key_from_env, structure_table
+from osmosis_core.dataset import DatasetRow, read_dataset
+from osmosis_core.errors import ConfigError, OsmosisError, PluginError, error_info
+from osmosis_core.loader import LoadedRollout, load_rollout
+from osmosis_core.plugins.registry import PluginRegistry, get_registry
+from osmosis_core.records import (
+    ErrorCategory,
+    ExecutionRequest,
+    ExecutionResult,
+    ExecutionStage,
+    ExecutionStatus,
+    PolicyEndpoint,
+)
+from osmosis_core.results import ResultStats, ResultWriter, Summary, read_results, result_line
+from osmosis_core.workflow import ConcurrencyConfig
+
+__all__ = ["Reporter", "RunOutcome", "RunPlan", "execute_run", "prepare_run"]
+
+RUN_META = "run.json"
+RESULTS = "results.jsonl"
+SUMMARY = "summary.json"
+RESOLVED_CONFIG = "config.toml"
+
+
+class Reporter(Protocol):
+    """Receives progress; the CLI's is a rich progress bar."""
+
+    def start(self, total: int, already_done: ResultStats) -> None: ...
+
+    def advance(self, line: dict[str, Any], stats: ResultStats) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class _Silent:
+    def start(self, total: int, already_done: ResultStats) -> None:
+        pass
+
+    def advance(self, line: dict[str, Any], stats: ResultStats) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+@attrs.define
+class RunPlan:
+    """A checked run, ready to execute."""
+
+    config: RunConfig
+    rollout: LoadedRollout
+    rows: list[DatasetRow]
+    pending: list[tuple[int, int]]
+    """(row index, sample index) pairs still to run."""
+    stats: ResultStats
+    """Totals of the results already in the run folder (a resumed run)."""
+    run_dir: Path
+    policy: PolicyEndpoint
+    backend: ExecutionBackend
+    in_flight: int
+    stub_policy: bool = False
+
+    @property
+    def total(self) -> int:
+        """Rollouts in the whole run (rows x samples)."""
+        return len(self.rows) * self.config.run.n_samples
+
+
+@attrs.frozen
+class RunOutcome:
+    """How a run ended."""
+
+    summary: Summary
+    run_dir: Path
+    interrupted: bool
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _latest_run(root: Path, name: str) -> Path | None:
+    runs = sorted((root / "runs").glob(f"{name}-*"), key=lambda p: p.name)
+    runs = [p for p in runs if (p / RUN_META).is_file()]
+    return runs[-1] if runs else None
+
+
+def _run_dir(config: RunConfig, *, resume: bool) -> Path:
+    if config.run.output:
+        out = config.resolve(config.run.output)
+        assert out is not None
+        return out
+    if resume:
+        latest = _latest_run(config.root, config.name)
+        if latest is None:
+            raise OsmosisError(
+                f"--resume: no earlier run of {config.name!r} under {config.root / 'runs'}; "
+                "name the run folder with --output"
+            )
+        return latest
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return config.root / "runs" / f"{config.name}-{stamp}"
+
+
+def build_backend(
+    config: RunConfig, rollout: LoadedRollout, registry: PluginRegistry, run_dir: Path | None
+) -> ExecutionBackend:
+    """The configured backend, with its ``[backend.<name>]`` table read into its config type."""
+    source = str(config.source or "<config>")
+    name = config.run.backend
+    try:
+        spec = registry.backend(name)
+    except PluginError as exc:
+        raise ConfigError(source, [f"{exc} @ $.run.backend"]) from None
+    unknown = sorted(set(config.backend) - {b.name for b in registry.backends()})
+    if unknown:
+        raise ConfigError(source, [f"no backend is called {n!r} @ $.backend.{n}" for n in unknown])
+    table = config.backend.get(name, {})
+    config_type = spec.resolve_config_type()
+    if config_type is None:
+        if table:
+            raise ConfigError(source, [f"the {name!r} backend takes no settings @ $.backend.{name}"])
+        backend_config = None
+    else:
+        backend_config = structure_table(table, config_type, f"$.backend.{name}", source)
+    workflow_config = rollout.workflow_config
+    if config.run.concurrency is not None:
+        workflow_config = attrs.evolve(
+            workflow_config, concurrency=ConcurrencyConfig(max_concurrent=config.run.concurrency)
+        )
+    setup = BackendSetup(
+        workflow_class=rollout.workflow_class,
+        workflow_config=workflow_config,
+        grader_class=rollout.grader_class,
+        grader_config=rollout.grader_config,
+        backend_config=backend_config,
+        rollout_dir=rollout.rollout_dir,
+        run_dir=run_dir,
+    )
+    return spec.resolve_factory()(setup)
+
+
+def prepare_run(
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    registry: PluginRegistry | None = None,
+    policy_override: PolicyEndpoint | None = None,
+) -> RunPlan:
+    """Check the whole run before any rollout starts, and work out what is left to run.
+
+    :param policy_override: the endpoint to use instead of ``[policy]`` (``--stub-policy``).
+    :raises OsmosisError: with a message naming the file and line, or the config key, at fault.
+    """
+    registry = registry or get_registry()
+    source = str(config.source or "<config>")
+    if policy_override is not None:
+        policy = policy_override
+    else:
+        if not config.policy.base_url:
+            raise ConfigError(
+                source,
+                ["no policy endpoint: set policy.base_url (or --policy-url), or use --stub-policy @ $.policy.base_url"],
+            )
+        policy = PolicyEndpoint(
+            config.policy.base_url, config.policy.model, api_key_from_env(config), dict(config.policy.headers)
+        )
+    dataset_path = config.resolve(config.dataset.path)
+    if dataset_path is None:
+        raise ConfigError(source, ["no dataset: set dataset.path (or --dataset) @ $.dataset.path"])
+    rows = read_dataset(dataset_path, limit=config.dataset.limit)
+    rollout = load_rollout(config, registry)
+    run_dir = _run_dir(config, resume=resume)
+    meta = {
+        "osmosis_core": __version__,
+        "config": str(config.source) if config.source else None,
+        "dataset": str(dataset_path),
+        "dataset_sha256": _fingerprint(dataset_path),
+        "rows": len(rows),
+        "n_samples": config.run.n_samples,
+        "stub_policy": policy_override is not None,
+    }
+    stats = ResultStats(pass_threshold=config.run.pass_threshold)
+    done: set[tuple[int, int]] = set()
+    results = run_dir / RESULTS
+    if resume:
+        if not (run_dir / RUN_META).is_file():
+            raise OsmosisError(f"--resume: {run_dir} holds no run ({RUN_META} is missing)")
+        before = json.loads((run_dir / RUN_META).read_text(encoding="utf-8"))
+        for key in ("dataset_sha256", "rows", "n_samples"):
+            if before.get(key) != meta[key]:
+                raise OsmosisError(
+                    f"--resume: {key} changed since {run_dir} was started ({before.get(key)} -> {meta[key]}); "
+                    "start a new run instead"
+                )
+        for line in read_results(results):
+            pair = (int(line["row"]), int(line["sample_index"]))
+            if line.get("status") == ExecutionStatus.CANCELLED.value or pair in done:
+                continue
+            done.add(pair)
+            stats.add(line)
+    elif results.exists() and results.stat().st_size > 0:
+        raise OsmosisError(f"{run_dir} already holds results; finish it with --resume or choose another --output")
+    pending = [(row.index, s) for row in rows for s in range(config.run.n_samples) if (row.index, s) not in done]
+    backend = build_backend(config, rollout, registry, run_dir)
+    import osmosis_core.http  # noqa: F401 - the HTTP stack most rollouts use, imported before the first wave
+
+    limit = backend.max_concurrency or config.run.concurrency or ConcurrencyConfig().limit
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=policy_override is not None)
+    return RunPlan(
+        config=config,
+        rollout=rollout,
+        rows=rows,
+        pending=pending,
+        stats=stats,
+        run_dir=run_dir,
+        policy=policy,
+        backend=backend,
+        in_flight=2 * limit,
+        stub_policy=policy_override is not None,
+    )
+
+
+def _write_resolved_config(config: RunConfig, path: Path, policy: PolicyEndpoint, *, stub: bool) -> None:
+    import tomlkit
+
+    data = config.to_dict()
+    data["policy"]["base_url"] = policy.base_url
+    data["policy"]["model"] = policy.model
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("The resolved config of this run (flags applied). It never holds an API key."))
+    if stub:
+        doc.add(tomlkit.comment("--stub-policy: the policy was the scripted calculator server, not a model."))
+    for key, value in data.items():
+        doc[key] = value
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+
+
+async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle_signals: bool = True) -> RunOutcome:
+    """Run every pending pair of ``plan``; return the summary. Ctrl-C / SIGTERM stop it cleanly."""
+    reporter = reporter or _Silent()
+    stats = plan.stats
+    rows = {row.index: row for row in plan.rows}
+    run = plan.config.run
+    token = secrets.token_hex(3)
+    writer = ResultWriter(plan.run_dir / RESULTS)
+    interrupted = False
+    started = time.perf_counter()
+
+    def record(row: int, sample_index: int, result: ExecutionResult) -> None:
+        line = result_line(row, sample_index, result)
+        writer.write(line)
+        stats.add(line)
+        reporter.advance(line, stats)
+
+    async def one(row_index: int, sample_index: int) -> None:
+        row = rows[row_index]
+        request = ExecutionRequest(
+            rollout_id=f"{token}-{row_index}-{sample_index}",
+            prompt=row.prompt,
+            policy=plan.policy,
+            label=row.label,
+            metadata=row.metadata,
+            agent_timeout_sec=run.agent_timeout_sec,
+            grader_timeout_sec=run.grader_timeout_sec,
+        )
+        final: list[ExecutionResult] = []
+
+        async def keep(result: ExecutionResult) -> None:
+            final.append(result)
+
+        try:
+            await plan.backend.execute(request, keep, keep)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            info = error_info(exc, secrets=(plan.policy.api_key,), category=ErrorCategory.INFRA_ERROR)
+            final.append(
+                ExecutionResult(request.rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info)
+            )
+        if not final:
+            return
+        last = final[-1]
+        if last.status is ExecutionStatus.CANCELLED:
+            return
+        record(row_index, sample_index, last)
+
+    pending: Iterator[tuple[int, int]] = iter(plan.pending)
+
+    async def worker() -> None:
+        for row_index, sample_index in pending:
+            await one(row_index, sample_index)
+
+    async def watch_signals(scope: anyio.CancelScope) -> None:
+        nonlocal interrupted
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                interrupted = True
+                scope.cancel()
+                return
+
+    reporter.start(plan.total, stats)
+    started = time.perf_counter()
+    try:
+        async with anyio.create_task_group() as outer:
+            if handle_signals:
+                outer.start_soon(watch_signals, outer.cancel_scope)
+            async with anyio.create_task_group() as workers:
+                for _ in range(min(plan.in_flight, len(plan.pending)) or 0):
+                    workers.start_soon(worker)
+            outer.cancel_scope.cancel()
+    finally:
+        wall = time.perf_counter() - started
+        reporter.stop()
+        writer.close()
+        with anyio.CancelScope(shield=True):
+            await plan.backend.aclose()
+            if "osmosis_core.http" in sys.modules:
+                from osmosis_core.http import aclose_shared_client
+
+                await aclose_shared_client()
+    summary = Summary.from_stats(
+        stats,
+        rows=len(plan.rows),
+        n_samples=run.n_samples,
+        wall_sec=wall,
+        interrupted=interrupted,
+        stub_policy=plan.stub_policy,
+    )
+    (plan.run_dir / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2) + "\n", encoding="utf-8")
+    return RunOutcome(summary, plan.run_dir, interrupted)
+
+
+def run_config(
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    reporter: Reporter | None = None,
+    policy_override: PolicyEndpoint | None = None,
+    on_plan: Callable[[RunPlan], None] | None = None,
+) -> RunOutcome:
+    """Prepare and execute a run from synchronous code (what ``osmosis run`` does)."""
+    plan = prepare_run(config, resume=resume, policy_override=policy_override)
+    if on_plan is not None:
+        on_plan(plan)
+    return anyio.run(execute_run, plan, reporter)

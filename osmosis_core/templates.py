@@ -1,0 +1,145 @@
+"""Starter templates (``osmosis template list|apply``) and reusable grader specs.
+
+A template is a folder of files copied into the user's folder as they are. A plugin registers
+one with :func:`~osmosis_core.plugins.hookspecs.osmosis_register_templates`::
+
+    @hookimpl
+    def osmosis_register_templates():
+        root = Path(__file__).parent / "template"     # holds rollouts/..., configs/..., data/...
+        return [TemplateSpec("echo-local", root, description="An echo rollout.",
+                             next_steps="osmosis run configs/eval/echo-local.toml --stub-policy")]
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from osmosis_core.backend import load_object
+from osmosis_core.errors import OsmosisError
+
+__all__ = ["GraderSpec", "TemplateError", "TemplateSpec", "apply_template"]
+
+_SKIP = ("__pycache__", "*.pyc", ".DS_Store", ".venv", "runs")
+
+
+class TemplateError(OsmosisError):
+    """A template cannot be applied (a file would be overwritten or escape the target folder)."""
+
+
+@attrs.frozen
+class TemplateSpec:
+    """A starter template.
+
+    :param name: what users type in ``osmosis template apply NAME``.
+    :param root: the folder whose files are copied (paths inside stay as they are).
+    :param description: one line for ``osmosis template list``.
+    :param include: glob patterns (relative to ``root``) of the files to copy; all by default.
+    :param next_steps: commands to show after applying, one per line.
+    """
+
+    name: str
+    root: Path
+    description: str = ""
+    include: tuple[str, ...] = ("**",)
+    next_steps: str = ""
+
+    def files(self) -> list[Path]:
+        """The template's files, relative to ``root``, sorted.
+
+        ``include`` patterns are anchored at ``root``: ``*`` and ``?`` stay within one folder
+        name, ``**`` crosses folders. Only the folders a pattern can reach are walked.
+        """
+        root = Path(self.root)
+        if not root.is_dir():
+            raise TemplateError(f"template {self.name!r}: its folder {root} does not exist")
+        found: set[Path] = set()
+        for pattern in self.include:
+            regex = _glob_regex(pattern)
+            fixed = itertools.takewhile(lambda part: not any(c in part for c in "*?["), pattern.split("/"))
+            start = root.joinpath(*fixed)
+            candidates = [start] if start.is_file() else (start.rglob("*") if start.is_dir() else [])
+            for path in candidates:
+                rel = path.relative_to(root)
+                if path.is_dir() or any(fnmatch.fnmatch(part, skip) for part in rel.parts for skip in _SKIP):
+                    continue
+                if regex.fullmatch(rel.as_posix()):
+                    found.add(rel)
+        return sorted(found)
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob anchored at the start: ``**`` spans folders, ``*`` and ``?`` do not."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def apply_template(spec: TemplateSpec, dest: Path, *, force: bool = False) -> list[Path]:
+    """Copy the template's files into ``dest``; return the paths written (relative to ``dest``).
+
+    Nothing is written unless every file can be: an existing file is overwritten only with
+    ``force``, and no path may resolve outside ``dest`` (``..`` or a symlink that leads out).
+    """
+    dest = Path(dest)
+    base = dest.resolve()
+    files = spec.files()
+    if not files:
+        raise TemplateError(f"template {spec.name!r} has no files")
+    plan: list[tuple[Path, Path]] = []
+    existing: list[str] = []
+    for rel in files:
+        if rel.is_absolute() or ".." in rel.parts:
+            raise TemplateError(f"template {spec.name!r}: refusing the path {rel} (outside the target folder)")
+        target = (dest / rel).resolve()
+        if not target.is_relative_to(base):
+            raise TemplateError(
+                f"template {spec.name!r}: {rel} would be written to {target}, outside {base}; nothing was written"
+            )
+        if target.exists():
+            existing.append(rel.as_posix())
+        plan.append((Path(spec.root) / rel, target))
+    if existing and not force:
+        shown = ", ".join(existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
+        raise TemplateError(
+            f"{len(existing)} file(s) already exist in {dest}: {shown}; nothing was written (use --force to overwrite)"
+        )
+    for source, target in plan:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    return files
+
+
+@attrs.frozen
+class GraderSpec:
+    """A reusable grader a plugin registers, named in a run config as ``grader = "NAME"``."""
+
+    name: str
+    factory: type[Any] | str
+    description: str = ""
+
+    def resolve(self) -> type[Any]:
+        """The grader class, imported if it was given as a path."""
+        return load_object(self.factory) if isinstance(self.factory, str) else self.factory

@@ -1,0 +1,40 @@
+"""Test tools for rollout and plugin authors: a scripted OpenAI-compatible policy server that speaks
+real HTTP on 127.0.0.1, rule-based scripts for it, and helpers that run one rollout end to end.
+
+The server is a stand-in for a model (these machines have none), never a fake of osmosis itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "Fault": "osmosis_core.testing.policy_server",
+    "LoggedRequest": "osmosis_core.testing.policy_server",
+    "Reply": "osmosis_core.testing.policy_server",
+    "ScriptedPolicyServer": "osmosis_core.testing.policy_server",
+    "ToolCall": "osmosis_core.testing.policy_server",
+    "calculator": "osmosis_core.testing.scripts",
+    "echo": "osmosis_core.testing.scripts",
+    "RolloutOutcome": "osmosis_core.testing.rollout",
+    "run_rollout": "osmosis_core.testing.rollout",
+    "run_rollout_sync": "osmosis_core.testing.rollout",
+    "StubPolicyProcess": "osmosis_core.testing.stub_process",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'osmosis_core.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+if TYPE_CHECKING:
+    from osmosis_core.testing.policy_server import Fault, LoggedRequest, Reply, ScriptedPolicyServer, ToolCall
+    from osmosis_core.testing.rollout import RolloutOutcome, run_rollout, run_rollout_sync
+    from osmosis_core.testing.scripts import calculator, echo
+    from osmosis_core.testing.stub_process import StubPolicyProcess

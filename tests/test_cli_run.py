@@ -1,0 +1,306 @@
+"""`osmosis run` / `validate` / `--help` as a user runs them: real subprocesses, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from osmosis_core.testing import ScriptedPolicyServer
+
+
+def osmosis(exe: str, *args: str, cwd: Path, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_example_runs_end_to_end_with_summary_and_files(workspace, osmosis_exe, clean_env):
+    r = osmosis(
+        osmosis_exe,
+        "run",
+        "configs/eval/multiply-plain.toml",
+        "--stub-policy",
+        "--n-samples",
+        "2",
+        "--output",
+        "out",
+        cwd=workspace,
+        env=clean_env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "stand-in" in r.stderr and "not a model" in r.stderr
+    assert "osmosis run summary" in r.stdout and "mean reward" in r.stdout and "1.000" in r.stdout
+    out = workspace / "out"
+    results = lines(out / "results.jsonl")
+    assert len(results) == 40
+    assert {(x["row"], x["sample_index"]) for x in results} == {(i, s) for i in range(20) for s in range(2)}
+    assert all(x["status"] == "success" and x["reward"] == 1.0 for x in results)
+    first = results[0]
+    assert [m["role"] for m in first["sample"]["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert first["metrics"] == {"turns": 2} and first["stage"] == "grader"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 40 and summary["mean_reward"] == 1.0 and summary["pass_rate"] == 1.0
+    assert summary["stub_policy"] is True and summary["errors_by_category"] == {}
+    assert summary["latency_p50_sec"] is not None
+    assert "stub" in (out / "config.toml").read_text()
+
+
+def test_api_key_reaches_the_endpoint_but_no_file_or_output(workspace, osmosis_exe, clean_env):
+    secret = "sk-test-never-written-0123456789"
+    with ScriptedPolicyServer(api_key=secret) as server:
+        _check_key_handling(workspace, osmosis_exe, clean_env, server, secret)
+
+
+def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret):
+    env = {**clean_env, "MY_KEY": secret}
+    r = osmosis(
+        osmosis_exe,
+        "run",
+        "configs/eval/multiply-plain.toml",
+        "--policy-url",
+        policy_server.url,
+        "--api-key-env",
+        "MY_KEY",
+        "--limit",
+        "3",
+        "--output",
+        "out",
+        cwd=workspace,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(policy_server.requests) == 6 and all(x.authorized for x in policy_server.requests)
+    assert secret not in r.stdout + r.stderr
+    for path in (workspace / "out").iterdir():
+        assert secret not in path.read_text(), path
+    assert 'api_key_env = "MY_KEY"' in (workspace / "out" / "config.toml").read_text()
+
+    # a wrong key: every rollout fails as policy_error, and the message does not echo the key
+    env["MY_KEY"] = "sk-wrong-key-9876543210"
+    r = osmosis(
+        osmosis_exe,
+        "run",
+        "configs/eval/multiply-plain.toml",
+        "--policy-url",
+        policy_server.url,
+        "--api-key-env",
+        "MY_KEY",
+        "--limit",
+        "2",
+        "--output",
+        "out2",
+        cwd=workspace,
+        env=env,
+    )
+    assert r.returncode == 0
+    failed = lines(workspace / "out2" / "results.jsonl")
+    assert [x["error"]["category"] for x in failed] == ["policy_error", "policy_error"]
+    assert "401" in failed[0]["error"]["message"]
+    assert "sk-wrong-key" not in (workspace / "out2" / "results.jsonl").read_text()
+
+
+def test_interrupt_then_resume_loses_nothing_and_duplicates_nothing(workspace, osmosis_exe, clean_env):
+    args = [
+        "run",
+        "configs/eval/multiply-plain.toml",
+        "--stub-policy",
+        "--stub-latency",
+        "0.15",
+        "--concurrency",
+        "2",
+        "--output",
+        "out",
+    ]
+    proc = subprocess.Popen(
+        [osmosis_exe, *args],
+        cwd=workspace,
+        env=clean_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    results = workspace / "out" / "results.jsonl"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if results.exists() and len(results.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "--resume" in err
+    kept = lines(results)
+    assert 4 <= len(kept) < 20
+    assert all(x["status"] == "success" for x in kept)  # cancelled rollouts are not written
+    summary = json.loads((workspace / "out" / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["finished"] == len(kept)
+
+    # a crash mid-write leaves half a line: resume drops it and runs that pair again
+    with results.open("a") as handle:
+        handle.write('{"row": 19, "sample_ind')
+    r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert r.returncode == 0, r.stderr
+    assert f"{len(kept)} already done" in r.stdout.replace("\n", " ")
+    final = lines(results)
+    pairs = [(x["row"], x["sample_index"]) for x in final]
+    assert len(pairs) == len(set(pairs)) == 20
+    assert final[: len(kept)] == kept
+
+    # nothing left: a second resume runs nothing; a plain run refuses to mix into the folder
+    r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert r.returncode == 0 and "0 to run" in r.stdout.replace("\n", " ")
+    r = osmosis(osmosis_exe, *args, cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "already holds results" in r.stderr
+
+
+def test_resume_refuses_a_changed_dataset(workspace, osmosis_exe, clean_env):
+    args = ["run", "configs/eval/multiply-plain.toml", "--stub-policy", "--limit", "2", "--output", "out"]
+    assert osmosis(osmosis_exe, *args, cwd=workspace, env=clean_env).returncode == 0
+    data = workspace / "rollouts" / "multiply-plain" / "data" / "multiply.jsonl"
+    data.write_text(data.read_text().replace('"val1', '"val01', 1))
+    r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "dataset_sha256 changed" in r.stderr
+
+
+def test_resume_finds_the_latest_run_by_itself(workspace, osmosis_exe, clean_env):
+    args = ["run", "configs/eval/multiply-plain.toml", "--stub-policy", "--limit", "2"]
+    assert osmosis(osmosis_exe, *args, cwd=workspace, env=clean_env).returncode == 0
+    r = osmosis(osmosis_exe, *args, "--limit", "3", "--resume", cwd=workspace, env=clean_env)
+    # --limit changed the number of rows: refused, with the reason
+    assert r.returncode == 1 and "rows changed" in r.stderr
+    r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert r.returncode == 0 and "0 to run" in r.stdout.replace("\n", " ")
+    [run_dir] = (workspace / "runs").iterdir()
+    assert run_dir.name.startswith("multiply-plain-")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["configs/eval/missing.toml"], "no such file"),
+        (["configs/eval/multiply-plain.toml", "--backend", "nope", "--stub-policy"], "known backends: local"),
+        (
+            ["configs/eval/multiply-plain.toml", "--dataset", "nope.jsonl", "--stub-policy"],
+            "nope.jsonl: no such file",
+        ),
+        (["configs/eval/multiply-plain.toml", "--policy-url", "ftp://x"], "@ $.policy.base_url"),
+    ],
+)
+def test_expected_errors_are_one_clear_line_with_exit_1(workspace, osmosis_exe, clean_env, args, message):
+    r = osmosis(osmosis_exe, "run", *args, cwd=workspace, env=clean_env)
+    assert r.returncode == 1
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_usage_errors_exit_2_and_debug_shows_tracebacks(workspace, osmosis_exe, clean_env):
+    r = osmosis(osmosis_exe, "run", "--concurrency", "zero", cwd=workspace, env=clean_env)
+    assert r.returncode == 2 and "Invalid value for '--concurrency'" in r.stderr
+    r = osmosis(osmosis_exe, "--debug", "run", "configs/eval/missing.toml", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "Traceback" in r.stderr and "ConfigError" in r.stderr
+    r = osmosis(
+        osmosis_exe,
+        "run",
+        "configs/eval/missing.toml",
+        cwd=workspace,
+        env={**clean_env, "OSMOSIS_DEBUG": "1"},
+    )
+    assert "Traceback" in r.stderr
+
+
+def test_bad_dataset_line_is_reported_before_any_rollout(workspace, osmosis_exe, clean_env):
+    data = workspace / "rollouts" / "multiply-plain" / "data" / "multiply.jsonl"
+    rows = data.read_text().splitlines()
+    rows[4] = '{"user_prompt": "x", '
+    data.write_text("\n".join(rows) + "\n")
+    r = osmosis(
+        osmosis_exe,
+        "run",
+        "configs/eval/multiply-plain.toml",
+        "--stub-policy",
+        "--output",
+        "out",
+        cwd=workspace,
+        env=clean_env,
+    )
+    assert r.returncode == 1
+    assert f"{data}:5: invalid JSON" in r.stderr.replace("\n", "")
+    assert not (workspace / "out").exists()
+
+
+def test_validate_checks_everything_and_warns_on_a_declared_missing_dependency(workspace, osmosis_exe, clean_env):
+    r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
+    assert r.returncode == 0, r.stderr
+    for expected in (
+        "dataset: 20 rows (20 with a label)",
+        "workflow MultiplyWorkflow, grader MultiplyGrader",
+        "backend 'local'",
+    ):
+        assert expected in r.stdout
+    main = workspace / "rollouts" / "multiply-plain" / "main.py"
+    main.write_text(main.read_text() + "\nimport some_declared_pkg\n")
+    pyproject = workspace / "rollouts" / "multiply-plain" / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace('"osmosis-core>=0.1"', '"osmosis-core>=0.1", "some-declared-pkg"')
+    )
+    r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
+    assert r.returncode == 0 and "warn" in r.stdout and "some_declared_pkg" in r.stdout
+    main.write_text("import undeclared_pkg_xyz\n")
+    r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "undeclared_pkg_xyz" in r.stderr
+
+
+def test_every_command_has_help_with_an_example(osmosis_exe, clean_env, tmp_path):
+    for command in (
+        [],
+        ["run"],
+        ["validate"],
+        ["plugins"],
+        ["template"],
+        ["template", "list"],
+        ["template", "apply"],
+    ):
+        r = osmosis(osmosis_exe, *command, "--help", cwd=tmp_path, env=clean_env)
+        assert r.returncode == 0
+        assert "osmosis " in r.stdout.split("Options:")[0].split("\n", 2)[-1], command
+        assert ("Example" in r.stdout) or ("Start here" in r.stdout), command
+
+
+def test_failing_rollouts_carry_category_and_message(workspace, osmosis_exe, clean_env):
+    main = workspace / "rollouts" / "multiply-plain" / "main.py"
+    main.write_text(main.read_text().replace("messages.append(reply)", "messages.append(reply)\n            1 / 0"))
+    data = workspace / "rollouts" / "multiply-plain" / "data" / "multiply.jsonl"
+    rows = data.read_text().splitlines()
+    rows[1] = json.dumps({"user_prompt": "3 * 4"})  # no label, and a grader is configured
+    data.write_text("\n".join(rows) + "\n")
+    r = osmosis(
+        osmosis_exe,
+        "run",
+        "configs/eval/multiply-plain.toml",
+        "--stub-policy",
+        "--limit",
+        "3",
+        "--output",
+        "out",
+        cwd=workspace,
+        env=clean_env,
+    )
+    assert r.returncode == 0
+    results = lines(workspace / "out" / "results.jsonl")
+    assert all(x["status"] == "failure" for x in results)
+    assert {x["error"]["category"] for x in results} == {"agent_error"}
+    assert "ZeroDivisionError" in results[0]["error"]["message"] and "main.py:" in results[0]["error"]["message"]
+    assert "agent_error 3" in r.stdout

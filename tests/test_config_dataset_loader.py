@@ -1,0 +1,263 @@
+"""Bad input gets a clear error naming the place: config key paths, dataset file:line, entrypoints."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from osmosis_core import ConfigError, DatasetError, RolloutLoadError
+from osmosis_core.config import load_config, workspace_root
+from osmosis_core.dataset import read_dataset
+from osmosis_core.loader import MissingDependency, load_rollout
+from osmosis_core.plugins.registry import PluginRegistry
+from osmosis_core.runner import build_backend, prepare_run
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def config_problems(tmp_path: Path, text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path / "configs" / "eval" / "c.toml", text))
+    return info.value.problems
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_example_config_loads_and_resolves_against_the_workspace(workspace):
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    assert config.root == workspace.resolve()
+    assert config.resolve(config.rollout.path) == workspace.resolve() / "rollouts" / "multiply-plain"
+    assert config.name == "multiply-plain"
+    assert workspace_root(workspace / "c.toml") == workspace.resolve()
+
+
+def test_unknown_and_mistyped_keys_are_each_reported_with_their_path(tmp_path):
+    problems = config_problems(
+        tmp_path,
+        """
+        [rollout]
+        path = "r"
+        [run]
+        concurency = 4
+        n_samples = "two"
+        agent_timeout_sec = true
+        [dataset]
+        limit = 1.5
+        """,
+    )
+    assert "unknown key(s): concurency @ $.run" in problems
+    assert "expected a whole number, got 'two' @ $.run.n_samples" in problems
+    assert "expected a number, got True @ $.run.agent_timeout_sec" in problems
+    assert "expected a whole number, got 1.5 @ $.dataset.limit" in problems
+
+
+def test_api_key_in_the_file_is_refused_with_a_hint(tmp_path):
+    [problem] = config_problems(tmp_path, '[rollout]\npath = "r"\n[policy]\napi_key = "sk-1"\n')
+    assert "api_key_env" in problem and "sk-1" not in problem
+
+
+def test_semantic_checks(tmp_path):
+    problems = config_problems(
+        tmp_path,
+        """
+        [policy]
+        base_url = "localhost:8000"
+        [run]
+        concurrency = 0
+        grader_timeout_sec = -1
+        """,
+    )
+    assert any(p.endswith("@ $.run.concurrency") for p in problems)
+    assert any(p.endswith("@ $.run.grader_timeout_sec") for p in problems)
+    assert any(p.endswith("@ $.policy.base_url") for p in problems)
+    assert any(p.endswith("@ $.rollout") for p in problems)
+
+
+def test_bad_toml_names_the_line(tmp_path):
+    [problem] = config_problems(tmp_path, "[run]\nbackend = \n")
+    assert "not valid TOML" in problem and "line 2" in problem
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.toml")
+
+
+def _registry() -> PluginRegistry:
+    return PluginRegistry(load_entrypoints=False)
+
+
+def test_unknown_backend_lists_the_known_ones(workspace):
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    config.run.backend = "nonesuch"
+    rollout = load_rollout(config)
+    with pytest.raises(ConfigError) as info:
+        build_backend(config, rollout, _registry(), None)
+    assert "unknown backend 'nonesuch'; known backends: local @ $.run.backend" in str(info.value)
+
+
+def test_backend_table_is_typed_and_closed(workspace):
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    rollout = load_rollout(config)
+    config.backend = {"local": {"max_concurrent": 3}}
+    assert build_backend(config, rollout, _registry(), None).max_concurrency == 3
+    config.backend = {"local": {"max_concurent": 3}}
+    with pytest.raises(ConfigError, match=r"unknown key\(s\): max_concurent @ \$\.backend\.local"):
+        build_backend(config, rollout, _registry(), None)
+    config.backend = {"harbour": {}}
+    with pytest.raises(ConfigError, match=r"no backend is called 'harbour' @ \$\.backend\.harbour"):
+        build_backend(config, rollout, _registry(), None)
+
+
+def test_missing_api_key_variable_is_named_not_valued(workspace, monkeypatch):
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    config.policy.api_key_env = "OSMOSIS_TEST_KEY"
+    monkeypatch.delenv("OSMOSIS_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"OSMOSIS_TEST_KEY is not set @ \$\.policy\.api_key_env"):
+        prepare_run(config, registry=_registry())
+
+
+# -- dataset -----------------------------------------------------------------------------------
+
+
+def test_dataset_rows_prompts_labels_and_metadata(tmp_path):
+    path = write(
+        tmp_path / "d.jsonl",
+        """\
+        {"system_prompt": "s", "user_prompt": "u", "ground_truth": "1", "level": 2}
+
+        {"messages": [{"role": "user", "content": "m"}], "label": 5}
+        {"user_prompt": "no label"}
+        """,
+    )
+    rows = read_dataset(path)
+    assert [r.index for r in rows] == [0, 1, 2]
+    assert [r.line for r in rows] == [1, 3, 4]
+    assert rows[0].prompt == [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert rows[0].label == "1" and rows[0].metadata == {"level": 2}
+    assert rows[1].prompt == [{"role": "user", "content": "m"}] and rows[1].label == 5
+    assert rows[2].label is None
+    assert len(read_dataset(path, limit=2)) == 2
+
+
+def test_every_bad_line_is_reported_with_file_and_line(tmp_path):
+    path = write(
+        tmp_path / "bad.jsonl",
+        """\
+        {"user_prompt": "fine", "ground_truth": "1"}
+        {"user_prompt": "broken",
+        {"system_prompt": "only a system prompt"}
+        [1, 2]
+        {"user_prompt": 7}
+        {"messages": [], "ground_truth": "1"}
+        """,
+    )
+    with pytest.raises(DatasetError) as info:
+        read_dataset(path)
+    problems = info.value.problems
+    assert problems[0].startswith(f"{path}:2: invalid JSON")
+    assert problems[1] == f'{path}:3: missing "user_prompt" (or a "messages" list)'
+    assert problems[2] == f"{path}:4: expected a JSON object, got list"
+    assert problems[3] == f'{path}:5: "user_prompt" must be a string, got int'
+    assert problems[4].startswith(f"{path}:6: ")
+
+
+def test_missing_or_empty_dataset(tmp_path):
+    with pytest.raises(DatasetError, match="no such file"):
+        read_dataset(tmp_path / "nope.jsonl")
+    with pytest.raises(DatasetError, match="no rows"):
+        read_dataset(write(tmp_path / "empty.jsonl", "\n"))
+
+
+# -- loading the rollout -----------------------------------------------------------------------
+
+
+def rollout_config(tmp_path: Path, main_py: str, extra: str = "", pyproject: str | None = None):
+    write(tmp_path / "rollouts" / "r" / "main.py", main_py)
+    if pyproject is not None:
+        write(tmp_path / "rollouts" / "r" / "pyproject.toml", pyproject)
+    return load_config(write(tmp_path / "configs" / "eval" / "r.toml", f'[rollout]\npath = "rollouts/r"\n{extra}'))
+
+
+MINIMAL = """\
+from osmosis_core import AgentWorkflow, Grader
+
+class W(AgentWorkflow):
+    async def run(self, ctx):
+        return []
+"""
+
+
+def test_entrypoint_import_failure_names_file_and_line(tmp_path):
+    config = rollout_config(tmp_path, "import os\n\nvalue = undefined_name + 1\n")
+    with pytest.raises(RolloutLoadError) as info:
+        load_rollout(config)
+    message = str(info.value)
+    assert "main.py:3: import failed: NameError" in message
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    config = rollout_config(tmp_path, "def broken(:\n    pass\n")
+    with pytest.raises(RolloutLoadError, match=r"main\.py:1: import failed: SyntaxError"):
+        load_rollout(config)
+
+
+def test_missing_dependency_declared_or_not(tmp_path):
+    deps = '[project]\nname = "r"\nversion = "0"\ndependencies = ["not-installed-pkg>=1"]\n'
+    config = rollout_config(tmp_path, "import not_installed_pkg\n", pyproject=deps)
+    with pytest.raises(MissingDependency) as info:
+        load_rollout(config)
+    assert info.value.declared and "not_installed_pkg" in str(info.value)
+    config = rollout_config(tmp_path, "import another_missing_pkg\n", pyproject=deps)
+    with pytest.raises(MissingDependency) as info:
+        load_rollout(config)
+    assert not info.value.declared
+
+
+def test_workflow_discovery(tmp_path):
+    loaded = load_rollout(rollout_config(tmp_path, MINIMAL))
+    assert loaded.workflow_class.__name__ == "W" and loaded.grader_class is None
+    two = MINIMAL + "\nclass W2(W):\n    pass\n"
+    with pytest.raises(RolloutLoadError, match=r"exactly one AgentWorkflow subclass \(found: W, W2\)"):
+        load_rollout(rollout_config(tmp_path, two))
+    loaded = load_rollout(rollout_config(tmp_path, two, 'workflow = "W2"\n'))
+    assert loaded.workflow_class.__name__ == "W2"
+    with pytest.raises(RolloutLoadError, match=r"'Nope' is not defined .* @ \$\.rollout\.workflow"):
+        load_rollout(rollout_config(tmp_path, two, 'workflow = "Nope"\n'))
+    with pytest.raises(RolloutLoadError, match="exactly one AgentWorkflow subclass"):
+        load_rollout(rollout_config(tmp_path, "x = 1\n"))
+
+
+def test_grader_choice(tmp_path):
+    graders = MINIMAL + (
+        "\nclass G1(Grader):\n    async def grade(self, ctx):\n        return 1.0\n\nclass G2(G1):\n    pass\n"
+    )
+    with pytest.raises(RolloutLoadError, match=r"more than one Grader \(G1, G2\)"):
+        load_rollout(rollout_config(tmp_path, graders))
+    assert load_rollout(rollout_config(tmp_path, graders, 'grader = "G2"\n')).grader_class.__name__ == "G2"
+    assert load_rollout(rollout_config(tmp_path, graders, 'grader = "none"\n')).grader_class is None
+    with pytest.raises(RolloutLoadError, match=r"unknown grader 'exact-match'; known graders: none"):
+        load_rollout(rollout_config(tmp_path, graders, 'grader = "exact-match"\n'), _registry())
+
+
+def test_workflow_config_table_sets_fields_and_rejects_unknown_ones(workspace):
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    config.rollout.workflow_config = {"max_turns": 3, "concurrency": {"max_concurrent": 9}}
+    loaded = load_rollout(config)
+    assert loaded.workflow_config.max_turns == 3
+    assert loaded.workflow_config.concurrency.max_concurrent == 9
+    config.rollout.workflow_config = {"max_turn": 3}
+    with pytest.raises(ConfigError, match=r"unknown key 'max_turn' .* @ \$\.rollout\.workflow_config"):
+        load_rollout(config)
+    config.rollout.workflow_config = {"max_turns": "many"}
+    with pytest.raises(
+        ConfigError, match=r"expected a whole number, got 'many' @ \$\.rollout\.workflow_config\.max_turns"
+    ):
+        load_rollout(config)
