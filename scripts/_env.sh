@@ -4,10 +4,11 @@
 
 is_py312() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; }
 
+# Sets FOUND_PYTHON (and, with pyenv, exports PYENV_VERSION) in the calling shell.
 find_python() {
   local c
   for c in python3.13 python3.12 python3 python; do
-    if command -v "$c" >/dev/null 2>&1 && is_py312 "$c"; then echo "$c"; return 0; fi
+    if command -v "$c" >/dev/null 2>&1 && is_py312 "$c"; then FOUND_PYTHON="$c"; return 0; fi
   done
   if command -v pyenv >/dev/null 2>&1; then
     local versions
@@ -15,7 +16,7 @@ find_python() {
     if [ -n "$versions" ]; then
       export PYENV_VERSION="$versions"
       for c in python3.13 python3.12 python3; do
-        if command -v "$c" >/dev/null 2>&1 && is_py312 "$c"; then echo "$c"; return 0; fi
+        if command -v "$c" >/dev/null 2>&1 && is_py312 "$c"; then FOUND_PYTHON="$c"; return 0; fi
       done
     fi
   fi
@@ -28,10 +29,8 @@ find_python() {
 setup_venv() {
   local root py
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-  py=$(find_python) || exit 1
-  # Make the pyenv choice (if any) visible to child processes such as nox.
-  export PYENV_VERSION="${PYENV_VERSION:-}"
-  [ -n "$PYENV_VERSION" ] || unset PYENV_VERSION
+  find_python || exit 1
+  py="$FOUND_PYTHON"
   if [ ! -x "$root/.venv/bin/python" ] || ! is_py312 "$root/.venv/bin/python"; then
     echo "creating $root/.venv with $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
     rm -rf "$root/.venv"
