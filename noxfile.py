@@ -47,7 +47,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHONS[0])
 def lint(session: nox.Session) -> None:
     """ruff: lint rules and formatting."""
-    session.install("ruff>=0.6")
+    session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
