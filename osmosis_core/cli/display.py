@@ -93,8 +93,8 @@ def print_summary(console: Console, summary: Summary, run_dir: Path) -> None:
         show_header=False,
         title_justify="left",
     )
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     table.add_row("rows x samples", f"{summary.rows} x {summary.n_samples} = {summary.expected}")
     table.add_row("finished", f"{summary.finished} ({summary.succeeded} ok, {summary.failed} failed)")
     table.add_row("mean reward", _fmt(summary.mean_reward))
