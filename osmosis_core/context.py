@@ -73,12 +73,14 @@ class RolloutContext:
     :param policy: the endpoint the rollout's model calls go to.
     """
 
-    __slots__ = ("_sample_source", "_token", "metadata", "policy", "rollout_id")
+    __slots__ = ("_sample_source", "_token", "extras", "metadata", "policy", "rollout_id")
 
     def __init__(self, rollout_id: str, policy: PolicyEndpoint, metadata: dict[str, Any] | None = None) -> None:
         self.rollout_id = rollout_id
         self.policy = policy
         self.metadata: dict[str, Any] = metadata if metadata is not None else {}
+        self.extras: dict[str, Any] = {}
+        """Per-rollout objects an integration keeps (a client view, a history): gone with the rollout."""
         self._sample_source: SampleSource | None = None
         self._token: contextvars.Token[RolloutContext | None] | None = None
 

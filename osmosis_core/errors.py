@@ -113,10 +113,28 @@ def redact(text: str, secrets: Iterable[str | None]) -> str:
     return text
 
 
+def _policy_error_in(exc: BaseException) -> PolicyError | None:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, PolicyError):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def error_info(
     exc: BaseException, *, secrets: Iterable[str | None] = (), category: ErrorCategory | None = None
 ) -> ErrorInfo:
-    """The category and a one-line, secret-free message for an exception."""
+    """The category and a one-line, secret-free message for an exception.
+
+    When a framework wrapped a :class:`PolicyError`, the message is the policy error's own (it
+    names the endpoint and the status).
+    """
+    inner = _policy_error_in(exc)
+    if inner is not None and category is None:
+        exc, category = inner, ErrorCategory.POLICY_ERROR
     message = str(exc).strip() or type(exc).__name__
     if not message.startswith(type(exc).__name__) and not isinstance(exc, OsmosisError):
         message = f"{type(exc).__name__}: {message}"

@@ -25,15 +25,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import importlib
+import importlib.util
 import ssl
+import sys
 import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 
-__all__ = ["PooledTransport", "aclose_shared_client", "shared_client", "shared_transport"]
+if not TYPE_CHECKING and "__osmosis_httpx__" in globals():
+    # This is a copy of the module bound to an httpx-compatible fork (httpx2, which openai 3.x
+    # uses); see transport_module(). One source serves both.
+    httpx = __osmosis_httpx__  # noqa: F821
+
+__all__ = ["PooledTransport", "aclose_shared_client", "shared_client", "shared_transport", "transport_module"]
 
 _Key = tuple[str, str, int]
 
@@ -927,3 +935,31 @@ async def aclose_shared_client() -> None:
         return
     _detach(entry)
     await entry.client.aclose()
+
+
+_copies: dict[str, Any] = {}
+
+
+def transport_module(httpx_module: str = "httpx") -> Any:
+    """This module, bound to ``httpx`` (itself) or to an API-identical fork such as ``httpx2``.
+
+    openai 3.x sends its requests through ``httpx2``, whose ``Response`` only accepts streams of
+    its own classes; this returns a copy of this module built on that package, so the same
+    :class:`PooledTransport` (and :func:`shared_client`) serves both::
+
+        pooled = transport_module("httpx2")
+        client = openai.AsyncOpenAI(http_client=pooled.shared_client(), ...)
+    """
+    if httpx_module == "httpx":
+        return sys.modules[__name__]
+    copy = _copies.get(httpx_module)
+    if copy is None:
+        hx = importlib.import_module(httpx_module)
+        spec = importlib.util.spec_from_file_location(f"{__name__}_{httpx_module}", __file__)
+        assert spec is not None and spec.loader is not None
+        copy = importlib.util.module_from_spec(spec)
+        copy.__osmosis_httpx__ = hx  # type: ignore[attr-defined]
+        sys.modules[spec.name] = copy
+        spec.loader.exec_module(copy)
+        _copies[httpx_module] = copy
+    return copy

@@ -212,7 +212,7 @@ class LocalBackend(ExecutionBackend):
                 sample = await _collect_sample(output, rollout)
         except Exception as exc:
             timings["workflow"] = time.perf_counter() - started
-            return self._failure(request, _WF, exc, timings, timeout, "workflow")
+            return self._failure(request, _WF, exc, timings, timeout, "workflow", await _partial_sample(rollout))
         timings["workflow"] = time.perf_counter() - started
         return ExecutionResult(request.rollout_id, _WF, ExecutionStatus.SUCCESS, sample=sample, timings=timings)
 
@@ -262,6 +262,17 @@ class LocalBackend(ExecutionBackend):
         return ExecutionResult(
             request.rollout_id, stage, ExecutionStatus.FAILURE, sample=sample, error=info, timings=timings
         )
+
+
+async def _partial_sample(rollout: RolloutContext) -> RolloutSample | None:
+    """What a failed workflow's registered source still holds (the history up to the failure)."""
+    if rollout.sample_source is None:
+        return None
+    try:
+        sample = await rollout.get_sample()
+    except Exception:
+        return None
+    return sample if isinstance(sample, RolloutSample) else None
 
 
 async def _collect_sample(output: object, rollout: RolloutContext) -> RolloutSample:

@@ -16,6 +16,7 @@ import fnmatch
 import itertools
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,14 @@ import attrs
 from osmosis_core.backend import load_object
 from osmosis_core.errors import OsmosisError
 
-__all__ = ["GraderSpec", "TemplateError", "TemplateSpec", "apply_template"]
+__all__ = ["GUIDES_ROOT", "GraderSpec", "TemplateError", "TemplateSpec", "apply_template"]
 
 _SKIP = ("__pycache__", "*.pyc", ".DS_Store", ".venv", "runs")
+_TEXT_SUFFIXES = frozenset({".md", ".toml", ".txt", ".py"})
+
+GUIDES_ROOT = Path(__file__).resolve().parent / "guides"
+"""The coding-assistant guides every starter template carries: ``AGENTS.md`` and
+``.agents/skills/<skill>/SKILL.md`` (create a rollout, evaluate it, debug a run, prepare training)."""
 
 
 class TemplateError(OsmosisError):
@@ -42,6 +48,11 @@ class TemplateSpec:
     :param description: one line for ``osmosis template list``.
     :param include: glob patterns (relative to ``root``) of the files to copy; all by default.
     :param next_steps: commands to show after applying, one per line.
+    :param layers: more folders whose files are all copied too, under ``root``'s (a file in
+        ``root`` wins). Shared files live once in a layer, e.g. :data:`GUIDES_ROOT`. In a
+        layer's text files ``{{template}}`` becomes the template's name and ``{{KEY}}`` the
+        value of ``variables[KEY]``.
+    :param variables: values for a layer's placeholders, e.g. ``{"dataset": "data/multiply.jsonl"}``.
     """
 
     name: str
@@ -49,6 +60,14 @@ class TemplateSpec:
     description: str = ""
     include: tuple[str, ...] = ("**",)
     next_steps: str = ""
+    layers: tuple[Path, ...] = ()
+    variables: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+
+    def render(self, text: str) -> str:
+        """A layer file's text with this template's placeholders filled in."""
+        for key, value in {**self.variables, "template": self.name}.items():
+            text = text.replace("{{" + key + "}}", value)
+        return text
 
     def files(self) -> list[Path]:
         """The template's files, relative to ``root``, sorted.
@@ -97,6 +116,17 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
+def _sources(spec: TemplateSpec) -> dict[Path, tuple[Path, bool]]:
+    """relative path -> (source file, from a layer)."""
+    plan: dict[Path, tuple[Path, bool]] = {}
+    for layer in spec.layers:
+        for rel in TemplateSpec(spec.name, Path(layer)).files():
+            plan[rel] = (Path(layer) / rel, True)
+    for rel in spec.files():
+        plan[rel] = (Path(spec.root) / rel, False)
+    return dict(sorted(plan.items()))
+
+
 def apply_template(spec: TemplateSpec, dest: Path, *, force: bool = False) -> list[Path]:
     """Copy the template's files into ``dest``; return the paths written (relative to ``dest``).
 
@@ -105,12 +135,12 @@ def apply_template(spec: TemplateSpec, dest: Path, *, force: bool = False) -> li
     """
     dest = Path(dest)
     base = dest.resolve()
-    files = spec.files()
-    if not files:
+    sources = _sources(spec)
+    if not sources:
         raise TemplateError(f"template {spec.name!r} has no files")
-    plan: list[tuple[Path, Path]] = []
+    plan: list[tuple[Path, Path, bool]] = []
     existing: list[str] = []
-    for rel in files:
+    for rel, (source, from_layer) in sources.items():
         if rel.is_absolute() or ".." in rel.parts:
             raise TemplateError(f"template {spec.name!r}: refusing the path {rel} (outside the target folder)")
         target = (dest / rel).resolve()
@@ -120,16 +150,19 @@ def apply_template(spec: TemplateSpec, dest: Path, *, force: bool = False) -> li
             )
         if target.exists():
             existing.append(rel.as_posix())
-        plan.append((Path(spec.root) / rel, target))
+        plan.append((source, target, from_layer))
     if existing and not force:
         shown = ", ".join(existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
         raise TemplateError(
             f"{len(existing)} file(s) already exist in {dest}: {shown}; nothing was written (use --force to overwrite)"
         )
-    for source, target in plan:
+    for source, target, from_layer in plan:
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-    return files
+        if from_layer and source.suffix in _TEXT_SUFFIXES:
+            target.write_text(spec.render(source.read_text(encoding="utf-8")), encoding="utf-8")
+        else:
+            shutil.copyfile(source, target)
+    return list(sources)
 
 
 @attrs.frozen

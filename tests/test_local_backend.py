@@ -375,3 +375,20 @@ def test_example_rollout_end_to_end_with_request_log(policy_server):
     log = policy_server.requests_for("roll-1")
     assert len(log) == 2 and all(r.authorized is False for r in log)
     assert log[0].body["tools"][0]["function"]["name"] == "multiply"
+
+
+def test_a_failed_workflow_keeps_the_partial_history_of_its_sample_source():
+    class FailsLate(AgentWorkflow):
+        async def run(self, ctx):
+            history = [*ctx.prompt, {"role": "assistant", "content": "step 1"}]
+
+            async def source() -> RolloutSample:
+                return RolloutSample(messages=list(history))
+
+            get_rollout_context().set_sample_source(source)
+            raise RuntimeError("turn limit reached")
+
+    [r] = run_one(LocalBackend(FailsLate, grader=Exact))
+    assert r.status is ExecutionStatus.FAILURE and r.error.category is ErrorCategory.AGENT_ERROR
+    assert [m["content"] for m in r.sample.messages] == ["q0", "step 1"]
+    assert r.reward is None

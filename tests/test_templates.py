@@ -21,9 +21,16 @@ OSMOSIS = Path(sys.executable).parent / "osmosis"
 TEMPLATE = "multiply-plain"
 FILES = {
     "configs/eval/multiply-plain.toml",
+    "configs/training/multiply-plain.toml",
     "rollouts/multiply-plain/main.py",
     "rollouts/multiply-plain/pyproject.toml",
     "rollouts/multiply-plain/data/multiply.jsonl",
+    # the coding-assistant guides, a layer shared by every starter template
+    "AGENTS.md",
+    ".agents/skills/create-rollout/SKILL.md",
+    ".agents/skills/debug-run/SKILL.md",
+    ".agents/skills/evaluate-rollout/SKILL.md",
+    ".agents/skills/prepare-training/SKILL.md",
 }
 
 
@@ -94,7 +101,12 @@ def test_template_apply_refuses_to_overwrite_then_force(tmp_path: Path, spec: Te
     assert _files(dest) == FILES
     assert not [p for p in _tree(dest) if "__pycache__" in p or p.endswith(".pyc")]
     for rel in FILES:
-        assert (dest / rel).read_bytes() == (spec.root / rel).read_bytes(), rel
+        if (spec.root / rel).is_file():
+            assert (dest / rel).read_bytes() == (spec.root / rel).read_bytes(), rel
+        else:  # a guide from the shared layer, with its placeholders filled in
+            source = spec.layers[0] / rel
+            assert (dest / rel).read_text() == spec.render(source.read_text()), rel
+            assert "{{" not in (dest / rel).read_text()
     for rel in FILES:
         assert f"  {rel}\n" in proc.stdout
     assert f"{len(FILES)} file(s)" in proc.stdout
@@ -113,7 +125,7 @@ def test_template_apply_refuses_to_overwrite_then_force(tmp_path: Path, spec: Te
     error_lines = again.stderr.strip().splitlines()
     assert len(error_lines) == 1, again.stderr
     assert "--force" in error_lines[0]
-    assert "3 file(s) already exist" in error_lines[0]
+    assert f"{len(FILES) - 1} file(s) already exist" in error_lines[0]
     assert "nothing was written" in error_lines[0]
     assert main.read_text() == edited
     assert _tree(dest) == before

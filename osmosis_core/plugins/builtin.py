@@ -9,7 +9,7 @@ from pathlib import Path
 
 from osmosis_core.backend import BackendSpec
 from osmosis_core.plugins.hookspecs import hookimpl
-from osmosis_core.templates import TemplateSpec
+from osmosis_core.templates import GUIDES_ROOT, TemplateSpec
 
 __all__ = ["examples_root", "osmosis_register_backends", "osmosis_register_templates"]
 
@@ -40,7 +40,13 @@ def osmosis_register_templates() -> list[TemplateSpec]:
             "multiply-plain",
             examples_root(),
             description="A tool-calling multiply agent in plain Python (httpx), no agent framework.",
-            include=("rollouts/multiply-plain/**", "configs/eval/multiply-plain.toml"),
+            include=(
+                "rollouts/multiply-plain/**",
+                "configs/eval/multiply-plain.toml",
+                "configs/training/multiply-plain.toml",
+            ),
             next_steps="osmosis run configs/eval/multiply-plain.toml --stub-policy",
+            layers=(GUIDES_ROOT,),
+            variables={"dataset": "rollouts/multiply-plain/data/multiply.jsonl"},
         )
     ]

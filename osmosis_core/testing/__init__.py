@@ -21,6 +21,8 @@ _EXPORTS = {
     "run_rollout": "osmosis_core.testing.rollout",
     "run_rollout_sync": "osmosis_core.testing.rollout",
     "StubPolicyProcess": "osmosis_core.testing.stub_process",
+    "guide_commands": "osmosis_core.testing.guides",
+    "run_guide_commands": "osmosis_core.testing.guides",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -34,6 +36,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from osmosis_core.testing.guides import guide_commands, run_guide_commands
     from osmosis_core.testing.policy_server import Fault, LoggedRequest, Reply, ScriptedPolicyServer, ToolCall
     from osmosis_core.testing.rollout import RolloutOutcome, run_rollout, run_rollout_sync
     from osmosis_core.testing.scripts import calculator, echo
