@@ -2,6 +2,7 @@
 
 Sessions:
   tests-3.12, tests-3.13   the core alone, on every supported Python installed here
+  package                   the built wheel installed alone: template apply, run, validate
   lint                      ruff (lint + format check)
   types                     mypy --strict on osmosis_core
   plugin-<name>             the core plus one plugin from plugins/, that plugin's tests
@@ -42,6 +43,23 @@ def tests(session: nox.Session) -> None:
     """The core's tests on its own (no plugin installed)."""
     session.install("-e", ".", *TEST_DEPS)
     session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
+def package(session: nox.Session) -> None:
+    """The built wheel, installed alone as a user would: apply the template, run it, check the guides."""
+    tmp = Path(session.create_tmp())
+    dist = tmp / "dist"
+    session.install("build>=1.2", "uv")
+    session.run("python", "-m", "build", "--wheel", "--installer", "uv", "--outdir", str(dist), str(ROOT))
+    [wheel] = sorted(dist.glob("osmosis_core-*.whl"))[-1:]
+    session.install(str(wheel))
+    workspace = tmp / "workspace"
+    shutil.rmtree(workspace, ignore_errors=True)
+    session.run("osmosis", "template", "apply", "multiply-plain", str(workspace))
+    session.chdir(workspace)
+    session.run("osmosis", "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--limit", "5")
+    session.run("osmosis", "validate", "configs/training/multiply-plain.toml")
 
 
 @nox.session(python=PYTHONS[0])
