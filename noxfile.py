@@ -80,12 +80,39 @@ def types(session: nox.Session) -> None:
 @nox.session(python=PYTHONS[0])
 @nox.parametrize("plugin", PLUGINS or [None])
 def plugin(session: nox.Session, plugin: str | None) -> None:
-    """The core with one plugin installed: discovery, then that plugin's tests."""
+    """The core with one plugin installed alone: discovery, then that plugin's tests."""
     if plugin is None:
         session.skip("no plugins in plugins/ yet")
     session.install("-e", ".", "-e", f"plugins/{plugin}", *TEST_DEPS)
+    _pip_check(session)
     session.run("osmosis", "plugins", "--json")
     session.run("pytest", f"plugins/{plugin}/tests", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
+def plugins_all(session: nox.Session) -> None:
+    """Every plugin installed together: one resolvable environment, no name clashes, all tests."""
+    if not PLUGINS:
+        session.skip("no plugins in plugins/ yet")
+    session.install("-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")], *TEST_DEPS)
+    _pip_check(session)
+    session.run("python", "-c", _NO_CONFLICTS)
+    session.run("pytest", *(f"plugins/{p}/tests" for p in PLUGINS), *session.posargs)
+
+
+def _pip_check(session: nox.Session) -> None:
+    """The installed set is consistent (uv's equivalent of pip check)."""
+    session.run("uv", "pip", "check", "--python", str(Path(session.bin) / "python"), external=True)
+
+
+_NO_CONFLICTS = """
+from osmosis_core.plugins.registry import PluginRegistry
+registry = PluginRegistry()
+failed = [p for p in registry.plugins if p.status != "active"]
+assert not failed, failed
+assert not registry.conflicts(), registry.conflicts()
+print("plugins:", ", ".join(f"{p.name} ({p.provider})" for p in registry.plugins))
+"""
 
 
 @nox.session(python=PYTHONS[0], default=False)

@@ -170,9 +170,9 @@ class LocalBackend(ExecutionBackend):
                 finally:
                     self._running -= 1
             await on_workflow_complete(result)
+            stage = _GR  # the workflow is reported: a cancellation from here on is the grader's
             if not result.ok or self.grader_class is None:
                 return
-            stage = _GR
             assert result.sample is not None
             async with self._grader_slots:
                 self._grading += 1

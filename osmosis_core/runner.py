@@ -15,7 +15,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -361,18 +361,3 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
     )
     (plan.run_dir / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2) + "\n", encoding="utf-8")
     return RunOutcome(summary, plan.run_dir, interrupted)
-
-
-def run_config(
-    config: RunConfig,
-    *,
-    resume: bool = False,
-    reporter: Reporter | None = None,
-    policy_override: PolicyEndpoint | None = None,
-    on_plan: Callable[[RunPlan], None] | None = None,
-) -> RunOutcome:
-    """Prepare and execute a run from synchronous code (what ``osmosis run`` does)."""
-    plan = prepare_run(config, resume=resume, policy_override=policy_override)
-    if on_plan is not None:
-        on_plan(plan)
-    return anyio.run(execute_run, plan, reporter)

@@ -1,0 +1,58 @@
+"""Strands Agents for osmosis rollouts.
+
+Write the agent with :class:`OsmosisStrandsAgent` (a ``strands.Agent``) and let it call the
+rollout's policy through the :class:`OsmosisRolloutModel` placeholder; the agent registers its
+history as the rollout's sample, so the workflow returns ``None``::
+
+    from strands import tool
+    from osmosis_core import AgentWorkflow, AgentWorkflowContext
+    from osmosis_strands import OsmosisStrandsAgent, OsmosisRolloutModel
+
+    @tool
+    def multiply(a: float, b: float) -> float:
+        \"\"\"Multiply two numbers.\"\"\"
+        return a * b
+
+    class MultiplyWorkflow(AgentWorkflow):
+        async def run(self, ctx: AgentWorkflowContext) -> None:
+            agent = OsmosisStrandsAgent(model=OsmosisRolloutModel(temperature=1.0), tools=[multiply])
+            await agent.invoke_async(ctx.user_prompt)
+
+Public names are imported lazily: importing this package (or its plugin module, which the
+``osmosis`` CLI loads) does not import Strands; the first use of a Strands-backed name does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "OsmosisRolloutModel": "osmosis_strands.model",
+    "OsmosisStrandsAgent": "osmosis_strands.agent",
+    "MalformedToolCall": "osmosis_strands.errors",
+    "TurnLimitExceeded": "osmosis_strands.errors",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'osmosis_strands' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from osmosis_strands.agent import OsmosisStrandsAgent
+    from osmosis_strands.errors import MalformedToolCall, TurnLimitExceeded
+    from osmosis_strands.model import OsmosisRolloutModel
