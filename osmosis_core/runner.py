@@ -129,7 +129,12 @@ def _run_dir(config: RunConfig, *, resume: bool) -> Path:
             )
         return latest
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return config.root / "runs" / f"{config.name}-{stamp}"
+    run_dir = config.root / "runs" / f"{config.name}-{stamp}"
+    for n in range(2, 100):  # two runs started in the same second get their own folders
+        if not run_dir.exists():
+            break
+        run_dir = config.root / "runs" / f"{config.name}-{stamp}-{n:02d}"
+    return run_dir
 
 
 def build_backend(

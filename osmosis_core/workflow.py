@@ -53,9 +53,12 @@ def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: int
         raise ValueError(f"{attribute.name} must be a whole number >= 1 or None, got {value!r}")
 
 
-@attrs.define(kw_only=True)
+@attrs.frozen(kw_only=True)
 class ConcurrencyConfig:
-    """How many executions may run at once. ``None`` means the default of 4, never "unlimited"."""
+    """How many executions may run at once. ``None`` means the default of 4, never "unlimited".
+
+    Frozen: a value, replaced (``attrs.evolve``) rather than changed in place.
+    """
 
     max_concurrent: int | None = attrs.field(default=None, validator=_positive_or_none)
 

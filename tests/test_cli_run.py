@@ -304,3 +304,20 @@ def test_failing_rollouts_carry_category_and_message(workspace, osmosis_exe, cle
     assert {x["error"]["category"] for x in results} == {"agent_error"}
     assert "ZeroDivisionError" in results[0]["error"]["message"] and "main.py:" in results[0]["error"]["message"]
     assert "agent_error 3" in r.stdout
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(workspace, osmosis_exe, clean_env):
+    for _ in range(3):
+        r = osmosis(
+            osmosis_exe,
+            "run",
+            "configs/eval/multiply-plain.toml",
+            "--stub-policy",
+            "--limit",
+            "1",
+            cwd=workspace,
+            env=clean_env,
+        )
+        assert r.returncode == 0, r.stderr
+    runs = sorted(p.name for p in (workspace / "runs").iterdir())
+    assert len(runs) == 3 and all(len(lines(workspace / "runs" / n / "results.jsonl")) == 1 for n in runs)
