@@ -146,13 +146,14 @@ def error_info(
 
 
 def _raised_at(exc: BaseException) -> str | None:
-    """``file.py:LINE in func`` of the innermost frame outside the SDK and the standard library."""
+    """``file.py:LINE in func`` of the innermost frame in the author's code (not the SDK, its plugins or libraries)."""
     import traceback
 
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
     for frame in reversed(frames):
         name = frame.filename.replace("\\", "/")
-        if "/osmosis_core/" in name or "/lib/python3" in name or name.startswith("<"):
-            continue
+        parts = name.split("/")
+        if any(part.startswith("osmosis_") for part in parts[:-1]) or "/lib/python3" in name or name.startswith("<"):
+            continue  # the SDK, its plugins (osmosis_*) and installed libraries: not the author's code
         return f"{name.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
     return None

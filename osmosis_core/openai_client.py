@@ -41,7 +41,7 @@ def _loop_client() -> AsyncOpenAI:
 
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
-    pooled = transport_module(base.httpx.__name__)  # httpx2 for openai 3.x, httpx before
+    pooled = transport_module("httpx2" if hasattr(base, "httpx2") else "httpx")  # openai 3.x uses httpx2
     http_client = pooled.shared_client()
     if client is None or client._client is not http_client:  # the pool was closed and replaced
         client = openai.AsyncOpenAI(
@@ -82,6 +82,9 @@ def policy_error(exc: BaseException) -> PolicyError | None:
     endpoint = ctx.policy.chat_completions_url
     status = getattr(exc, "status_code", None)
     detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause) and str(cause) not in detail:  # "Connection error." says too little
+        detail = f"{detail} ({type(cause).__name__}: {cause})"
     what = f"answered {status}" if status else f"failed ({type(exc).__name__})"
     message = redact(f"policy endpoint {endpoint} {what}: {detail}", (ctx.policy.api_key,))
     return PolicyError(" ".join(message.split())[:500], status=status, endpoint=endpoint)

@@ -139,3 +139,14 @@ def test_last_text_flattens_content_parts():
     s.chat_messages = [{"role": "assistant", "content": "chat"}]
     assert s.last_text() == "chat"
     assert ErrorInfo(ErrorCategory.TIMEOUT, "x").category.value == "timeout"
+
+
+def test_public_names_are_exported_for_type_checkers():
+    import osmosis_core
+    import osmosis_core.testing
+
+    for module in (osmosis_core, osmosis_core.testing):
+        table = module._EXPORTS
+        assert sorted(set(module.__all__) - {"__version__"}) == sorted(table)
+        for name in table:
+            assert getattr(module, name) is not None

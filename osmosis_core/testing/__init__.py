@@ -25,7 +25,21 @@ _EXPORTS = {
     "run_guide_commands": "osmosis_core.testing.guides",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Fault",
+    "LoggedRequest",
+    "Reply",
+    "RolloutOutcome",
+    "ScriptedPolicyServer",
+    "StubPolicyProcess",
+    "ToolCall",
+    "calculator",
+    "echo",
+    "guide_commands",
+    "run_guide_commands",
+    "run_rollout",
+    "run_rollout_sync",
+]
 
 
 def __getattr__(name: str) -> Any:

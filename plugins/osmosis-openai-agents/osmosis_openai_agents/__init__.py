@@ -1,0 +1,56 @@
+"""osmosis-openai-agents: write an osmosis rollout with the OpenAI Agents SDK.
+
+Give the agent the :class:`OsmosisRolloutModel` placeholder (the default of :class:`OsmosisAgent`)
+and run it the normal way; the placeholder calls the rollout's policy endpoint and the rollout's
+sample is registered without any code of yours::
+
+    from agents import Runner, function_tool
+    from osmosis_core import AgentWorkflow, AgentWorkflowContext
+    from osmosis_openai_agents import OsmosisAgent
+
+    @function_tool
+    def multiply(a: float, b: float) -> float:
+        "Multiply two numbers."
+        return a * b
+
+    agent = OsmosisAgent(name="calculator", instructions="Use the multiply tool.", tools=[multiply])
+
+    class MultiplyWorkflow(AgentWorkflow):
+        async def run(self, ctx: AgentWorkflowContext) -> None:
+            await Runner.run(agent, ctx.prompt, max_turns=8)   # the sample is already registered
+
+Importing this package (or its ``plugin`` module) does not import the Agents SDK: the names
+below load it on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "OsmosisAgent": "osmosis_openai_agents.integration",
+    "OsmosisRolloutModel": "osmosis_openai_agents.integration",
+    "ToolCallWithoutIdError": "osmosis_openai_agents.integration",
+}
+
+__all__ = ["OsmosisAgent", "OsmosisRolloutModel", "ToolCallWithoutIdError", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'osmosis_openai_agents' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from osmosis_openai_agents.integration import OsmosisAgent, OsmosisRolloutModel, ToolCallWithoutIdError

@@ -1,0 +1,32 @@
+"""The osmosis plugin of osmosis-openai-agents: registers the ``multiply-local-openai`` template.
+
+Kept light on purpose: it imports neither the Agents SDK nor openai, so ``osmosis --help`` and
+``osmosis plugins`` stay fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from osmosis_core.plugins.hookspecs import hookimpl
+from osmosis_core.templates import GUIDES_ROOT, TemplateSpec
+
+__all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_templates"]
+
+TEMPLATE_NAME = "multiply-local-openai"
+TEMPLATE_ROOT = Path(__file__).resolve().parent / "template"
+"""The template's files (rollouts/, configs/), shipped inside the package."""
+
+
+@hookimpl
+def osmosis_register_templates() -> list[TemplateSpec]:
+    return [
+        TemplateSpec(
+            TEMPLATE_NAME,
+            TEMPLATE_ROOT,
+            description="A tool-calling multiply agent on the OpenAI Agents SDK (OsmosisAgent + Runner.run).",
+            next_steps=f"osmosis run configs/eval/{TEMPLATE_NAME}.toml --stub-policy",
+            layers=(GUIDES_ROOT,),
+            variables={"dataset": "data/multiply.jsonl"},
+        )
+    ]
