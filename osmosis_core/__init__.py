@@ -65,7 +65,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "__version__",
+    "ROLLOUT_ID_HEADER",
     "AgentWorkflow",
     "AgentWorkflowConfig",
     "AgentWorkflowContext",
@@ -93,7 +93,6 @@ __all__ = [
     "PluginError",
     "PolicyEndpoint",
     "PolicyError",
-    "ROLLOUT_ID_HEADER",
     "ResultCallback",
     "RolloutContext",
     "RolloutLoadError",
@@ -101,6 +100,7 @@ __all__ = [
     "SampleSource",
     "TemplateSpec",
     "WorkflowOutput",
+    "__version__",
     "chat_completion",
     "chat_completion_response",
     "classify_exception",

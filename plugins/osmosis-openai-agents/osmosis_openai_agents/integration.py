@@ -91,6 +91,7 @@ from agents.models.chatcmpl_converter import Converter
 from agents.run import AgentRunner, get_default_agent_runner, set_default_agent_runner
 from agents.run_config import RunConfig, ToolNotFoundBehavior
 from agents.usage import Usage
+
 from osmosis_core.context import current_rollout_context
 from osmosis_core.openai_client import policy_error, rollout_openai_client
 from osmosis_core.records import RolloutSample

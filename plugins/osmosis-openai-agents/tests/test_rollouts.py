@@ -19,9 +19,9 @@ import anyio
 import attrs
 import pytest
 from agents import Agent, RunConfig, Runner, function_tool
+
 from osmosis_core import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowContext, Grader, GraderContext, PolicyEndpoint
 from osmosis_core.testing import Fault, Reply, ScriptedPolicyServer, ToolCall, run_rollout, run_rollout_sync
-
 from osmosis_openai_agents import OsmosisAgent, OsmosisRolloutModel, ToolCallWithoutIdError
 
 INSTRUCTIONS = "You are a careful calculator. Use the multiply tool, then answer on the last line as: #### <number>"
