@@ -8,7 +8,7 @@ no fallback to a public API.
 
 Per call, the placeholder delegates to Strands' own ``OpenAIModel`` built with
 ``client=rollout_openai_client()``: the rollout's view of the one pooled ``AsyncOpenAI`` of the
-event loop (``max_retries=0``). The delegate is made once per rollout and kept in
+event loop (``max_retries=0``). The delegate is made once per rollout (and event loop) and kept in
 ``RolloutContext.extras``. Strands' ``client_args=`` path is never used: it builds and closes an
 ``AsyncOpenAI`` on every model call (about 57 ms of CPU each).
 
@@ -25,12 +25,11 @@ What the delegate adds to ``OpenAIModel``:
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, TypeVar
 
-from osmosis_core.context import RolloutContext, current_rollout_context
-from osmosis_core.errors import PolicyError
-from osmosis_core.openai_client import policy_error, rollout_openai_client
 from pydantic import BaseModel
 from strands.models.model import Model
 from strands.models.openai import OpenAIModel
@@ -39,6 +38,9 @@ from strands.types.exceptions import ContextWindowOverflowException, ModelThrott
 from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
+from osmosis_core.context import RolloutContext, current_rollout_context
+from osmosis_core.errors import PolicyError
+from osmosis_core.openai_client import policy_error, rollout_openai_client
 from osmosis_strands.errors import MalformedToolCall
 
 __all__ = ["OsmosisRolloutModel"]
@@ -50,6 +52,11 @@ PLACEHOLDER_ID = "OsmosisRolloutModel"
 
 _CONFIG_KEYS = frozenset({"params", "stream", "context_window_limit", "cache_config"})
 _EXTRAS_PREFIX = "osmosis_strands.model."
+# Strands logs warnings (an unknown tool, unparsable tool arguments, throttling); without this they
+# would reach stderr through logging's last-resort handler in the middle of `osmosis run`'s progress
+# display. Records still propagate to any handler the application configures.
+logging.getLogger("strands").addHandler(logging.NullHandler())
+
 # Strands turns a missing finish_reason into this stop reason; no OpenAI-compatible server sends it.
 _NO_FINISH_REASON = "end_turn"
 
@@ -108,15 +115,17 @@ class OsmosisRolloutModel(Model):
                 "osmosis backend (`osmosis run`, osmosis_core.testing.run_rollout, ExecutionBackend.execute); "
                 "outside one, give the agent a real Strands model instead"
             )
+        loop = asyncio.get_running_loop()
         key = _EXTRAS_PREFIX + str(id(self))
         entry = ctx.extras.get(key)
         # the entry holds the placeholder itself, so its id cannot be reused while the rollout lives
-        if entry is not None and entry[0] is self and entry[1] == self._version:
-            return entry[2]  # type: ignore[no-any-return]
+        if entry is not None and entry[0] is self and entry[1] == self._version and entry[2] is loop:
+            return entry[3]  # type: ignore[no-any-return]
         config = {k: v for k, v in self.config.items() if v is not None}
         config["params"] = dict(config.get("params") or {})
-        delegate = _RolloutOpenAIModel(ctx, client=rollout_openai_client(), model_id=ctx.policy.model, **config)
-        ctx.extras[key] = (self, self._version, delegate)
+        client = rollout_openai_client()  # the rollout's view for this loop
+        delegate = _RolloutOpenAIModel(ctx, client=client, model_id=ctx.policy.model, **config)
+        ctx.extras[key] = (self, self._version, loop, delegate)
         return delegate
 
     async def stream(

@@ -28,8 +28,8 @@ DEFAULT_INSTRUCTIONS = (
 
 
 @function_tool
-def multiply(a: float, b: float) -> float:
-    """Multiply two numbers and return the product.
+async def multiply(a: float, b: float) -> float:
+    """Multiply two numbers and return the product (async: no worker-thread hop per call).
 
     Args:
         a: The first factor.
