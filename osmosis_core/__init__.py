@@ -8,8 +8,9 @@ Public names are imported lazily, so ``import osmosis_core`` (and the ``osmosis`
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from osmosis_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -110,19 +111,7 @@ __all__ = [
     "message_text",
     "structure_table",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'osmosis_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 
 if TYPE_CHECKING:

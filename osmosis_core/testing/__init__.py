@@ -6,8 +6,9 @@ The server is a stand-in for a model (these machines have none), never a fake of
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from osmosis_core.lazy import lazy_exports
 
 _EXPORTS = {
     "Fault": "osmosis_core.testing.policy_server",
@@ -40,13 +41,7 @@ __all__ = [
     "run_rollout",
     "run_rollout_sync",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'osmosis_core.testing' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 
 if TYPE_CHECKING:

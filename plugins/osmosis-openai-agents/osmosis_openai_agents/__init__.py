@@ -25,8 +25,9 @@ below load it on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from osmosis_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -37,19 +38,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = ["OsmosisAgent", "OsmosisRolloutModel", "ToolCallWithoutIdError", "__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'osmosis_openai_agents' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 
 if TYPE_CHECKING:

@@ -24,8 +24,9 @@ Public names are imported lazily: importing this package (or its plugin module, 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from osmosis_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -36,20 +37,8 @@ _EXPORTS: dict[str, str] = {
     "TurnLimitExceeded": "osmosis_strands.errors",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'osmosis_strands' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__all__ = ["MalformedToolCall", "OsmosisRolloutModel", "OsmosisStrandsAgent", "TurnLimitExceeded", "__version__"]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 
 if TYPE_CHECKING:
