@@ -85,6 +85,10 @@ class BackendSetup:
     """The rollout's folder (its code), when the run has one."""
     run_dir: Path | None = None
     """The run's output folder; backends may keep per-rollout files under it."""
+    config_root: Path | None = None
+    """The folder the run config's relative paths resolve against (resolve your table's paths there too)."""
+    dataset_path: Path | None = None
+    """The dataset file (a sandboxing backend hides it from rollouts: it holds the labels)."""
 
 
 def load_object(path: str) -> Any:

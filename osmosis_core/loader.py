@@ -35,7 +35,7 @@ from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, Gr
 if TYPE_CHECKING:
     from osmosis_core.plugins.registry import PluginRegistry
 
-__all__ = ["LoadedRollout", "MissingDependency", "load_rollout"]
+__all__ = ["LoadedRollout", "MissingDependency", "apply_config_table", "load_rollout"]
 
 
 @attrs.frozen
@@ -149,7 +149,12 @@ def _resolve_class(spec: str, module: ModuleType | None, base: type[Any], key: s
     return obj
 
 
-def _apply_table(base: Any, table: dict[str, Any], path: str, source: str) -> Any:
+def apply_config_table(base: Any, table: dict[str, Any], path: str, source: str) -> Any:
+    """``base`` (an attrs config) with the fields ``table`` names set, each read into its field's type.
+
+    What ``[rollout.workflow_config]`` does; backends use it for their own config tables.
+    :raises ConfigError: an unknown field or a mistyped value, with its key path.
+    """
     if not table:
         return base
     cls = type(base)
@@ -225,13 +230,13 @@ def load_rollout(config: RunConfig, registry: PluginRegistry | None = None) -> L
     wf_base = getattr(module, "workflow_config", None)
     if not isinstance(wf_base, AgentWorkflowConfig):
         wf_base = workflow.config_type()
-    workflow_config = _apply_table(wf_base, section.workflow_config, "$.rollout.workflow_config", source)
+    workflow_config = apply_config_table(wf_base, section.workflow_config, "$.rollout.workflow_config", source)
     grader_config = None
     if grader is not None:
         gr_base = getattr(module, "grader_config", None)
         if not isinstance(gr_base, GraderConfig):
             gr_base = grader.config_type()
-        grader_config = _apply_table(gr_base, section.grader_config, "$.rollout.grader_config", source)
+        grader_config = apply_config_table(gr_base, section.grader_config, "$.rollout.grader_config", source)
     elif section.grader_config:
         raise ConfigError(source, ["there is no grader to take these settings @ $.rollout.grader_config"])
     return LoadedRollout(workflow, workflow_config, grader, grader_config, rollout_dir, entry)

@@ -1,7 +1,7 @@
 """The records that cross the seams: requests, samples, results and their error categories.
 
-They are attrs classes; :data:`converter` turns them into JSON-ready dicts and back (the
-``results.jsonl`` lines and, later, the rollout server's wire format).
+They are attrs classes. ``osmosis_core.results.result_line`` writes a finished result as a
+``results.jsonl`` line; the rollout server's wire format will share one converter with it.
 """
 
 from __future__ import annotations

@@ -171,6 +171,8 @@ def build_backend(
         backend_config=backend_config,
         rollout_dir=rollout.rollout_dir,
         run_dir=run_dir,
+        config_root=config.root,
+        dataset_path=config.resolve(config.dataset.path),
     )
     return spec.resolve_factory()(setup)
 

@@ -1,0 +1,602 @@
+"""``HarborBackend``: every rollout in its own Harbor trial (the ``harbor`` backend).
+
+From the command line::
+
+    osmosis run configs/eval/multiply-plain.toml --stub-policy --backend harbor
+
+In code (the same settings as the run config's ``[backend.harbor]`` table)::
+
+    from osmosis_harbor import HarborBackend, HarborBackendConfig
+
+    backend = HarborBackend(MultiplyWorkflow, grader=MultiplyGrader, config=HarborBackendConfig(n_concurrent=8))
+    await backend.execute(request, on_workflow_complete, on_grader_complete)
+    await backend.aclose()
+
+**Template mode** (default): each rollout gets a trial of one reusable task (``task_dir``, default
+the plugin's generic task). The row's prompt becomes the trial's instruction, the workflow runs
+inside the trial against the rollout's policy endpoint (:mod:`osmosis_harbor.agent`), its sample
+comes back, and the rollout's grader runs as the trial's verifier
+(:mod:`osmosis_harbor.verifier`), so the reward is Harbor's verifier result.
+
+**Dataset mode**: each row names an existing Harbor task (``task_key``, under ``dataset_dir``);
+the task keeps its instruction (the workflow gets it as the user message), environment and
+verifier, whose reward is the rollout's.
+
+Results mean what they mean on the ``local`` backend: a workflow result (as soon as the agent
+phase ends), then a grader result; see :mod:`osmosis_harbor.outcomes` for the error categories.
+A failed trial's folder is kept and named in the error message; a successful one is removed
+unless ``keep_successful_trials``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from osmosis_harbor._harbor import prepare_harbor_import
+
+prepare_harbor_import()
+
+from harbor.models.job.config import RetryConfig  # noqa: E402
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig  # noqa: E402
+from harbor.trial.hooks import TrialEvent, TrialHookEvent  # noqa: E402
+from harbor.trial.queue import TrialQueue  # noqa: E402
+
+from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback, load_object  # noqa: E402
+from osmosis_core.errors import ConfigError  # noqa: E402
+from osmosis_core.loader import apply_config_table  # noqa: E402
+from osmosis_core.records import (  # noqa: E402
+    ErrorCategory,
+    ExecutionRequest,
+    ExecutionResult,
+    ExecutionStage,
+    ExecutionStatus,
+    RolloutSample,
+    message_text,
+)
+from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig  # noqa: E402
+from osmosis_harbor.agent import AGENT_IMPORT_PATH  # noqa: E402
+from osmosis_harbor.bwrap import HostLayout, check_bwrap, find_bwrap, is_exposable  # noqa: E402
+from osmosis_harbor.config import HarborBackendConfig  # noqa: E402
+from osmosis_harbor.outcomes import NO_REWARD_ERRORS, failure, grader_file_result, pick_reward, trial_error  # noqa: E402
+from osmosis_harbor.tasks import DEFAULT_TASK_DIR, TaskProblem, find_dataset_task, is_task_dir, task_name  # noqa: E402
+from osmosis_harbor.tickets import TICKETS, ClassRef, Ticket  # noqa: E402
+from osmosis_harbor.verifier import HOST_VERIFIER_IMPORT_PATH, VERIFIER_IMPORT_PATH  # noqa: E402
+from osmosis_harbor.wire import dump_object  # noqa: E402
+
+__all__ = ["SANDBOX_IMPORT_PATH", "HarborBackend"]
+
+SANDBOX_IMPORT_PATH = "osmosis_harbor.sandbox:BubblewrapEnvironment"
+_WF = ExecutionStage.WORKFLOW
+_GR = ExecutionStage.GRADER
+_SOURCE = "[backend.harbor]"
+_TRIAL_CODE = "/osmosis/code"
+_TRIAL_LIB = "/osmosis/lib"
+
+
+def _find(path: str | None, anchors: list[Path]) -> Path | None:
+    """A config path: absolute as is; relative against the anchors (the config's folder first), then the current one."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    for base in [*anchors, Path.cwd()]:
+        if (base / p).exists():
+            return (base / p).resolve()
+    return (Path.cwd() / p).resolve()
+
+
+def _anchors(rollout_dir: Path | None) -> list[Path]:
+    """Folders relative config paths may be written against: the rollout folder and its parents."""
+    if rollout_dir is None:
+        return []
+    rollout_dir = rollout_dir.resolve()
+    return [rollout_dir, *rollout_dir.parents]
+
+
+def _resolve_class(spec: str, near: type[Any], base: type[Any], key: str) -> type[Any]:
+    """A class named in the config: ``pkg.mod:Class``, or a class in the module of ``near``."""
+    try:
+        obj = load_object(spec) if ":" in spec else getattr(sys.modules[near.__module__], spec)
+    except (ImportError, AttributeError, ValueError, KeyError) as exc:
+        raise ConfigError(_SOURCE, [f"cannot find {spec!r}: {type(exc).__name__}: {exc} @ $.backend.harbor.{key}"])
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        raise ConfigError(_SOURCE, [f"{spec!r} is not a {base.__name__} subclass @ $.backend.harbor.{key}"])
+    return obj
+
+
+def _trial_name(rollout_id: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", rollout_id).strip("-.") or "rollout"
+    return f"{name[:80]}-{secrets.token_hex(3)}"
+
+
+class HarborBackend(ExecutionBackend):
+    """Runs each rollout in an isolated Harbor trial; see the module docstring.
+
+    :param workflow: the :class:`~osmosis_core.AgentWorkflow` subclass (or an import path to one).
+    :param workflow_config: its config; default ``workflow.config_type()``.
+    :param grader: the :class:`~osmosis_core.Grader` subclass (or import path), None for no grading.
+        In dataset mode the task's verifier grades instead.
+    :param grader_config: its config.
+    :param config: the ``[backend.harbor]`` settings (:class:`HarborBackendConfig`).
+    :param rollout_dir: the rollout's folder: the code mounted into trials unless ``config.code_dir``.
+    :param run_dir: the run's folder: trials go to ``run_dir/harbor-trials`` unless ``config.trials_dir``.
+    """
+
+    def __init__(
+        self,
+        workflow: type[AgentWorkflow[Any]] | str,
+        workflow_config: AgentWorkflowConfig | None = None,
+        grader: type[Grader[Any]] | str | None = None,
+        grader_config: GraderConfig | None = None,
+        *,
+        config: HarborBackendConfig | None = None,
+        rollout_dir: Path | None = None,
+        run_dir: Path | None = None,
+        config_root: Path | None = None,
+    ) -> None:
+        self.config = config = config if config is not None else HarborBackendConfig()
+        workflow_class = load_object(workflow) if isinstance(workflow, str) else workflow
+        if not (isinstance(workflow_class, type) and issubclass(workflow_class, AgentWorkflow)):
+            raise TypeError(f"workflow must be an AgentWorkflow subclass, got {workflow!r}")
+        if config.workflow:
+            workflow_class = _resolve_class(config.workflow, workflow_class, AgentWorkflow, "workflow")
+            if workflow_config is not None and not isinstance(workflow_config, workflow_class.config_type):
+                workflow_config = None
+        grader_class = load_object(grader) if isinstance(grader, str) else grader
+        if config.grader:
+            if config.grader.lower() == "none":
+                grader_class, grader_config = None, None
+            else:
+                grader_class = _resolve_class(config.grader, workflow_class, Grader, "grader")
+                if grader_config is not None and not isinstance(grader_config, grader_class.config_type):
+                    grader_config = None
+        if grader_class is not None and not (isinstance(grader_class, type) and issubclass(grader_class, Grader)):
+            raise TypeError(f"grader must be a Grader subclass, got {grader!r}")
+        self.workflow_class: type[AgentWorkflow[Any]] = workflow_class
+        base_wf = workflow_config if workflow_config is not None else workflow_class.config_type()
+        self.workflow_config = apply_config_table(
+            base_wf, config.workflow_config, "$.backend.harbor.workflow_config", _SOURCE
+        )
+        self.grader_class: type[Grader[Any]] | None = grader_class
+        self.grader_config: GraderConfig | None = None
+        if grader_class is not None:
+            base_gr = grader_config if grader_config is not None else grader_class.config_type()
+            self.grader_config = apply_config_table(
+                base_gr, config.grader_config, "$.backend.harbor.grader_config", _SOURCE
+            )
+        elif config.grader_config:
+            raise ConfigError(_SOURCE, ["there is no grader to take these settings @ $.backend.harbor.grader_config"])
+
+        anchors = ([config_root] if config_root is not None else []) + _anchors(rollout_dir)
+        self.mode = config.mode
+        self.task_dir: Path | None = None
+        self.dataset_dir: Path | None = None
+        if self.mode == "template":
+            self.task_dir = _find(config.task_dir, anchors) or DEFAULT_TASK_DIR
+            if not is_task_dir(self.task_dir):
+                raise ConfigError(_SOURCE, [f"{self.task_dir} is not a Harbor task folder (no task.toml) @ task_dir"])
+        else:
+            self.dataset_dir = _find(config.dataset_dir, anchors)
+            if self.dataset_dir is not None and not self.dataset_dir.is_dir():
+                raise ConfigError(_SOURCE, [f"{self.dataset_dir} is not a folder @ $.backend.harbor.dataset_dir"])
+        module_file = getattr(sys.modules.get(workflow_class.__module__), "__file__", None)
+        code = _find(config.code_dir, anchors) or rollout_dir or (Path(module_file).parent if module_file else None)
+        self.code_dir = Path(code).resolve() if code is not None else None
+        self.run_dir = run_dir
+        self._own_trials_dir = False
+        trials = _find(config.trials_dir, anchors)
+        if trials is None and run_dir is not None:
+            trials = Path(run_dir) / "harbor-trials"
+        if trials is None:
+            trials = Path(tempfile.mkdtemp(prefix="osmosis-harbor-"))
+            self._own_trials_dir = True
+        self.trials_dir = trials.resolve()
+        self.trials_dir.mkdir(parents=True, exist_ok=True)
+
+        environment = config.environment
+        self._bwrap = environment.is_bwrap
+        if self._bwrap:
+            check_bwrap(find_bwrap(config.sandbox.bwrap))
+            self.python = environment.python or sys.executable
+            layout = HostLayout.detect()
+            self._lib_paths = [
+                str(Path(p).resolve())
+                for p in sys.path
+                if p and Path(p).is_dir() and (is_exposable(Path(p).resolve()) or layout.is_host_path(p))
+            ]
+        else:
+            self.python = environment.python or "python3"
+            self._lib_paths = [_TRIAL_LIB]
+        self._limit = config.n_concurrent or self.workflow_config.concurrency.limit
+        retry = RetryConfig(
+            max_retries=config.max_retries,
+            exclude_exceptions={
+                "WorkflowFailed",
+                "GraderFailed",
+                "AgentTimeoutError",
+                "VerifierTimeoutError",
+                *NO_REWARD_ERRORS,
+            },
+        )
+        self._queue = TrialQueue(n_concurrent=self._limit, retry_config=retry)
+        self._queue.add_hook(TrialEvent.START, self._on_trial_start)
+        self._by_trial: dict[str, Ticket] = {}
+        try:
+            self._workflow_blob = dump_object(self.workflow_config)
+            self._grader_blob = dump_object(self.grader_config) if self.grader_config is not None else None
+        except Exception as exc:
+            raise ConfigError(
+                _SOURCE,
+                [f"the workflow and grader configs are sent into each trial, and this one cannot be: {exc!r}"],
+            ) from None
+        self._done = 0
+
+    @classmethod
+    def from_setup(cls, setup: BackendSetup) -> HarborBackend:
+        """The factory registered for the ``harbor`` backend (``osmosis run --backend harbor``)."""
+        config = setup.backend_config if isinstance(setup.backend_config, HarborBackendConfig) else None
+        return cls(
+            setup.workflow_class,
+            setup.workflow_config,
+            setup.grader_class,
+            setup.grader_config,
+            config=config,
+            rollout_dir=setup.rollout_dir,
+            run_dir=setup.run_dir,
+            config_root=setup.config_root,
+        )
+
+    @property
+    def max_concurrency(self) -> int:
+        return self._limit
+
+    @property
+    def queue(self) -> TrialQueue:
+        """Harbor's orchestrator of this backend's trials; add your own hooks with ``queue.add_hook``."""
+        return self._queue
+
+    @property
+    def grades(self) -> bool:
+        """True when rollouts get a grader stage (a grader in template mode; always in dataset mode)."""
+        return self.mode == "dataset" or self.grader_class is not None
+
+    def health(self) -> dict[str, Any]:
+        from osmosis_harbor.bwrap import sandbox_limits
+
+        env = self.config.environment
+        return {
+            "status": "ok",
+            "mode": self.mode,
+            "environment": "bwrap" if self._bwrap else (env.import_path or env.type),
+            "limits": sandbox_limits().kind if self._bwrap else None,
+            "max_concurrency": self._limit,
+            "trials_dir": str(self.trials_dir),
+            "queued": sum(1 for t in self._by_trial.values() if t.trial_started is None),
+            "running": sum(1 for t in self._by_trial.values() if t.trial_started is not None),
+            "finished": self._done,
+        }
+
+    async def aclose(self) -> None:
+        if self._own_trials_dir:
+            with contextlib.suppress(OSError):
+                self.trials_dir.rmdir()  # only when every trial was removed
+
+    # -- one rollout ----------------------------------------------------------------------------
+
+    async def _on_trial_start(self, event: TrialHookEvent) -> None:
+        ticket = self._by_trial.get(event.config.trial_name)
+        if ticket is not None:
+            ticket.trial_started = time.perf_counter()
+
+    def _task_for(self, request: ExecutionRequest) -> Path:
+        if self.task_dir is not None:
+            return self.task_dir
+        return find_dataset_task(request.metadata, self.config.task_key, self.dataset_dir)
+
+    def _class_ref(self, klass: type[Any]) -> ClassRef:
+        if self._bwrap or self.code_dir is None:
+            return ClassRef.of(klass)
+        code = self.code_dir
+
+        def to_trial(file: str) -> str | None:
+            path = Path(file).resolve()
+            return f"{_TRIAL_CODE}/{path.relative_to(code).as_posix()}" if path.is_relative_to(code) else None
+
+        return ClassRef.of(klass, map_path=to_trial)
+
+    def _uploads(self) -> dict[str, str]:
+        if self._bwrap:
+            return {}
+        import osmosis_core
+        import osmosis_harbor
+
+        uploads = {
+            f"{_TRIAL_LIB}/osmosis_core": str(Path(osmosis_core.__file__).parent),
+            f"{_TRIAL_LIB}/osmosis_harbor": str(Path(osmosis_harbor.__file__).parent),
+        }
+        if self.code_dir is not None:
+            uploads[_TRIAL_CODE] = str(self.code_dir)
+        return uploads
+
+    def _environment_config(self) -> EnvironmentConfig:
+        env = self.config.environment
+        common: dict[str, Any] = {
+            "env": dict(env.env),
+            "force_build": env.force_build,
+            "override_cpus": env.override_cpus,
+            "override_memory_mb": env.override_memory_mb,
+        }
+        if not self._bwrap:
+            kind = {"import_path": env.import_path} if env.import_path else {"type": env.type}
+            return EnvironmentConfig(**kind, kwargs=dict(env.kwargs), delete=True, **common)
+        sandbox = self.config.sandbox
+        hide = [str(self.trials_dir), *sandbox.hide_paths]
+        if self.run_dir is not None:
+            hide.append(str(Path(self.run_dir).resolve()))
+        expose = [str(self.code_dir)] if self.code_dir is not None else []
+        kwargs = {
+            "memory_mb": sandbox.memory_mb,
+            "max_processes": sandbox.max_processes or 0,
+            "hide_paths": hide,
+            "expose_paths": [*expose, *sandbox.expose_paths],
+            "bwrap": sandbox.bwrap,
+            **env.kwargs,
+        }
+        return EnvironmentConfig(import_path=SANDBOX_IMPORT_PATH, kwargs=kwargs, delete=False, **common)
+
+    def _trial_config(self, ticket: Ticket, task_dir: Path, trial_name: str) -> TrialConfig:
+        request = ticket.request
+        if self.mode == "dataset":
+            verifier = VerifierConfig()
+        elif self.grader_class is None:
+            verifier = VerifierConfig(disable=True)
+        else:
+            verifier = VerifierConfig(
+                import_path=HOST_VERIFIER_IMPORT_PATH if self.config.grade_on_host else VERIFIER_IMPORT_PATH,
+                kwargs={"ticket": ticket.id},
+                override_timeout_sec=request.grader_timeout_sec or None,
+            )
+        extra = []
+        if self.mode == "template":
+            users = [m for m in request.prompt if m.get("role") == "user"]
+            extra = [message_text(users[-1]) if users else message_text(request.prompt[-1]) if request.prompt else ""]
+        return TrialConfig(
+            task=TaskConfig(path=task_dir),
+            trial_name=trial_name,
+            trials_dir=self.trials_dir,
+            agent=AgentConfig(
+                import_path=AGENT_IMPORT_PATH,
+                kwargs={"ticket": ticket.id, "rollout_id": request.rollout_id},
+                override_timeout_sec=request.agent_timeout_sec or None,
+            ),
+            environment=self._environment_config(),
+            verifier=verifier,
+            extra_instructions=extra,
+        )
+
+    async def execute(
+        self,
+        request: ExecutionRequest,
+        on_workflow_complete: ResultCallback,
+        on_grader_complete: ResultCallback | None = None,
+    ) -> None:
+        submitted = time.perf_counter()
+        timings: dict[str, float] = {}
+        stage = _WF
+        ticket: Ticket | None = None
+        trial_task: asyncio.Future[Any] | None = None
+        try:
+            try:
+                task_dir = self._task_for(request)
+            except TaskProblem as exc:
+                await on_workflow_complete(failure(request.rollout_id, _WF, ErrorCategory.VALIDATION_ERROR, str(exc)))
+                return
+            trial_name = _trial_name(request.rollout_id)
+            ticket = Ticket(
+                request=request,
+                mode=self.mode,
+                task_name=task_name(task_dir),
+                trial_dir=self.trials_dir / trial_name,
+                workflow=self._class_ref(self.workflow_class),
+                workflow_config=self._workflow_blob,
+                grader=self._class_ref(self.grader_class) if self.grader_class is not None else None,
+                grader_config=self._grader_blob,
+                python=self.python,
+                lib_paths=self._lib_paths,
+                code_dir=(_TRIAL_CODE if not self._bwrap else str(self.code_dir)) if self.code_dir else None,
+                upload=self._uploads(),
+                grader_class=self.grader_class,
+                grader_config_object=self.grader_config,
+            )
+            TICKETS[ticket.id] = ticket
+            self._by_trial[trial_name] = ticket
+            trial_config = self._trial_config(ticket, task_dir, trial_name)
+            trial_task = asyncio.ensure_future(self._queue.submit(trial_config))
+            waiter = asyncio.ensure_future(ticket.workflow_done.wait())
+            try:
+                await asyncio.wait({trial_task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+            workflow = ticket.workflow_result
+            if workflow is not None and workflow.ok:
+                await on_workflow_complete(self._workflow_stage(ticket, timings, submitted))
+                stage = _GR
+            try:
+                trial = await trial_task
+            except Exception as exc:
+                await self._report_trial_crash(exc, ticket, stage, timings, on_workflow_complete, on_grader_complete)
+                return
+            timings["trial"] = time.perf_counter() - (ticket.trial_started or submitted)
+            if stage is _WF:
+                await on_workflow_complete(self._failed_workflow(ticket, trial, timings, submitted))
+                return
+            if not self.grades:
+                await self._cleanup(ticket, success=trial.exception_info is None)
+                return
+            graded, ok = self._grader_stage(ticket, trial, timings)
+            if on_grader_complete is not None:
+                await on_grader_complete(graded)
+            await self._cleanup(ticket, success=ok)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                if trial_task is not None and not trial_task.done():
+                    trial_task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await asyncio.wait_for(asyncio.shield(trial_task), 30)
+                where = f" (trial kept: {ticket.trial_dir})" if ticket is not None else ""
+                cancelled = failure(
+                    request.rollout_id,
+                    stage,
+                    ErrorCategory.CANCELLED,
+                    f"rollout cancelled during the {stage} stage{where}",
+                )
+                callback = on_workflow_complete if stage is _WF else on_grader_complete
+                if callback is not None:
+                    await callback(cancelled)
+            raise
+        except Exception:
+            # a callback failed: do not leave the trial running behind the caller's back
+            if trial_task is not None and not trial_task.done():
+                trial_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(trial_task), 30)
+            raise
+        finally:
+            if ticket is not None:
+                TICKETS.pop(ticket.id, None)
+                self._by_trial.pop(ticket.trial_dir.name, None)
+            self._done += 1
+
+    def _workflow_stage(self, ticket: Ticket, timings: dict[str, float], submitted: float) -> ExecutionResult:
+        result = ticket.workflow_result
+        assert result is not None
+        started = ticket.trial_started or submitted
+        timings["queued"] = started - submitted
+        for key in ("workflow",):
+            if key in result.timings:
+                timings[key] = result.timings[key]
+        timings["sandbox_overhead"] = max(
+            0.0, time.perf_counter() - (ticket.agent_started or started) - timings.get("workflow", 0.0)
+        )
+        return ExecutionResult(
+            result.rollout_id, _WF, ExecutionStatus.SUCCESS, sample=result.sample, timings=dict(timings)
+        )
+
+    def _failed_workflow(
+        self, ticket: Ticket, trial: Any, timings: dict[str, float], submitted: float
+    ) -> ExecutionResult:
+        rid = ticket.request.rollout_id
+        trial_dir = ticket.trial_dir
+        info = trial.exception_info
+        timings["queued"] = (ticket.trial_started or submitted) - submitted
+        result = ticket.workflow_result
+        if result is not None and result.error is not None:
+            timings.update({k: v for k, v in result.timings.items() if k == "workflow"})
+            message = result.error.message
+            limit = ticket.request.agent_timeout_sec
+            if result.error.category is ErrorCategory.TIMEOUT and limit:
+                message = f"the workflow ran past its {limit:g} s timeout"
+            return failure(
+                rid,
+                _WF,
+                result.error.category,
+                f"{message} (Harbor trial {trial_dir.name} of task {ticket.task_name!r}; logs: {trial_dir})",
+                sample=result.sample,
+                timings=timings,
+            )
+        if info is None:
+            return failure(
+                rid, _WF, ErrorCategory.INFRA_ERROR, f"the trial ended without running the workflow ({trial_dir})"
+            )
+        _stage, error = trial_error(
+            info.exception_type,
+            info.exception_message,
+            task_name=ticket.task_name,
+            trial_dir=trial_dir,
+            agent_timeout=ticket.request.agent_timeout_sec,
+            grader_timeout=ticket.request.grader_timeout_sec,
+            workflow_ok=False,
+        )
+        return failure(rid, _WF, error.category, error.message, timings=timings)
+
+    def _grader_stage(self, ticket: Ticket, trial: Any, timings: dict[str, float]) -> tuple[ExecutionResult, bool]:
+        rid = ticket.request.rollout_id
+        workflow = ticket.workflow_result
+        assert workflow is not None and workflow.sample is not None
+        sample: RolloutSample = copy.copy(workflow.sample)
+        sample.metrics = dict(sample.metrics)
+        verifier_dir = ticket.trial_dir / "verifier"
+        own = ticket.grader_result
+        if own is None and self.mode == "template":
+            own = grader_file_result(verifier_dir, ticket.nonce)
+        verifier_timing = getattr(trial, "verifier", None)
+        if verifier_timing is not None and verifier_timing.started_at and verifier_timing.finished_at:
+            timings["grader"] = (verifier_timing.finished_at - verifier_timing.started_at).total_seconds()
+        info = trial.exception_info
+        rewards = trial.verifier_result.rewards if trial.verifier_result is not None else None
+        if info is None and rewards:
+            try:
+                sample.reward = pick_reward(rewards)
+            except ValueError as exc:
+                message = f"task {ticket.task_name!r}: {exc} ({ticket.trial_dir})"
+                return failure(rid, _GR, ErrorCategory.VALIDATION_ERROR, message, sample=sample, timings=timings), False
+            if own is not None and own.sample is not None:
+                sample.metrics.update(own.sample.metrics)
+            if len(rewards) > 1 or "reward" not in rewards:
+                sample.metrics["harbor_rewards"] = dict(rewards)
+            return ExecutionResult(rid, _GR, ExecutionStatus.SUCCESS, sample=sample, timings=dict(timings)), True
+        if info is None:
+            message = f"the trial of task {ticket.task_name!r} ended without a verifier result ({ticket.trial_dir})"
+            return failure(rid, _GR, ErrorCategory.INFRA_ERROR, message, sample=sample, timings=timings), False
+        if own is not None and own.error is not None and info.exception_type in {*NO_REWARD_ERRORS, "GraderFailed"}:
+            message = f"{own.error.message} (Harbor trial {ticket.trial_dir.name}; logs: {ticket.trial_dir})"
+            return failure(rid, _GR, own.error.category, message, sample=sample, timings=timings), False
+        _stage, error = trial_error(
+            info.exception_type,
+            info.exception_message,
+            task_name=ticket.task_name,
+            trial_dir=ticket.trial_dir,
+            agent_timeout=ticket.request.agent_timeout_sec,
+            grader_timeout=ticket.request.grader_timeout_sec,
+            workflow_ok=True,
+        )
+        return failure(rid, _GR, error.category, error.message, sample=sample, timings=timings), False
+
+    async def _report_trial_crash(
+        self,
+        exc: Exception,
+        ticket: Ticket,
+        stage: ExecutionStage,
+        timings: dict[str, float],
+        on_workflow_complete: ResultCallback,
+        on_grader_complete: ResultCallback | None,
+    ) -> None:
+        """Harbor could not even run the trial (``Trial.create`` failed: a bad task folder, a setup error)."""
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())[:1500]
+        # a task folder Harbor rejects (missing instruction.md or tests, a bad task.toml) is the data's
+        # fault; anything else is the machinery's
+        bad_task = isinstance(exc, (FileNotFoundError, ValueError))
+        category = ErrorCategory.VALIDATION_ERROR if bad_task else ErrorCategory.INFRA_ERROR
+        message = f"Harbor could not start a trial of task {ticket.task_name!r}: {text} ({ticket.trial_dir})"
+        result = failure(ticket.request.rollout_id, stage, category, message, timings=timings)
+        callback = on_workflow_complete if stage is _WF else on_grader_complete
+        if callback is not None:
+            await callback(result)
+
+    async def _cleanup(self, ticket: Ticket, *, success: bool) -> None:
+        """Remove a successful trial's folder (unless asked to keep it); failed ones stay for debugging."""
+        if success and not self.config.keep_successful_trials:
+            await asyncio.to_thread(shutil.rmtree, ticket.trial_dir, True)

@@ -1,0 +1,45 @@
+"""The osmosis plugin of osmosis-harbor (entry point ``harbor``): the ``harbor`` backend and a template.
+
+It stays light: nothing here imports Harbor (or litellm, which takes seconds to import), so
+``osmosis --help`` and ``osmosis plugins`` stay fast; Harbor is imported when the backend is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from osmosis_core.backend import BackendSpec
+from osmosis_core.plugins.hookspecs import hookimpl
+from osmosis_core.templates import GUIDES_ROOT, TemplateSpec
+
+__all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_backends", "osmosis_register_templates"]
+
+TEMPLATE_NAME = "multiply-harbor-strands"
+TEMPLATE_ROOT = Path(__file__).resolve().parent / "template"
+"""The template's files (rollout code, a Harbor task folder, configs, data), shipped inside the package."""
+
+
+@hookimpl
+def osmosis_register_backends() -> list[BackendSpec]:
+    return [
+        BackendSpec(
+            "harbor",
+            "osmosis_harbor.backend:HarborBackend.from_setup",
+            config_type="osmosis_harbor.config:HarborBackendConfig",
+            description="Each rollout in its own Harbor trial (bubblewrap sandbox, or docker/podman/daytona).",
+        )
+    ]
+
+
+@hookimpl
+def osmosis_register_templates() -> list[TemplateSpec]:
+    return [
+        TemplateSpec(
+            TEMPLATE_NAME,
+            TEMPLATE_ROOT,
+            description="A Strands multiply agent, each rollout in an isolated Harbor trial (no Docker needed).",
+            next_steps=f"osmosis run configs/eval/{TEMPLATE_NAME}.toml --stub-policy",
+            layers=(GUIDES_ROOT,),
+            variables={"dataset": "data/multiply.jsonl"},
+        )
+    ]

@@ -1,0 +1,254 @@
+"""``BubblewrapEnvironment``: a Harbor environment that runs trials in bubblewrap sandboxes, no Docker.
+
+Harbor takes it by import path, so it works with Harbor's own CLI as well as the ``harbor``
+backend::
+
+    harbor run -p path/to/task -a oracle -e osmosis_harbor.sandbox:BubblewrapEnvironment
+
+Each trial gets a private root folder (``<trial dir>/sandbox/<role>/``) shown as ``/``: the task's
+paths (``/app`` or its workdir, ``/logs/{agent,verifier,artifacts}``, ``/tests``, ``/solution``,
+``/tmp``) are the trial's own, and files Harbor uploads or downloads are copied there on the host
+without following any symlink the sandbox made. Every ``exec`` is a fresh sandbox (see
+:mod:`osmosis_harbor.bwrap` for what it sees and how it is limited); nothing it starts outlives it.
+
+Constructor keywords (``EnvironmentConfig.kwargs``, ``--ek key=value``):
+
+* ``memory_mb``: memory of the trial's commands (default: the task's ``[environment].memory_mb``,
+  else 4096);
+* ``max_processes``: processes of the trial's commands (default 1024; ``0`` for no limit);
+* ``hide_paths`` / ``expose_paths``: more host paths to hide / to show read-only (a list, or one
+  comma-separated string from the command line);
+* ``bwrap``: the bubblewrap executable.
+
+Limits: a task's Dockerfile is not built (the host's installed tools are the image); every command
+runs as the user running osmosis, without capabilities, whatever ``user`` asks; background
+processes do not survive their command; ``network_mode = "allowlist"`` is refused;
+``no-network`` gives a private loopback only, so a policy endpoint on the host is unreachable
+from such a task.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from osmosis_harbor._harbor import prepare_harbor_import
+
+prepare_harbor_import()
+
+from harbor.environments.base import BaseEnvironment, ExecResult  # noqa: E402
+from harbor.environments.capabilities import EnvironmentCapabilities  # noqa: E402
+from harbor.models.task.config import NetworkMode, NetworkPolicy, TaskOS  # noqa: E402
+
+from osmosis_harbor.bwrap import (  # noqa: E402
+    CommandTimeout,
+    HostLayout,
+    Sandbox,
+    SandboxStartError,
+    check_bwrap,
+    find_bwrap,
+    python_paths,
+)
+from osmosis_harbor.config import DEFAULT_MAX_PROCESSES, DEFAULT_MEMORY_MB  # noqa: E402
+from osmosis_harbor.safetree import SafeTree  # noqa: E402
+
+__all__ = ["ENVIRONMENT_TYPE", "BubblewrapEnvironment"]
+
+ENVIRONMENT_TYPE = "osmosis-bwrap"
+"""What :meth:`BubblewrapEnvironment.type` returns."""
+
+_BUILD_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml", ".dockerignore"})
+_LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
+
+
+class BubblewrapEnvironment(BaseEnvironment):
+    """A Harbor environment whose commands run in bubblewrap sandboxes on this machine."""
+
+    def __init__(
+        self,
+        environment_dir: Path,
+        environment_name: str,
+        session_id: str,
+        trial_paths: Any,
+        task_env_config: Any,
+        logger: Any = None,
+        *,
+        memory_mb: int | str | None = None,
+        max_processes: int | str | None = DEFAULT_MAX_PROCESSES,
+        hide_paths: list[str] | tuple[str, ...] | str = (),
+        expose_paths: list[str] | tuple[str, ...] | str = (),
+        bwrap: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._memory_mb = _count(memory_mb)
+        self._max_processes = _count(max_processes)
+        self._hide = _paths(hide_paths)
+        self._expose = _paths(expose_paths)
+        self._bwrap = bwrap
+        role = session_id.rsplit("__", 1)[-1] if "__" in session_id else "env"
+        self._root = Path(trial_paths.trial_dir) / "sandbox" / role
+        self._tree = SafeTree(self._root)
+        self._sandbox: Sandbox | None = None
+        super().__init__(
+            environment_dir, environment_name, session_id, trial_paths, task_env_config, logger=logger, **kwargs
+        )
+
+    @staticmethod
+    def type() -> str:
+        return ENVIRONMENT_TYPE
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        # every exec is a fresh sandbox, so a new network policy simply applies to the next exec
+        return EnvironmentCapabilities(disable_internet=True, dynamic_network_policy=True)
+
+    @classmethod
+    def preflight(cls) -> None:
+        check_bwrap(find_bwrap())
+
+    async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
+        if network_policy.network_mode == NetworkMode.ALLOWLIST:
+            raise ValueError(f"{ENVIRONMENT_TYPE} cannot enforce network_mode='allowlist'")
+
+    def _validate_definition(self) -> None:
+        if self.task_env_config.os != TaskOS.LINUX:
+            raise ValueError(f"{ENVIRONMENT_TYPE} runs Linux tasks only, not {self.task_env_config.os.value!r}")
+        workdir = self.task_env_config.workdir
+        if workdir and HostLayout.detect().is_host_path(workdir):
+            raise ValueError(
+                f"the task's workdir {workdir!r} is on the read-only host filesystem; "
+                f"{ENVIRONMENT_TYPE} needs a workdir outside the host's top-level folders (e.g. /app)"
+            )
+
+    @property
+    def root(self) -> Path:
+        """The host folder shown as ``/`` in the sandbox."""
+        return self._root
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The sandbox runner (created at :meth:`start`)."""
+        if self._sandbox is None:
+            raise RuntimeError("the environment is not started")
+        return self._sandbox
+
+    @property
+    def workdir(self) -> str:
+        """The task's working folder (``/app`` when the task names none)."""
+        return self.task_env_config.workdir or "/app"
+
+    async def start(self, force_build: bool) -> None:
+        memory = self._memory_mb or self.task_env_config.memory_mb or DEFAULT_MEMORY_MB
+        trials_root = Path(self.trial_paths.trial_dir).parent
+        try:
+            self._sandbox = Sandbox(
+                self._root,
+                expose=[*python_paths(), *self._expose],
+                hide=[trials_root, *self._hide],
+                memory_mb=memory,
+                max_processes=self._max_processes,
+                bwrap=find_bwrap(self._bwrap),
+            )
+            self._sandbox.prepare([self.workdir, *_LOG_DIRS])
+        except OSError as exc:
+            raise SandboxStartError(f"cannot prepare the sandbox folder {self._root}: {exc}") from None
+        env_dir = Path(self.environment_dir)
+        if env_dir.is_dir():
+            target = "/tests" if not self._enable_environment_dir_upload else self.workdir
+            for entry in sorted(env_dir.iterdir()):
+                if entry.name in _BUILD_FILES:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    self._tree.write_tree([*_parts(target), entry.name], entry)
+                elif entry.is_file() and not entry.is_symlink():
+                    self._tree.write_file([*_parts(target), entry.name], entry)
+
+    async def stop(self, delete: bool) -> None:
+        if self._sandbox is not None:
+            await self._sandbox.close()
+        if delete:
+            self._tree.remove()
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | float | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        merged = self._merge_env(env) or {}
+        folder = cwd or self.workdir
+        if not self._tree.exists(_parts(folder)) and not HostLayout.detect().is_host_path(folder):
+            self._tree.mkdir(_parts(folder))
+        try:
+            result = await self.sandbox.run(
+                command,
+                cwd=folder,
+                env=merged,
+                network=not self._network_disabled,
+                timeout=float(timeout_sec) if timeout_sec else None,
+            )
+        except CommandTimeout as exc:
+            raise RuntimeError(str(exc)) from None
+        stderr = result.stderr
+        if result.oom_killed:
+            stderr += f"\n[osmosis sandbox: the memory limit ({self.sandbox.memory_mb} MB) killed a process]"
+        return ExecResult(stdout=result.stdout, stderr=stderr, return_code=result.return_code)
+
+    def _private(self, path: str, *, write: bool) -> list[str]:
+        parts = _parts(path)
+        if HostLayout.detect().is_host_path(path):
+            verb = "write to" if write else "read"
+            raise PermissionError(f"cannot {verb} {path}: it is on the sandbox's read-only host filesystem")
+        return parts
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        self._tree.write_file(self._private(target_path, write=True), source_path)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        self._tree.write_tree(self._private(target_dir, write=True), source_dir)
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        self._tree.read_file(self._private(source_path, write=False), target_path)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        parts = self._private(source_dir, write=False)
+        if self._tree.exists(parts) != "dir":
+            raise FileNotFoundError(f"{source_dir} is not a folder in the sandbox")
+        Path(target_dir).mkdir(parents=True, exist_ok=True)
+        self._tree.read_tree(parts, target_dir)
+
+    async def is_dir(self, path: str, user: str | int | None = None) -> bool:
+        if HostLayout.detect().is_host_path(path):
+            return os.path.isdir(path)
+        return self._tree.exists(_parts(path)) == "dir"
+
+    async def is_file(self, path: str, user: str | int | None = None) -> bool:
+        if HostLayout.detect().is_host_path(path):
+            return os.path.isfile(path)
+        return self._tree.exists(_parts(path)) == "file"
+
+
+def _count(value: int | str | None) -> int | None:
+    """A positive whole number from a keyword (``--ek`` gives strings); 0 or empty means none."""
+    if value is None or value == "":
+        return None
+    number = int(value)
+    return number if number > 0 else None
+
+
+def _paths(value: list[str] | tuple[str, ...] | str) -> list[Path]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [Path(p.strip()) for p in items if p and p.strip()]
+
+
+def _parts(path: str) -> list[str]:
+    pure = PurePosixPath(path)
+    if not pure.is_absolute():
+        raise ValueError(f"sandbox paths must be absolute, got {path!r}")
+    parts = [p for p in pure.parts[1:] if p not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"sandbox paths must not contain '..': {path!r}")
+    return parts

@@ -1,0 +1,3 @@
+#!/bin/bash
+# A broken verifier: it checks nothing and writes no reward file.
+echo "checking nothing"

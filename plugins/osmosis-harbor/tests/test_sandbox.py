@@ -1,0 +1,145 @@
+"""The bubblewrap sandbox itself: limits, a read-only host, per-command namespaces, safe file transfer."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import anyio
+import pytest
+from harbor_helpers import sandbox_processes
+
+from osmosis_harbor.bwrap import CommandTimeout, Sandbox, python_paths
+from osmosis_harbor.limits import Limits
+from osmosis_harbor.safetree import SafeTree, SymlinkRefused
+
+
+def _sandbox(tmp_path, **kwargs) -> Sandbox:
+    sandbox = Sandbox(tmp_path / "root", expose=python_paths(), **kwargs)
+    sandbox.prepare(["/app", "/logs/agent"])
+    return sandbox
+
+
+def _run(sandbox: Sandbox, command: str, **kwargs):
+    async def main():
+        try:
+            return await sandbox.run(command, **kwargs)
+        finally:
+            await sandbox.close()
+
+    return anyio.run(main)
+
+
+def test_each_command_gets_a_fresh_locked_down_sandbox_over_the_trials_own_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("OSMOSIS_TEST_SECRET", "s3cret")
+    sandbox = _sandbox(tmp_path)
+    script = (
+        "echo kept > /app/note; touch /usr/osmosis-x 2>&1; echo pid=$$; hostname; id -u; "
+        "grep CapEff /proc/self/status; echo secret=${OSMOSIS_TEST_SECRET:-none}; echo home=$HOME; "
+        f"{sys.executable} -I -c 'import osmosis_core, sys; print(\"python\", sys.version_info[:2])'"
+    )
+    out = _run(sandbox, script, cwd="/app")
+    assert out.return_code == 0, out.stderr
+    assert "Read-only file system" in out.stdout
+    assert "pid=2" in out.stdout and "sandbox\n" in out.stdout and "\n0\n" in out.stdout
+    assert "CapEff:\t0000000000000000" in out.stdout  # root without capabilities
+    assert "secret=none" in out.stdout and "home=/root" in out.stdout
+    assert f"python ({sys.version_info[0]}, {sys.version_info[1]})" in out.stdout  # this Python works inside
+    assert (tmp_path / "root" / "app" / "note").read_text() == "kept\n"  # the trial's own files persist
+    assert not os.path.exists("/usr/osmosis-x")
+
+
+def test_memory_and_process_limits_hold(tmp_path):
+    sandbox = _sandbox(tmp_path, memory_mb=96, max_processes=24)
+    hog = _run(sandbox, f"{sys.executable} -I -c 'x = bytearray(400 << 20); print(len(x))'")
+    assert hog.return_code != 0 and "419430400" not in hog.stdout
+    if sandbox.limits.kind != "rlimit":
+        assert hog.oom_killed
+    sandbox = _sandbox(tmp_path, memory_mb=None, max_processes=24)
+    if sandbox.limits.kind == "rlimit" and os.geteuid() == 0:
+        pytest.skip("no writable pids cgroup, and RLIMIT_NPROC does not bind root")
+    fork_bomb = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(60):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError as exc:\n"
+        "        print('refused:', exc.strerror)\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(3)\n"
+        "        os._exit(0)\n"
+        "    n += 1\n"
+        "print('started', n)\n"
+    )
+    (tmp_path / "root" / "app" / "bomb.py").write_text(fork_bomb)
+    forks = _run(sandbox, f"{sys.executable} -I /app/bomb.py")
+    assert "refused: Resource temporarily unavailable" in forks.stdout, forks.stdout + forks.stderr
+    assert int(forks.stdout.split("started ")[1]) < 24
+
+
+def test_a_timeout_kills_the_whole_process_tree(tmp_path):
+    marker = f"osmosis-sandbox-{secrets.token_hex(3)}"
+    sandbox = _sandbox(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match="timed out after 1 seconds"):
+        _run(
+            sandbox,
+            f"bash -c 'exec -a {marker} sleep 300' & setsid bash -c 'exec -a {marker} sleep 301' & "
+            f"nohup bash -c 'exec -a {marker} sleep 302' & wait",
+            timeout=1,
+        )
+    assert time.monotonic() - started < 10
+    time.sleep(0.2)
+    assert sandbox_processes(marker) == []
+
+
+def test_files_move_in_and_out_without_following_the_sandboxs_symlinks(tmp_path):
+    sandbox = _sandbox(tmp_path)
+    target = tmp_path / "outside.txt"
+    target.write_text("host file")
+    made = _run(sandbox, f"ln -s /etc /app/evil && ln -s {target} /app/link && ln -s {tmp_path} /logs/agent/up")
+    assert made.return_code == 0, made.stderr
+    tree = SafeTree(tmp_path / "root")
+    source = tmp_path / "source.txt"
+    source.write_text("uploaded")
+    tree.write_file(("app", "evil", "osmosis-harbor-test"), source)  # the link is replaced, /etc untouched
+    assert not os.path.exists("/etc/osmosis-harbor-test")
+    assert (tmp_path / "root" / "app" / "evil" / "osmosis-harbor-test").read_text() == "uploaded"
+    tree.write_file(("app", "link"), source)  # writes the trial's file, not the host file it pointed at
+    assert target.read_text() == "host file"
+    (tmp_path / "root" / "app" / "link2").symlink_to(target)
+    with pytest.raises(SymlinkRefused):
+        tree.read_file(("app", "link2"), tmp_path / "copied.txt")
+    tree.read_tree(("logs",), tmp_path / "logs-copy")
+    assert not (tmp_path / "logs-copy" / "agent" / "up").exists()
+
+
+def test_killing_the_osmosis_process_kills_its_sandboxes(tmp_path):
+    marker = f"osmosis-sandbox-orphan-{secrets.token_hex(3)}"
+    program = (
+        "import anyio, sys\n"
+        "from pathlib import Path\n"
+        "from osmosis_harbor.bwrap import Sandbox, python_paths\n"
+        f"sandbox = Sandbox(Path({str(tmp_path / 'root')!r}), expose=python_paths(), memory_mb=256)\n"
+        "sandbox.prepare()\n"
+        f"anyio.run(sandbox.run, \"setsid bash -c 'exec -a {marker} sleep 300' & wait\")\n"
+    )
+    host = subprocess.Popen([sys.executable, "-c", program])
+    try:
+        deadline = time.monotonic() + 30
+        while not sandbox_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sandbox_processes(marker), "the sandboxed command did not start"
+    finally:
+        host.kill()  # SIGKILL: no cleanup code of osmosis runs
+        host.wait()
+    time.sleep(0.3)
+    assert sandbox_processes(marker) == []
+    limits = Limits.detect()  # the next osmosis process removes the cgroups a killed one left
+    for _, parent in limits.parents:
+        assert list(parent.glob(f"osmosis-sandbox-{host.pid}-*")) == []
