@@ -133,6 +133,8 @@ class HarborBackend(ExecutionBackend):
     :param config: the ``[backend.harbor]`` settings (:class:`HarborBackendConfig`).
     :param rollout_dir: the rollout's folder: the code mounted into trials unless ``config.code_dir``.
     :param run_dir: the run's folder: trials go to ``run_dir/harbor-trials`` unless ``config.trials_dir``.
+    :param config_root: the folder the run config's relative paths resolve against (tried first).
+    :param dataset_path: the dataset file; hidden from every trial, since it holds the labels.
     """
 
     def __init__(
@@ -146,8 +148,10 @@ class HarborBackend(ExecutionBackend):
         rollout_dir: Path | None = None,
         run_dir: Path | None = None,
         config_root: Path | None = None,
+        dataset_path: Path | None = None,
     ) -> None:
         self.config = config = config if config is not None else HarborBackendConfig()
+        self._dataset_path = dataset_path  # holds the labels: hidden from every trial
         workflow_class = load_object(workflow) if isinstance(workflow, str) else workflow
         if not (isinstance(workflow_class, type) and issubclass(workflow_class, AgentWorkflow)):
             raise TypeError(f"workflow must be an AgentWorkflow subclass, got {workflow!r}")
@@ -257,6 +261,7 @@ class HarborBackend(ExecutionBackend):
             rollout_dir=setup.rollout_dir,
             run_dir=setup.run_dir,
             config_root=setup.config_root,
+            dataset_path=setup.dataset_path,
         )
 
     @property
@@ -344,6 +349,8 @@ class HarborBackend(ExecutionBackend):
             return EnvironmentConfig(**kind, kwargs=dict(env.kwargs), delete=True, **common)
         sandbox = self.config.sandbox
         hide = [str(self.trials_dir), *sandbox.hide_paths]
+        if self._dataset_path is not None:
+            hide.append(str(self._dataset_path.resolve()))
         if self.run_dir is not None:
             hide.append(str(Path(self.run_dir).resolve()))
         expose = [str(self.code_dir)] if self.code_dir is not None else []

@@ -35,12 +35,20 @@ def test_a_rollout_sees_neither_other_trials_nor_the_host_home_nor_secrets(probe
         dataset = base / "data.jsonl"  # a dataset with labels, hidden by name
         dataset.write_text('{"user_prompt": "q", "ground_truth": "secret label"}\n')
         config = HarborBackendConfig(keep_successful_trials=True, sandbox=SandboxSection(hide_paths=[str(dataset)]))
+        run_dataset = base / "run-data.jsonl"  # the run's own dataset: hidden because the run names it
+        run_dataset.write_text('{"user_prompt": "q", "ground_truth": "run secret label"}\n')
         with ScriptedPolicyServer() as server:
             planter = HarborBackend(probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir=run_dir)
             run_all(planter, [request("planter", server.url, probe=[{"write": ["/app/planted.txt", "trial secret"]}])])
             [planted] = (run_dir / "harbor-trials").glob("planter-*/sandbox/env/app/planted.txt")
             assert planted.read_text() == "trial secret"
-            snooper = HarborBackend(probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir=run_dir)
+            snooper = HarborBackend(
+                probe.workflow_class,
+                config=config,
+                rollout_dir=probe.rollout_dir,
+                run_dir=run_dir,
+                dataset_path=run_dataset,
+            )
             [out] = run_all(
                 snooper,
                 [
@@ -59,13 +67,14 @@ def test_a_rollout_sees_neither_other_trials_nor_the_host_home_nor_secrets(probe
                             {"write": ["/usr/osmosis-harbor-test", "x"]},
                             {"connect": ["127.0.0.1", server.port]},
                             {"read": str(dataset)},
+                            {"read": str(run_dataset)},
                         ],
                     )
                 ],
             )
         seen = _seen(out)
         assert seen[0]["pid"] < 10  # its own PID namespace
-        other_trial, trials, results, own_app, home, home_list, shadow, env, usr, policy, labels = seen[1:]
+        other_trial, trials, results, own_app, home, home_list, shadow, env, usr, policy, labels, run_labels = seen[1:]
         assert other_trial.startswith("error: FileNotFoundError")
         assert "planter" not in str(trials)  # the trials folder (inside the hidden run folder) shows nothing
         assert results.startswith("error: FileNotFoundError")  # the run folder too
@@ -77,6 +86,7 @@ def test_a_rollout_sees_neither_other_trials_nor_the_host_home_nor_secrets(probe
         assert usr.startswith("error: OSError") and "Read-only file system" in usr
         assert policy == "connected"  # a public task reaches the policy on the host's loopback
         assert "secret label" not in labels  # a hidden file cannot be read
+        assert "run secret label" not in run_labels  # nor the run's dataset, hidden without being named
     finally:
         home_secret.unlink(missing_ok=True)
         shutil.rmtree(base, ignore_errors=True)
