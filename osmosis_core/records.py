@@ -92,17 +92,16 @@ class PolicyEndpoint:
         return self.base_url.rstrip("/") + "/chat/completions"
 
 
-def _finite_or_none(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and not (isinstance(value, float) and math.isfinite(value)):
-        raise ValueError(f"{attribute.name} must be a finite float, got {value!r}")
-
-
 def _to_reward(value: Any) -> float | None:
+    """None, or the value as a finite float (a converter that also validates: one call per set)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"reward must be a number, got {type(value).__name__} ({value!r})")
-    return float(value)
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"reward must be a finite float, got {reward!r}")
+    return reward
 
 
 @attrs.define
@@ -123,12 +122,7 @@ class RolloutSample:
     messages: list[Message] = attrs.field(factory=list)
     system_prompt: str | None = None
     chat_messages: list[Message] | None = None
-    reward: float | None = attrs.field(
-        default=None,
-        converter=_to_reward,
-        validator=_finite_or_none,
-        on_setattr=attrs.setters.pipe(attrs.setters.convert, attrs.setters.validate),
-    )
+    reward: float | None = attrs.field(default=None, converter=_to_reward, on_setattr=attrs.setters.convert)
     metrics: dict[str, Any] = attrs.field(factory=dict)
 
     def readable_messages(self) -> list[Message]:
