@@ -101,20 +101,20 @@ def test_tool_call_then_answer_records_the_sample_turn_by_turn(policy_server):
     assert sample.system_prompt == SYSTEM
     assert sample.metrics["turns"] == 2 and sample.metrics["total_tokens"] > 0
 
-    # what went over the wire: the rollout's model name, header, sampling params, streamed
+    # what went over the wire: the rollout's model name, header, sampling params, not streamed (the default)
     requests = policy_server.requests_for("r-main")
     assert len(requests) == 2
     first = requests[0].body
-    assert first["model"] == "osmosis-stub" and first["stream"] is True
+    assert first["model"] == "osmosis-stub" and first["stream"] is False
     assert first["temperature"] == 0.5 and first["max_tokens"] == 256
     assert [t["function"]["name"] for t in first["tools"]] == ["multiply"]
     assert requests[1].body["messages"] == chat[:4]  # the copy is exactly what was sent
 
 
-def test_non_streaming_calls_work_the_same(policy_server):
-    outcome = rollout(policy_server, rollout_id="r-ns", metadata={"agent": {"model": {"stream": False}}})
+def test_streaming_calls_work_the_same(policy_server):
+    outcome = rollout(policy_server, rollout_id="r-s", metadata={"agent": {"model": {"stream": True}}})
     assert outcome.error is None and outcome.reward == 1.0
-    assert [r.stream for r in policy_server.requests_for("r-ns")] == [False, False]
+    assert [r.stream for r in policy_server.requests_for("r-s")] == [True, True]
 
 
 def test_fifty_concurrent_rollouts_each_use_their_own_endpoint_identity_and_sample(policy_server):
@@ -366,7 +366,10 @@ def test_a_stream_broken_mid_answer_is_never_a_silent_empty_answer(events, expec
         port = server.sockets[0].getsockname()[1]
         async with server:
             return await run_rollout(
-                MultiplyWorkflow, policy=PolicyEndpoint(f"http://127.0.0.1:{port}/v1", "m"), user_prompt="hi"
+                MultiplyWorkflow,
+                policy=PolicyEndpoint(f"http://127.0.0.1:{port}/v1", "m"),
+                user_prompt="hi",
+                metadata={"agent": {"model": {"stream": True}}},
             )
 
     outcome = anyio.run(main)
