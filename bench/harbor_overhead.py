@@ -21,8 +21,10 @@ Needs osmosis-harbor installed and bubblewrap (``apt-get install -y bubblewrap``
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -91,6 +93,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
+    if importlib.util.find_spec("osmosis_harbor") is None or shutil.which("bwrap") is None:
+        print("harbor_overhead: skipped (needs osmosis-harbor installed and bubblewrap: apt-get install -y bubblewrap)")
+        return
     with tempfile.TemporaryDirectory(prefix="harbor-bench-") as tmp, StubPolicyProcess() as stub:
         folder = Path(tmp)
         data = dataset(args.rows, folder)

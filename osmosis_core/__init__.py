@@ -48,7 +48,6 @@ _EXPORTS: dict[str, str] = {
     "BackendSpec": "osmosis_core.backend",
     "ResultCallback": "osmosis_core.backend",
     "LocalBackend": "osmosis_core.local",
-    "LocalBackendConfig": "osmosis_core.local",
     # errors
     "OsmosisError": "osmosis_core.errors",
     "ConfigError": "osmosis_core.errors",
@@ -88,7 +87,6 @@ __all__ = [
     "GraderSpec",
     "InfraError",
     "LocalBackend",
-    "LocalBackendConfig",
     "Message",
     "OsmosisError",
     "PluginError",
@@ -134,7 +132,7 @@ if TYPE_CHECKING:
         RolloutLoadError,
         classify_exception,
     )
-    from osmosis_core.local import LocalBackend, LocalBackendConfig
+    from osmosis_core.local import LocalBackend
     from osmosis_core.plugins.hookspecs import hookimpl
     from osmosis_core.policy import chat_completion, chat_completion_response
     from osmosis_core.records import (

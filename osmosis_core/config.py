@@ -29,8 +29,8 @@ A complete config (``configs/eval/multiply-plain.toml``)::
     pass_threshold = 1.0
     output = "runs/multiply-plain"
 
-    [backend.local]                      # the chosen backend's own table
-    max_concurrent = 8
+    [backend.harbor]                     # the chosen backend's own table (a plugin's; local takes none)
+    n_concurrent = 8
 
 Relative paths are resolved against the workspace root: the folder holding ``configs/`` when the
 file sits in ``configs/<kind>/``, else the config file's own folder.

@@ -15,6 +15,7 @@ defines them, else ``config_type()``; the run config's ``[rollout.workflow_confi
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import inspect
 import re
@@ -74,6 +75,14 @@ def _declared_dependencies(rollout_dir: Path) -> set[str]:
     return names
 
 
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _import_entrypoint(file: Path, rollout_dir: Path) -> ModuleType:
     folder = str(rollout_dir)
     if folder not in sys.path:
@@ -90,12 +99,17 @@ def _import_entrypoint(file: Path, rollout_dir: Path) -> ModuleType:
     except ModuleNotFoundError as exc:
         _restore(name, previous)
         missing = (exc.name or "").split(".")[0]
-        declared = missing.lower() in _declared_dependencies(rollout_dir)
-        hint = (
-            f"the rollout declares it in {rollout_dir / 'pyproject.toml'}; install it with pip install -e {rollout_dir}"
-            if declared
-            else f"install it, and declare it in {rollout_dir / 'pyproject.toml'}"
-        )
+        declared_names = _declared_dependencies(rollout_dir)
+        # declared directly, or (most likely) through a declared distribution that is not installed,
+        # e.g. `strands` through osmosis-strands
+        declared = missing.lower() in declared_names or any(not _installed(n) for n in declared_names)
+        pyproject = rollout_dir / "pyproject.toml"
+        if missing.lower() in declared_names:
+            hint = f"the rollout declares it in {pyproject}; install it with pip install -e {rollout_dir}"
+        elif declared:
+            hint = f"the rollout's dependencies in {pyproject} are not all installed: pip install -e {rollout_dir}"
+        else:
+            hint = f"install it, and declare it in {pyproject}"
         raise MissingDependency(
             f"{file}: needs the package {missing!r}, which is not installed here ({hint})",
             module=missing,

@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import attrs
 
 from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback
 from osmosis_core.context import RolloutContext
@@ -50,18 +49,10 @@ from osmosis_core.workflow import (
     copy_config,
 )
 
-__all__ = ["LocalBackend", "LocalBackendConfig"]
+__all__ = ["LocalBackend"]
 
 _WF = ExecutionStage.WORKFLOW
 _GR = ExecutionStage.GRADER
-
-
-@attrs.define(kw_only=True)
-class LocalBackendConfig:
-    """Settings of ``[backend.local]``."""
-
-    max_concurrent: int | None = None
-    """Rollouts at once; overrides the workflow config's ``concurrency.max_concurrent``."""
 
 
 def _positive(value: float | None) -> float | None:
@@ -122,15 +113,9 @@ class LocalBackend(ExecutionBackend):
 
     @classmethod
     def from_setup(cls, setup: BackendSetup) -> LocalBackend:
-        """The factory registered for the ``local`` backend."""
-        config = setup.backend_config if isinstance(setup.backend_config, LocalBackendConfig) else None
-        return cls(
-            setup.workflow_class,
-            setup.workflow_config,
-            setup.grader_class,
-            setup.grader_config,
-            max_concurrent=config.max_concurrent if config else None,
-        )
+        """The factory registered for the ``local`` backend (it takes no ``[backend.local]`` settings:
+        ``[run] concurrency`` or ``--concurrency`` sets its limit through the workflow config)."""
+        return cls(setup.workflow_class, setup.workflow_config, setup.grader_class, setup.grader_config)
 
     @property
     def max_concurrency(self) -> int:
@@ -155,7 +140,8 @@ class LocalBackend(ExecutionBackend):
         submitted = time.perf_counter()
         timings: dict[str, float] = {}
         stage = _WF
-        rollout = RolloutContext(request.rollout_id, request.policy, request.metadata)
+        # a rollout's own copy of the row's metadata: the n samples of a row must not see each other's edits
+        rollout = RolloutContext(request.rollout_id, request.policy, dict(request.metadata))
         self._queued += 1
         queued = True
         try:
@@ -206,7 +192,8 @@ class LocalBackend(ExecutionBackend):
         timeout = _positive(request.agent_timeout_sec)
         try:
             workflow = self.workflow_class(copy_config(self.workflow_config))
-            ctx = AgentWorkflowContext(list(request.prompt), workflow.config, request.metadata, rollout)
+            prompt = [dict(message) for message in request.prompt]  # the workflow may edit its messages
+            ctx = AgentWorkflowContext(prompt, workflow.config, rollout.metadata, rollout)
             with rollout:
                 output = await _within(timeout, workflow.run, ctx)
                 sample = await _collect_sample(output, rollout)
@@ -233,7 +220,7 @@ class LocalBackend(ExecutionBackend):
                     "add ground_truth to the row or remove the grader"
                 )
             grader = self.grader_class(copy_config(self.grader_config))
-            ctx = GraderContext(sample, request.label, request.prompt, request.metadata, grader.config)
+            ctx = GraderContext(sample, request.label, request.prompt, rollout.metadata, grader.config)
             with rollout:
                 reward = await _within(timeout, grader.grade, ctx)
             if reward is not None:
@@ -256,7 +243,7 @@ class LocalBackend(ExecutionBackend):
         what: str,
         sample: RolloutSample | None = None,
     ) -> ExecutionResult:
-        info = error_info(exc, secrets=(request.policy.api_key,))
+        info = error_info(exc, secrets=request.policy.secrets())
         if isinstance(exc, TimeoutError) and timeout is not None and timings.get(what, 0.0) >= timeout * 0.99:
             info = ErrorInfo(ErrorCategory.TIMEOUT, f"the {what} ran past its {timeout:g} s timeout")
         return ExecutionResult(

@@ -162,5 +162,5 @@ def policy_error(exc: BaseException) -> PolicyError | None:
     if cause is not None and str(cause) and str(cause) not in detail:  # "Connection error." says too little
         detail = f"{detail} ({type(cause).__name__}: {cause})"
     what = f"answered {status}" if status else f"failed ({type(exc).__name__})"
-    message = redact(f"policy endpoint {endpoint} {what}: {detail}", (ctx.policy.api_key,))
+    message = redact(f"policy endpoint {endpoint} {what}: {detail}", ctx.policy.secrets())
     return PolicyError(" ".join(message.split())[:500], status=status, endpoint=endpoint)

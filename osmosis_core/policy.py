@@ -37,7 +37,7 @@ async def chat_completion_response(
     body: dict[str, Any] = {"model": policy.model, "messages": messages, **params}
     if tools:
         body["tools"] = tools
-    secrets = (policy.api_key,)
+    secrets = policy.secrets()
     try:
         request = httpx.Request("POST", _parsed_url(url), json=body, headers=rollout.headers(), extensions=_TIMEOUTS)
         response = await shared_transport().handle_async_request(request)

@@ -78,13 +78,19 @@ class PolicyEndpoint:
     """Where a rollout reaches its policy model: an OpenAI-compatible chat-completions API.
 
     ``base_url`` is the API root (``http://127.0.0.1:8000/v1``); clients post to
-    ``{base_url}/chat/completions``. The API key is kept out of ``repr`` and out of every file.
+    ``{base_url}/chat/completions``. The API key and the headers are kept out of ``repr`` and out of
+    every file (:meth:`secrets`).
     """
 
     base_url: str
     model: str
     api_key: str | None = attrs.field(default=None, repr=False)
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    """Extra headers for every call; their values are treated as secrets like the key."""
+
+    def secrets(self) -> tuple[str, ...]:
+        """The values no message, log line or file may show: the key and the extra headers' values."""
+        return tuple(v for v in (self.api_key, *self.headers.values()) if v)
 
     @property
     def chat_completions_url(self) -> str:

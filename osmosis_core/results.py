@@ -81,7 +81,7 @@ class ResultWriter:
 
     def write(self, line: dict[str, Any]) -> None:
         """Append one line and flush it."""
-        self._handle.write(json.dumps(line, ensure_ascii=False, default=_json_default) + "\n")
+        self._handle.write(json.dumps(line, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n")
         self._handle.flush()
 
     def close(self) -> None:
@@ -111,7 +111,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 @attrs.define
 class ResultStats:
-    """Running totals of a run, kept small (no samples) so memory stays flat."""
+    """Running totals of a run: no samples, only a reward and a latency per rollout (a few bytes each)."""
 
     pass_threshold: float = 1.0
     finished: int = 0

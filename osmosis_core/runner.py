@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import re
 import secrets
 import signal
 import sys
@@ -110,7 +111,9 @@ def _fingerprint(path: Path) -> str:
 
 
 def _latest_run(root: Path, name: str) -> Path | None:
-    runs = sorted((root / "runs").glob(f"{name}-*"), key=lambda p: p.name)
+    """The newest ``runs/<name>-<YYYYmmdd-HHMMSS>[-NN]`` folder (not another config's that shares a prefix)."""
+    pattern = re.compile(rf"{re.escape(name)}-\d{{8}}-\d{{6}}(-\d\d)?")
+    runs = sorted(p for p in (root / "runs").glob(f"{name}-*") if pattern.fullmatch(p.name))
     runs = [p for p in runs if (p / RUN_META).is_file()]
     return runs[-1] if runs else None
 
@@ -244,8 +247,9 @@ def prepare_run(
 
     limit = backend.max_concurrency or config.run.concurrency or ConcurrencyConfig().limit
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=policy_override is not None)
+    if not resume:  # a resumed run keeps the record of how it was started
+        (run_dir / RUN_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=policy_override is not None)
     return RunPlan(
         config=config,
         rollout=rollout,
@@ -266,8 +270,9 @@ def _write_resolved_config(config: RunConfig, path: Path, policy: PolicyEndpoint
     data = config.to_dict()
     data["policy"]["base_url"] = policy.base_url
     data["policy"]["model"] = policy.model
+    data["policy"]["headers"] = {name: "***" for name in data["policy"].get("headers", {})}  # names only
     doc = tomlkit.document()
-    doc.add(tomlkit.comment("The resolved config of this run (flags applied). It never holds an API key."))
+    doc.add(tomlkit.comment("The resolved config of this run (flags applied). It holds no key and no header value."))
     if stub:
         doc.add(tomlkit.comment("--stub-policy: the policy was the scripted calculator server, not a model."))
     for key, value in data.items():
@@ -284,11 +289,19 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
     token = secrets.token_hex(3)
     writer = ResultWriter(plan.run_dir / RESULTS)
     interrupted = False
-    started = time.perf_counter()
 
     def record(row: int, sample_index: int, result: ExecutionResult) -> None:
         line = result_line(row, sample_index, result)
-        writer.write(line)
+        try:
+            writer.write(line)
+        except (TypeError, ValueError) as exc:  # a sample that is not JSON: the rollout fails, the run goes on
+            info = error_info(exc, category=ErrorCategory.VALIDATION_ERROR)
+            failed = ExecutionResult(
+                result.rollout_id, result.stage, ExecutionStatus.FAILURE, error=info, timings=result.timings
+            )
+            line = result_line(row, sample_index, failed)
+            line["error"]["message"] = f"the sample cannot be written as JSON: {info.message}"
+            writer.write(line)
         stats.add(line)
         reporter.advance(line, stats)
 
@@ -313,7 +326,7 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            info = error_info(exc, secrets=(plan.policy.api_key,), category=ErrorCategory.INFRA_ERROR)
+            info = error_info(exc, secrets=plan.policy.secrets(), category=ErrorCategory.INFRA_ERROR)
             final.append(
                 ExecutionResult(request.rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info)
             )
@@ -345,7 +358,7 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
             if handle_signals:
                 outer.start_soon(watch_signals, outer.cancel_scope)
             async with anyio.create_task_group() as workers:
-                for _ in range(min(plan.in_flight, len(plan.pending)) or 0):
+                for _ in range(min(plan.in_flight, len(plan.pending))):
                     workers.start_soon(worker)
             outer.cancel_scope.cancel()
     finally:

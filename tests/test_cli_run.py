@@ -258,9 +258,15 @@ def test_validate_checks_everything_and_warns_on_a_declared_missing_dependency(w
     )
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
     assert r.returncode == 0 and "warn" in r.stdout and "some_declared_pkg" in r.stdout
+    # a declared distribution is missing: an import it would provide is a warning too (strands via osmosis-strands)
+    main.write_text("import provided_by_a_declared_dist\n")
+    r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
+    assert r.returncode == 0 and "are not all installed" in r.stdout
+    # everything declared is installed: an undeclared import fails
+    pyproject.write_text(pyproject.read_text().replace(', "some-declared-pkg"', ""))
     main.write_text("import undeclared_pkg_xyz\n")
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "undeclared_pkg_xyz" in r.stderr
+    assert r.returncode == 1 and "undeclared_pkg_xyz" in r.stderr and "declare it in" in r.stderr
 
 
 def test_every_command_has_help_with_an_example(osmosis_exe, clean_env, tmp_path):
@@ -321,3 +327,31 @@ def test_runs_started_in_the_same_second_get_their_own_folders(workspace, osmosi
         assert r.returncode == 0, r.stderr
     runs = sorted(p.name for p in (workspace / "runs").iterdir())
     assert len(runs) == 3 and all(len(lines(workspace / "runs" / n / "results.jsonl")) == 1 for n in runs)
+
+
+def test_policy_header_values_are_secrets_too(workspace, osmosis_exe, clean_env):
+    config = workspace / "configs" / "eval" / "multiply-plain.toml"
+    config.write_text(
+        config.read_text().replace("[run]", '[policy.headers]\nX-Gateway-Token = "gw-secret-123456"\n\n[run]')
+    )
+    with ScriptedPolicyServer() as server:
+        r = osmosis(
+            osmosis_exe,
+            "run",
+            "configs/eval/multiply-plain.toml",
+            "--policy-url",
+            server.url,
+            "--limit",
+            "1",
+            "--output",
+            "out",
+            cwd=workspace,
+            env=clean_env,
+        )
+    assert r.returncode == 0, r.stderr
+    written = (workspace / "out" / "config.toml").read_text()
+    assert "X-Gateway-Token" in written and "gw-secret-123456" not in written
+    from osmosis_core import PolicyEndpoint
+
+    policy = PolicyEndpoint("http://x/v1", "m", api_key="k-1", headers={"X-Gateway-Token": "gw-secret-123456"})
+    assert "gw-secret-123456" not in repr(policy) and policy.secrets() == ("k-1", "gw-secret-123456")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import attrs
 import pytest
 
-from osmosis_core import ConfigError, DatasetError, RolloutLoadError
+from osmosis_core import BackendSpec, ConfigError, DatasetError, LocalBackend, RolloutLoadError, hookimpl
 from osmosis_core.config import load_config, workspace_root
 from osmosis_core.dataset import read_dataset
 from osmosis_core.loader import MissingDependency, load_rollout
@@ -103,17 +104,57 @@ def test_unknown_backend_lists_the_known_ones(workspace):
     assert "unknown backend 'nonesuch'; known backends: local @ $.run.backend" in str(info.value)
 
 
+@attrs.define(kw_only=True)
+class EchoConfig:
+    greeting: str = "hi"
+    repeat: int = 1
+
+
+class EchoPlugin:
+    seen: list = []
+
+    @staticmethod
+    @hookimpl
+    def osmosis_register_backends():
+        def make(setup):
+            EchoPlugin.seen.append(setup)
+            return LocalBackend.from_setup(setup)
+
+        return [BackendSpec("echo", make, config_type=EchoConfig, description="test backend")]
+
+
 def test_backend_table_is_typed_and_closed(workspace):
     config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
     rollout = load_rollout(config)
+    registry = _registry()
+    registry.register(EchoPlugin, "echo")
+    config.run.backend = "echo"
+    config.backend = {"echo": {"greeting": "hello", "repeat": 2}}
+    build_backend(config, rollout, registry, None)
+    setup = EchoPlugin.seen[-1]
+    assert setup.backend_config == EchoConfig(greeting="hello", repeat=2)
+    assert setup.config_root == workspace.resolve() and setup.dataset_path.name == "multiply.jsonl"
+    config.backend = {"echo": {"greting": "x"}}
+    with pytest.raises(ConfigError, match=r"unknown key\(s\): greting @ \$\.backend\.echo"):
+        build_backend(config, rollout, registry, None)
+    config.backend = {"echo": {"repeat": "twice"}}
+    with pytest.raises(ConfigError, match=r"expected a whole number, got 'twice' @ \$\.backend\.echo\.repeat"):
+        build_backend(config, rollout, registry, None)
+    config.run.backend = "local"
     config.backend = {"local": {"max_concurrent": 3}}
-    assert build_backend(config, rollout, _registry(), None).max_concurrency == 3
-    config.backend = {"local": {"max_concurent": 3}}
-    with pytest.raises(ConfigError, match=r"unknown key\(s\): max_concurent @ \$\.backend\.local"):
-        build_backend(config, rollout, _registry(), None)
+    with pytest.raises(ConfigError, match=r"the 'local' backend takes no settings @ \$\.backend\.local"):
+        build_backend(config, rollout, registry, None)
     config.backend = {"harbour": {}}
     with pytest.raises(ConfigError, match=r"no backend is called 'harbour' @ \$\.backend\.harbour"):
-        build_backend(config, rollout, _registry(), None)
+        build_backend(config, rollout, registry, None)
+
+
+def test_run_concurrency_sets_the_local_limit(workspace):
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    rollout = load_rollout(config)
+    assert build_backend(config, rollout, _registry(), None).max_concurrency == 8  # [run] concurrency = 8
+    config.run.concurrency = 50
+    assert build_backend(config, rollout, _registry(), None).max_concurrency == 50
 
 
 def test_missing_api_key_variable_is_named_not_valued(workspace, monkeypatch):
@@ -215,7 +256,14 @@ def test_missing_dependency_declared_or_not(tmp_path):
     with pytest.raises(MissingDependency) as info:
         load_rollout(config)
     assert info.value.declared and "not_installed_pkg" in str(info.value)
+    # a declared distribution is missing, so an import it may provide counts as declared
     config = rollout_config(tmp_path, "import another_missing_pkg\n", pyproject=deps)
+    with pytest.raises(MissingDependency) as info:
+        load_rollout(config)
+    assert info.value.declared and "not all installed" in str(info.value)
+    # everything declared is installed: an undeclared import is not a declared dependency
+    installed = '[project]\nname = "r"\nversion = "0"\ndependencies = ["attrs"]\n'
+    config = rollout_config(tmp_path, "import another_missing_pkg\n", pyproject=installed)
     with pytest.raises(MissingDependency) as info:
         load_rollout(config)
     assert not info.value.declared

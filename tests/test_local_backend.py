@@ -392,3 +392,21 @@ def test_a_failed_workflow_keeps_the_partial_history_of_its_sample_source():
     assert r.status is ExecutionStatus.FAILURE and r.error.category is ErrorCategory.AGENT_ERROR
     assert [m["content"] for m in r.sample.messages] == ["q0", "step 1"]
     assert r.reward is None
+
+
+def test_samples_of_one_row_do_not_share_edits_to_prompt_or_metadata():
+    seen = []
+
+    class Editing(AgentWorkflow):
+        async def run(self, ctx):
+            seen.append((ctx.prompt[0]["content"], ctx.metadata.get("touched")))
+            ctx.prompt[0]["content"] = "edited"
+            ctx.metadata["touched"] = True
+            return []
+
+    backend = LocalBackend(Editing)
+    shared = request(0, metadata={"level": 1})
+    for _ in range(3):
+        run_one(backend, shared)
+    assert seen == [("q0", None)] * 3
+    assert shared.prompt[0]["content"] == "q0" and shared.metadata == {"level": 1}

@@ -72,7 +72,7 @@ def test_builtin_core_plugin_registers_through_the_hooks(osmosis_registry: Plugi
     local = osmosis_registry.backend("local")
     assert local.factory == "osmosis_core.local:LocalBackend.from_setup"
     assert callable(local.resolve_factory())
-    assert local.resolve_config_type() is not None
+    assert local.resolve_config_type() is None  # local takes no [backend.local] settings
     assert local.description
 
     assert "multiply-plain" in [t.name for t in osmosis_registry.templates()]

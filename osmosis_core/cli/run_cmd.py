@@ -79,6 +79,23 @@ def run(config_file: Path | None, resume: bool, stub_policy: bool, stub_latency:
     if outcome.interrupted:
         err.print(
             f"interrupted: {outcome.summary.finished} finished results are kept in {outcome.run_dir}; "
-            f"finish with: osmosis run {config_file or ''} --output {outcome.run_dir} --resume".replace("  ", " ")
+            f"finish with: {_resume_command(outcome.run_dir)}",
+            soft_wrap=True,
         )
         raise click.exceptions.Exit(130)
+
+
+def _resume_command(run_dir: Path) -> str:
+    """The command line that was run, with ``--output RUN_DIR --resume``: the same flags finish it."""
+    import shlex
+    import sys
+
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--output":
+            skip = True
+        elif not (arg == "--resume" or arg.startswith("--output=")):
+            args.append(arg)
+    return shlex.join(["osmosis", *args, "--output", str(run_dir), "--resume"])

@@ -27,7 +27,6 @@ def osmosis_register_backends() -> list[BackendSpec]:
         BackendSpec(
             "local",
             "osmosis_core.local:LocalBackend.from_setup",
-            config_type="osmosis_core.local:LocalBackendConfig",
             description="In-process on this machine's event loop (the default).",
         )
     ]

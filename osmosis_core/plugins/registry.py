@@ -195,7 +195,7 @@ class PluginRegistry:
         info = self._info_of.get(id(plugin))
         return info if info is not None else PluginInfo(str(self.pm.get_name(plugin)), "?", "?", "?", "active")
 
-    def _collect(self, hook_name: str, kind: str) -> dict[str, list[_Provided[Any]]]:
+    def _collect(self, hook_name: str) -> dict[str, list[_Provided[Any]]]:
         if hook_name in self._cache:
             return self._cache[hook_name]  # type: ignore[no-any-return]
         found: dict[str, list[_Provided[Any]]] = {}
@@ -218,7 +218,7 @@ class PluginRegistry:
         return found
 
     def _pick(self, hook_name: str, kind: str, name: str) -> Any:
-        found = self._collect(hook_name, kind)
+        found = self._collect(hook_name)
         providers = found.get(_normalise(name))
         if not providers:
             known = ", ".join(sorted(found)) or "none"
@@ -232,7 +232,7 @@ class PluginRegistry:
         return providers[0].item
 
     def _all(self, hook_name: str, kind: str) -> list[Any]:
-        return [ps[0].item for _, ps in sorted(self._collect(hook_name, kind).items())]
+        return [ps[0].item for _, ps in sorted(self._collect(hook_name).items())]
 
     def conflicts(self) -> list[str]:
         """One line per name claimed by more than one plugin."""
@@ -242,7 +242,7 @@ class PluginRegistry:
             ("osmosis_register_templates", "template"),
             ("osmosis_register_graders", "grader"),
         ):
-            for name, providers in sorted(self._collect(hook_name, kind).items()):
+            for name, providers in sorted(self._collect(hook_name).items()):
                 if len(providers) > 1:
                     who = ", ".join(f"{p.plugin.name} ({p.plugin.distribution})" for p in providers)
                     lines.append(f"{kind} {name!r} is provided by: {who}")

@@ -45,7 +45,11 @@ class StubPolicyProcess:
         ]
         # stderr goes to a file, not a pipe nobody drains (a full pipe would block the server)
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the child
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        # its own session: a terminal's Ctrl-C reaches the run, which stops its rollouts first and the
+        # stand-in after, instead of the stand-in dropping the connections of rollouts in flight
+        self._proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True, start_new_session=True
+        )
         assert self._proc.stdout is not None
         deadline = time.monotonic() + self.startup_timeout
         line = ""
