@@ -36,14 +36,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import anyio
 
 from osmosis_core.config import config_from_dict
-from osmosis_core.plugins.builtin import examples_root
 from osmosis_core.records import PolicyEndpoint
 from osmosis_core.runner import execute_run, prepare_run
+from osmosis_core.templates import MULTIPLY_DATASET, examples_root
 from osmosis_core.testing import StubPolicyProcess
 
 
 def dataset(rows: int, folder: Path) -> Path:
-    source = examples_root() / "rollouts" / "multiply-plain" / "data" / "multiply.jsonl"
+    source = MULTIPLY_DATASET
     lines = [line for line in source.read_text().splitlines() if line.strip()]
     path = folder / "rows.jsonl"
     path.write_text("".join(lines[i % len(lines)] + "\n" for i in range(rows)))

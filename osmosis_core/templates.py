@@ -25,10 +25,29 @@ import attrs
 from osmosis_core.backend import load_object
 from osmosis_core.errors import OsmosisError
 
-__all__ = ["GUIDES_ROOT", "GraderSpec", "TemplateError", "TemplateSpec", "apply_template"]
+__all__ = [
+    "GUIDES_ROOT",
+    "MULTIPLY_DATASET",
+    "GraderSpec",
+    "TemplateError",
+    "TemplateSpec",
+    "apply_template",
+    "examples_root",
+]
 
 _SKIP = ("__pycache__", "*.pyc", ".DS_Store", ".venv", "runs")
 _TEXT_SUFFIXES = frozenset({".md", ".toml", ".txt", ".py"})
+
+
+def examples_root() -> Path:
+    """Where the example rollouts live: inside the installed wheel, else the source checkout."""
+    package = Path(__file__).resolve().parent
+    shipped = package / "_examples"
+    return shipped if shipped.is_dir() else package.parent
+
+
+MULTIPLY_DATASET = examples_root() / "rollouts" / "multiply-plain" / "data" / "multiply.jsonl"
+"""The multiply examples' dataset: one file every multiply template copies (``extra_files``)."""
 
 GUIDES_ROOT = Path(__file__).resolve().parent / "guides"
 """The coding-assistant guides every starter template carries: ``AGENTS.md`` and
@@ -53,6 +72,8 @@ class TemplateSpec:
         layer's text files ``{{template}}`` becomes the template's name and ``{{KEY}}`` the
         value of ``variables[KEY]``.
     :param variables: values for a layer's placeholders, e.g. ``{"dataset": "data/multiply.jsonl"}``.
+    :param extra_files: target path (relative to the folder applied into) -> a file kept elsewhere,
+        for a file several templates share, e.g. ``{"data/multiply.jsonl": MULTIPLY_DATASET}``.
     """
 
     name: str
@@ -62,6 +83,7 @@ class TemplateSpec:
     next_steps: str = ""
     layers: tuple[Path, ...] = ()
     variables: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    extra_files: Mapping[str, Path] = attrs.field(factory=dict, hash=False)
 
     def render(self, text: str) -> str:
         """A layer file's text with this template's placeholders filled in."""
@@ -122,6 +144,10 @@ def _sources(spec: TemplateSpec) -> dict[Path, tuple[Path, bool]]:
     for layer in spec.layers:
         for rel in TemplateSpec(spec.name, Path(layer)).files():
             plan[rel] = (Path(layer) / rel, True)
+    for target, source in spec.extra_files.items():
+        if not Path(source).is_file():
+            raise TemplateError(f"template {spec.name!r}: {source} (for {target}) does not exist")
+        plan[Path(target)] = (Path(source), False)
     for rel in spec.files():
         plan[rel] = (Path(spec.root) / rel, False)
     return dict(sorted(plan.items()))

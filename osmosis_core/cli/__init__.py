@@ -37,16 +37,20 @@ class OsmosisGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except OsmosisError as exc:
-            if _debug(ctx):
-                raise
-            raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
             raise click.exceptions.Exit(130) from None
         except Exception as exc:
             if _debug(ctx):
                 raise
-            raise click.ClickException(f"{type(exc).__name__}: {exc} (rerun with --debug for the traceback)") from None
+            # a task group wraps what one task raised: report that exception, not the group
+            error: BaseException = exc
+            while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+                error = error.exceptions[0]
+            if isinstance(error, OsmosisError):
+                raise click.ClickException(str(error)) from None
+            raise click.ClickException(
+                f"{type(error).__name__}: {error} (rerun with --debug for the traceback)"
+            ) from None
 
 
 @click.group(cls=OsmosisGroup, context_settings=CONTEXT_SETTINGS)

@@ -5,20 +5,11 @@ Built-ins register through the same hooks as every external plugin.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from osmosis_core.backend import BackendSpec
 from osmosis_core.plugins.hookspecs import hookimpl
-from osmosis_core.templates import GUIDES_ROOT, TemplateSpec
+from osmosis_core.templates import GUIDES_ROOT, TemplateSpec, examples_root
 
-__all__ = ["examples_root", "osmosis_register_backends", "osmosis_register_templates"]
-
-
-def examples_root() -> Path:
-    """Where the example rollouts live: inside the installed wheel, else the source checkout."""
-    package = Path(__file__).resolve().parent.parent
-    shipped = package / "_examples"
-    return shipped if shipped.is_dir() else package.parent
+__all__ = ["osmosis_register_backends", "osmosis_register_templates"]
 
 
 @hookimpl

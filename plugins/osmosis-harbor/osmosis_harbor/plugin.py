@@ -10,7 +10,7 @@ from pathlib import Path
 
 from osmosis_core.backend import BackendSpec
 from osmosis_core.plugins.hookspecs import hookimpl
-from osmosis_core.templates import GUIDES_ROOT, TemplateSpec
+from osmosis_core.templates import GUIDES_ROOT, MULTIPLY_DATASET, TemplateSpec
 
 __all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_backends", "osmosis_register_templates"]
 
@@ -41,5 +41,6 @@ def osmosis_register_templates() -> list[TemplateSpec]:
             next_steps=f"osmosis run configs/eval/{TEMPLATE_NAME}.toml --stub-policy",
             layers=(GUIDES_ROOT,),
             variables={"dataset": "data/multiply.jsonl"},
+            extra_files={"data/multiply.jsonl": MULTIPLY_DATASET},
         )
     ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from osmosis_core.plugins.hookspecs import hookimpl
-from osmosis_core.templates import GUIDES_ROOT, TemplateSpec
+from osmosis_core.templates import GUIDES_ROOT, MULTIPLY_DATASET, TemplateSpec
 
 __all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_templates"]
 
@@ -27,5 +27,6 @@ def osmosis_register_templates() -> list[TemplateSpec]:
             next_steps=f"osmosis run configs/eval/{TEMPLATE_NAME}.toml --stub-policy",
             layers=(GUIDES_ROOT,),
             variables={"dataset": "data/multiply.jsonl"},
+            extra_files={"data/multiply.jsonl": MULTIPLY_DATASET},
         )
     ]
