@@ -195,7 +195,7 @@ class LocalBackend(ExecutionBackend):
             prompt = [dict(message) for message in request.prompt]  # the workflow may edit its messages
             ctx = AgentWorkflowContext(prompt, workflow.config, rollout.metadata, rollout)
             with rollout:
-                output = await _within(timeout, workflow.run, ctx)
+                output = await (workflow.run(ctx) if timeout is None else _within(timeout, workflow.run, ctx))
                 sample = await _collect_sample(output, rollout)
         except Exception as exc:
             timings["workflow"] = time.perf_counter() - started
@@ -222,7 +222,7 @@ class LocalBackend(ExecutionBackend):
             grader = self.grader_class(copy_config(self.grader_config))
             ctx = GraderContext(sample, request.label, request.prompt, rollout.metadata, grader.config)
             with rollout:
-                reward = await _within(timeout, grader.grade, ctx)
+                reward = await (grader.grade(ctx) if timeout is None else _within(timeout, grader.grade, ctx))
             if reward is not None:
                 sample.reward = reward
             if sample.reward is None:

@@ -309,3 +309,10 @@ def test_workflow_config_table_sets_fields_and_rejects_unknown_ones(workspace):
         ConfigError, match=r"expected a whole number, got 'many' @ \$\.rollout\.workflow_config\.max_turns"
     ):
         load_rollout(config)
+
+
+def test_a_missing_first_party_plugin_says_what_to_install(workspace):
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    config.run.backend = "harbor"
+    with pytest.raises(ConfigError, match=r"unknown backend 'harbor' \(it comes with osmosis-harbor: pip install"):
+        build_backend(config, load_rollout(config), _registry(), None)

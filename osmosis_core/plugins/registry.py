@@ -222,7 +222,9 @@ class PluginRegistry:
         providers = found.get(_normalise(name))
         if not providers:
             known = ", ".join(sorted(found)) or "none"
-            raise PluginError(f"unknown {kind} {name!r}; known {kind}s: {known}")
+            hint = _FIRST_PARTY.get((kind, _normalise(name)))
+            more = f" (it comes with {hint}: pip install {hint})" if hint else ""
+            raise PluginError(f"unknown {kind} {name!r}{more}; known {kind}s: {known}")
         if len(providers) > 1:
             who = "; ".join(f"{p.plugin.name} ({p.plugin.provider})" for p in providers)
             raise PluginError(
@@ -280,6 +282,15 @@ class PluginRegistry:
             except Exception as exc:
                 info = self._info(impl.plugin)
                 log.warning("plugin %r failed to add its commands: %s: %s", info.name, type(exc).__name__, exc)
+
+
+_FIRST_PARTY: dict[tuple[str, str], str] = {
+    ("backend", "harbor"): "osmosis-harbor",
+    ("template", "multiply-local-strands"): "osmosis-strands",
+    ("template", "multiply-local-openai"): "osmosis-openai-agents",
+    ("template", "multiply-harbor-strands"): "osmosis-harbor",
+}
+"""Names the project's own plugins provide, to say what to install when one is missing."""
 
 
 def _loader(ep: EntryPoint) -> Callable[[], object]:
