@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -138,33 +139,31 @@ class OsmosisRolloutModel(Model):
         **kwargs: Any,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Stream one model call to the running rollout's policy (Strands ``Model.stream``)."""
-        delegate = self._delegate()
-        try:
-            async for event in delegate.stream(messages, tool_specs, system_prompt, **kwargs):
-                yield event
-        except (PolicyError, MalformedToolCall):
-            raise
-        except Exception as exc:
-            mapped = _mapped(exc)
-            if mapped is exc:
-                raise
-            raise mapped from mapped.__cause__
+        async for event in _policy_errors(self._delegate().stream(messages, tool_specs, system_prompt, **kwargs)):
+            yield event
 
     async def structured_output(
         self, output_model: type[T], prompt: Messages, system_prompt: str | None = None, **kwargs: Any
     ) -> AsyncGenerator[dict[str, T | Any], None]:
         """Strands ``Model.structured_output``, against the running rollout's policy."""
         delegate = self._delegate()
-        try:
-            async for event in delegate.structured_output(output_model, prompt, system_prompt, **kwargs):
+        async for event in _policy_errors(delegate.structured_output(output_model, prompt, system_prompt, **kwargs)):
+            yield event
+
+
+async def _policy_errors[E](events: AsyncGenerator[E, None]) -> AsyncGenerator[E, None]:
+    """The delegate's events, with its failures mapped by :func:`_mapped` (endpoint failures -> PolicyError)."""
+    try:
+        async with aclosing(events):  # closed with this generator, even when the caller stops early
+            async for event in events:
                 yield event
-        except (PolicyError, MalformedToolCall):
+    except (PolicyError, MalformedToolCall):
+        raise
+    except Exception as exc:
+        mapped = _mapped(exc)
+        if mapped is exc:
             raise
-        except Exception as exc:
-            mapped = _mapped(exc)
-            if mapped is exc:
-                raise
-            raise mapped from mapped.__cause__
+        raise mapped from mapped.__cause__
 
 
 def _keeps_type(exc: BaseException) -> bool:
