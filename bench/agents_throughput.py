@@ -19,11 +19,15 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import random
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+import attrs
 
 from osmosis_core import (
     AgentWorkflow,
@@ -37,6 +41,7 @@ from osmosis_core import (
 )
 from osmosis_core.plugins.registry import PluginRegistry
 from osmosis_core.testing import StubPolicyProcess
+from osmosis_core.workers import WorkerPool
 
 TOOLS = [
     {
@@ -106,11 +111,25 @@ def requests(n: int, policy: PolicyEndpoint, tag: str) -> list[ExecutionRequest]
     return out
 
 
-async def measure(workflow: type, grader: type | None, reqs: list[ExecutionRequest], concurrency: int) -> dict:
-    config = AgentWorkflowConfig(concurrency=ConcurrencyConfig(max_concurrent=concurrency))
-    backend = LocalBackend(workflow, config, grader, max_concurrent=concurrency)
-    if hasattr(workflow, "config_type") and workflow.config_type is not AgentWorkflowConfig:
-        backend = LocalBackend(workflow, workflow.config_type(), grader, max_concurrent=concurrency)
+def _cpu(worker_pids: list[int]) -> float:
+    """CPU seconds of this process and the given worker processes (from /proc, while they run)."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in worker_pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def backend_for(workflow: type, grader: type | None, concurrency: int, workers: int) -> Any:
+    config = workflow.config_type() if workflow.config_type is not AgentWorkflowConfig else AgentWorkflowConfig()
+    config = attrs.evolve(config, concurrency=ConcurrencyConfig(max_concurrent=concurrency))
+    if workers > 1:  # forked here, before the event loop starts, as `osmosis run --workers N` does
+        return WorkerPool(workflow, config, grader, workers=workers)
+    return LocalBackend(workflow, config, grader)
+
+
+async def measure(backend: Any, reqs: list[ExecutionRequest], concurrency: int) -> dict:
     finals: dict[str, ExecutionResult] = {}
 
     async def keep(result: ExecutionResult) -> None:
@@ -120,9 +139,10 @@ async def measure(workflow: type, grader: type | None, reqs: list[ExecutionReque
     await asyncio.gather(*(backend.execute(r, keep, keep) for r in warm))  # one full wave: imports, connections
     finals.clear()
     timed = reqs[len(warm) :]
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    pids = [w["pid"] for w in backend.health().get("workers", [])]
+    cpu0, t0 = _cpu(pids), time.perf_counter()
     await asyncio.gather(*(backend.execute(r, keep, keep) for r in timed))
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    wall, cpu = time.perf_counter() - t0, _cpu(pids) - cpu0
     failed = [r for r in finals.values() if not r.ok]
     rewards = [r.reward for r in finals.values() if r.ok and r.reward is not None]
     return {
@@ -140,6 +160,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--workers", type=int, default=1, help="processes (osmosis run --workers)")
     args = parser.parse_args()
     ideal = args.concurrency / (2 * args.latency)
     variants: list[tuple[str, type, type | None]] = [("bare AsyncOpenAI loop", BareOpenAI, None)]
@@ -158,7 +179,12 @@ def main() -> None:
         policy = PolicyEndpoint(stub.url, "osmosis-stub")
         for label, workflow, grader in variants:
             reqs = requests(args.rollouts + args.concurrency, policy, label.split()[0].lower())
-            m = asyncio.run(measure(workflow, grader, reqs, args.concurrency))
+            backend = backend_for(workflow, grader, args.concurrency, args.workers)
+            try:
+                m = asyncio.run(measure(backend, reqs, args.concurrency))
+            finally:
+                if args.workers > 1:
+                    asyncio.run(backend.aclose())
             note = f", {m['failed']} failed (first: {m['first_error']})" if m["failed"] else ""
             reward = "-" if m["mean_reward"] is None else f"{m['mean_reward']:.2f}"
             print(

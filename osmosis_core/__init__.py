@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "BackendSpec": "osmosis_core.backend",
     "ResultCallback": "osmosis_core.backend",
     "LocalBackend": "osmosis_core.local",
+    "WorkerPool": "osmosis_core.workers",
     # errors
     "OsmosisError": "osmosis_core.errors",
     "ConfigError": "osmosis_core.errors",
@@ -98,6 +99,7 @@ __all__ = [
     "RolloutSample",
     "SampleSource",
     "TemplateSpec",
+    "WorkerPool",
     "WorkflowOutput",
     "__version__",
     "chat_completion",
@@ -148,6 +150,7 @@ if TYPE_CHECKING:
         message_text,
     )
     from osmosis_core.templates import GraderSpec, TemplateSpec
+    from osmosis_core.workers import WorkerPool
     from osmosis_core.workflow import (
         AgentWorkflow,
         AgentWorkflowConfig,

@@ -89,6 +89,8 @@ class BackendSetup:
     """The folder the run config's relative paths resolve against (resolve your table's paths there too)."""
     dataset_path: Path | None = None
     """The dataset file (a sandboxing backend hides it from rollouts: it holds the labels)."""
+    workers: int = 1
+    """Processes the backend may run rollouts in (``[run] workers``); the local backend forks a pool when > 1."""
 
 
 def load_object(path: str) -> Any:

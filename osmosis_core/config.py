@@ -23,6 +23,7 @@ A complete config (``configs/eval/multiply-plain.toml``)::
     [run]
     backend = "local"
     concurrency = 8
+    workers = 1                          # processes for CPU-bound agent frameworks (local backend)
     n_samples = 1
     agent_timeout_sec = 300
     grader_timeout_sec = 60
@@ -98,6 +99,7 @@ class RunSection:
 
     backend: str = "local"
     concurrency: int | None = None
+    workers: int = 1
     n_samples: int = 1
     agent_timeout_sec: float | None = 600.0
     grader_timeout_sec: float | None = 120.0
@@ -252,6 +254,8 @@ def check_config(config: RunConfig) -> list[str]:
     run = config.run
     if run.concurrency is not None and run.concurrency < 1:
         problems.append(f"must be >= 1, got {run.concurrency} @ $.run.concurrency")
+    if run.workers < 1:
+        problems.append(f"must be >= 1, got {run.workers} @ $.run.workers")
     if run.n_samples < 1:
         problems.append(f"must be >= 1, got {run.n_samples} @ $.run.n_samples")
     for key in ("agent_timeout_sec", "grader_timeout_sec"):

@@ -112,9 +112,20 @@ class LocalBackend(ExecutionBackend):
         self._done = 0
 
     @classmethod
-    def from_setup(cls, setup: BackendSetup) -> LocalBackend:
+    def from_setup(cls, setup: BackendSetup) -> ExecutionBackend:
         """The factory registered for the ``local`` backend (it takes no ``[backend.local]`` settings:
-        ``[run] concurrency`` or ``--concurrency`` sets its limit through the workflow config)."""
+        ``[run] concurrency`` sets its limit through the workflow config, ``[run] workers`` forks a
+        :class:`~osmosis_core.workers.WorkerPool` of that many processes)."""
+        if setup.workers > 1:
+            from osmosis_core.workers import WorkerPool
+
+            return WorkerPool(
+                setup.workflow_class,
+                setup.workflow_config,
+                setup.grader_class,
+                setup.grader_config,
+                workers=setup.workers,
+            )
         return cls(setup.workflow_class, setup.workflow_config, setup.grader_class, setup.grader_config)
 
     @property

@@ -176,6 +176,7 @@ def build_backend(
         run_dir=run_dir,
         config_root=config.root,
         dataset_path=config.resolve(config.dataset.path),
+        workers=config.run.workers,
     )
     return spec.resolve_factory()(setup)
 

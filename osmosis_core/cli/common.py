@@ -19,6 +19,9 @@ _OPTIONS: list[Callable[[_F], _F]] = [
     click.option("--limit", type=click.IntRange(min=0), help="Run only the first N rows."),
     click.option("--n-samples", type=click.IntRange(min=1), help="Rollouts per row."),
     click.option("--concurrency", type=click.IntRange(min=1), help="Rollouts at once."),
+    click.option(
+        "--workers", type=click.IntRange(min=1), help="Processes to run rollouts in (local backend; CPU-bound agents)."
+    ),
     click.option("--policy-url", metavar="URL", help="The OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."),
     click.option("--model", metavar="NAME", help="The model name sent to the endpoint."),
     click.option("--api-key-env", metavar="VAR", help="The environment variable holding the API key."),
@@ -61,6 +64,7 @@ def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
         "limit": ("dataset", "limit"),
         "n_samples": ("run", "n_samples"),
         "concurrency": ("run", "concurrency"),
+        "workers": ("run", "workers"),
         "policy_url": ("policy", "base_url"),
         "model": ("policy", "model"),
         "api_key_env": ("policy", "api_key_env"),
