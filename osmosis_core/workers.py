@@ -18,11 +18,13 @@ name. Only requests and results cross the pipes (pickled). It needs asyncio and 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import multiprocessing
 import os
 import signal
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import anyio
@@ -53,16 +55,22 @@ async def _serve(conn: Connection, backend: LocalBackend) -> None:
     loop = asyncio.get_running_loop()
     tasks: dict[str, asyncio.Task[None]] = {}
     stopped = asyncio.Event()
+    # Messages are pickled here, in order, and written by one thread: a full pipe to a busy parent
+    # never blocks this loop, so it keeps reading requests and the two can never wait on each other.
+    sender = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="osmosis-worker-send")
+
+    def post(message: tuple[str, Any]) -> None:
+        sender.submit(conn.send_bytes, ForkingPickler.dumps(message))
 
     async def run(request: ExecutionRequest) -> None:
         async def send(result: ExecutionResult) -> None:
-            conn.send(("result", result))
+            post(("result", result))
 
         try:
             await backend.execute(request, send, send)
         finally:
             tasks.pop(request.rollout_id, None)
-            conn.send(("done", request.rollout_id))
+            post(("done", request.rollout_id))
 
     def readable() -> None:
         try:
@@ -87,6 +95,7 @@ async def _serve(conn: Connection, backend: LocalBackend) -> None:
     from osmosis_core.http import aclose_shared_client
 
     await aclose_shared_client()
+    sender.shutdown(wait=True)
 
 
 class _Pending:
