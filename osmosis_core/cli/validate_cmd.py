@@ -56,6 +56,9 @@ def validate(config_file: Path | None, **flags: Any) -> None:
     click.echo(f"{ok}    rollout: workflow {rollout.workflow_class.__name__}, grader {grader}")
     backend = build_backend(config, rollout, registry, None)
     click.echo(f"{ok}    backend {config.run.backend!r} (up to {backend.max_concurrency or 'unlimited'} at once)")
+    import anyio
+
+    anyio.run(backend.aclose)  # a backend may hold processes or sandboxes even before its first rollout
     if config.policy.base_url:
         try:
             api_key_from_env(config)
