@@ -205,23 +205,23 @@ class WorkerPool(ExecutionBackend):
         index = min(range(len(self._conns)), key=lambda i: (not self._procs[i].is_alive(), self._load[i]))
         pending = self._pending[request.rollout_id] = _Pending(index)
         self._load[index] += 1
-        try:
-            self._conns[index].send(("run", request))
+
+        async def relay() -> None:
+            """Hand each stage's result to its callback until the worker says the rollout is done."""
             while (result := await pending.queue.get()) is not None:
                 callback = on_workflow_complete if result.stage is ExecutionStage.WORKFLOW else on_grader_complete
                 if callback is not None:
                     await callback(result)
+
+        try:
+            self._conns[index].send(("run", request))
+            await relay()
             pending.done = True
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 if self._procs[index].is_alive():
                     self._conns[index].send(("cancel", request.rollout_id))
-                    while (result := await pending.queue.get()) is not None:  # the worker reports the cancel
-                        callback = (
-                            on_workflow_complete if result.stage is ExecutionStage.WORKFLOW else on_grader_complete
-                        )
-                        if callback is not None:
-                            await callback(result)
+                    await relay()  # the worker reports the cancelled stage, then done
             raise
         finally:
             self._load[index] -= 1
