@@ -28,6 +28,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import anyio
+import attrs
 
 from osmosis_core.backend import ExecutionBackend, ResultCallback
 from osmosis_core.local import LocalBackend
@@ -39,7 +40,7 @@ from osmosis_core.records import (
     ExecutionStage,
     ExecutionStatus,
 )
-from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
+from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, ConcurrencyConfig, Grader, GraderConfig
 
 __all__ = ["WorkerPool"]
 
@@ -110,7 +111,8 @@ class _Pending:
 class WorkerPool(ExecutionBackend):
     """:class:`LocalBackend` in ``workers`` forked processes; same results, same callbacks.
 
-    :param max_concurrent: rollouts at once over all workers (split evenly between them).
+    :param max_concurrent: rollouts at once over all workers (split evenly between them, as is the
+        grader config's own limit when it has one).
     """
 
     def __init__(
@@ -130,6 +132,10 @@ class WorkerPool(ExecutionBackend):
         template = LocalBackend(workflow, workflow_config, grader, grader_config, max_concurrent=max_concurrent)
         self._limit = template.max_concurrency
         per_worker = max(1, math.ceil(self._limit / workers))
+        if template.grader_config is not None and template.grader_config.concurrency.max_concurrent is not None:
+            # a grader limit is for the whole run too: split it like the workflow limit
+            share = max(1, math.ceil(template.grader_config.concurrency.max_concurrent / workers))
+            grader_config = attrs.evolve(template.grader_config, concurrency=ConcurrencyConfig(max_concurrent=share))
         self._grades = grader is not None
         self._conns: list[Connection] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -182,3 +183,41 @@ def test_interrupting_a_run_with_workers_leaves_no_worker_behind(workspace, osmo
     assert children and not alive
     kept = [json.loads(x) for x in results.read_text().splitlines()]
     assert kept and all(x["status"] == "success" for x in kept)
+
+
+GRADING = multiprocessing.Value("i", 0)  # shared with the forked workers
+PEAK = multiprocessing.Value("i", 0)
+
+
+class Instant(AgentWorkflow):
+    async def run(self, ctx):
+        return [*ctx.prompt, {"role": "assistant", "content": str(ctx.metadata["answer"])}]
+
+
+class CountingGrader(Grader):
+    async def grade(self, ctx):
+        with GRADING.get_lock():
+            GRADING.value += 1
+            PEAK.value = max(PEAK.value, GRADING.value)
+        await anyio.sleep(0.05)
+        with GRADING.get_lock():
+            GRADING.value -= 1
+        return 1.0
+
+
+def test_a_grader_limit_is_split_between_workers_like_the_workflow_limit():
+    from osmosis_core import ConcurrencyConfig, GraderConfig
+
+    grader_config = GraderConfig(concurrency=ConcurrencyConfig(max_concurrent=4))
+    pool = WorkerPool(Instant, grader=CountingGrader, grader_config=grader_config, workers=2, max_concurrent=16)
+    policy = PolicyEndpoint("http://127.0.0.1:9/v1", "m")
+    reqs = [
+        ExecutionRequest(f"g{i}", [{"role": "user", "content": "x"}], policy, label="1", metadata={"answer": i})
+        for i in range(32)
+    ]
+    try:
+        results = anyio.run(run_all, pool, reqs)
+    finally:
+        anyio.run(pool.aclose)
+    assert sum(r.stage.value == "grader" and r.ok for r in results) == 32
+    assert 2 <= PEAK.value <= 4  # 2 per worker; without the split each worker would grade up to 4 at once
