@@ -32,10 +32,10 @@ from typing import Any
 
 import attrs
 
-from osmosis_core.records import ExecutionRequest, ExecutionResult
+from osmosis_core.records import ErrorCategory, ErrorInfo, ExecutionRequest, ExecutionResult, ExecutionStage, ExecutionStatus
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
-__all__ = ["BackendSetup", "BackendSpec", "ExecutionBackend", "ResultCallback", "load_object"]
+__all__ = ["BackendSetup", "BackendSpec", "ExecutionBackend", "ResultCallback", "load_object", "report_cancelled"]
 
 ResultCallback = Callable[[ExecutionResult], Awaitable[None]]
 """An async callable a backend awaits with each stage's result."""
@@ -71,6 +71,39 @@ class ExecutionBackend(abc.ABC):
         """Release what the backend holds (pools, sandboxes). Called once at the end of a run."""
 
 
+async def report_cancelled(
+    rollout_id: str,
+    stage: ExecutionStage,
+    on_workflow_complete: ResultCallback,
+    on_grader_complete: ResultCallback | None,
+    *,
+    timings: dict[str, float] | None = None,
+    detail: str = "",
+) -> None:
+    """Report a rollout cancelled during ``stage`` through that stage's callback, shielded from the
+    cancellation that is under way (so the report is delivered). Re-raise the cancellation after::
+
+        except anyio.get_cancelled_exc_class():
+            await report_cancelled(request.rollout_id, stage, on_workflow_complete, on_grader_complete)
+            raise
+
+    :param detail: appended to the message, e.g. ``" (trial kept: /runs/x/trials/y)"``.
+    """
+    import anyio
+
+    result = ExecutionResult(
+        rollout_id,
+        stage,
+        ExecutionStatus.CANCELLED,
+        error=ErrorInfo(ErrorCategory.CANCELLED, f"rollout cancelled during the {stage} stage{detail}"),
+        timings=dict(timings or {}),
+    )
+    callback = on_workflow_complete if stage is ExecutionStage.WORKFLOW else on_grader_complete
+    if callback is not None:
+        with anyio.CancelScope(shield=True):
+            await callback(result)
+
+
 @attrs.frozen
 class BackendSetup:
     """Everything a backend factory needs to build a backend for one run."""
@@ -91,6 +124,8 @@ class BackendSetup:
     """The dataset file (a sandboxing backend hides it from rollouts: it holds the labels)."""
     workers: int = 1
     """Processes the backend may run rollouts in (``[run] workers``); the local backend forks a pool when > 1."""
+    require_labels: bool = False
+    """``[run] require_labels``: a row without a label fails (``validation_error``) instead of running ungraded."""
 
 
 def load_object(path: str) -> Any:

@@ -19,6 +19,7 @@ A complete config (``configs/eval/multiply-plain.toml``)::
     base_url = "http://127.0.0.1:8000/v1"
     model = "Qwen/Qwen3-8B"
     api_key_env = "OPENAI_API_KEY"       # the key is read from this variable, never stored
+    max_response_mb = 64                 # a larger response body is a policy_error
 
     [run]
     backend = "local"
@@ -28,6 +29,8 @@ A complete config (``configs/eval/multiply-plain.toml``)::
     agent_timeout_sec = 300
     grader_timeout_sec = 60
     pass_threshold = 1.0
+    max_failure_rate = 0.2               # exit 1 above it (always when every rollout failed)
+    require_labels = false               # true: a row without ground_truth fails instead of running ungraded
     output = "runs/multiply-plain"
 
     [backend.harbor]                     # the chosen backend's own table (a plugin's; local takes none)
@@ -50,6 +53,8 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from osmosis_core.errors import ConfigError
+from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
+from osmosis_core.wire import register_strict_scalars
 
 __all__ = [
     "DatasetSection",
@@ -91,6 +96,13 @@ class PolicySection:
     model: str = "default"
     api_key_env: str | None = None
     headers: dict[str, str] = attrs.field(factory=dict)
+    max_response_mb: float = DEFAULT_MAX_RESPONSE_BYTES / (1024 * 1024)
+    """The largest response body read from the endpoint, in MiB; a larger one fails the call (``policy_error``)."""
+
+    @property
+    def max_response_bytes(self) -> int:
+        """``max_response_mb`` in bytes."""
+        return int(self.max_response_mb * 1024 * 1024)
 
 
 @attrs.define(kw_only=True)
@@ -104,6 +116,10 @@ class RunSection:
     agent_timeout_sec: float | None = 600.0
     grader_timeout_sec: float | None = 120.0
     pass_threshold: float = 1.0
+    max_failure_rate: float | None = None
+    """Above this share of failed rollouts the run exits with status 1 (it always does when every one failed)."""
+    require_labels: bool = False
+    """Fail a row without a label (``validation_error``) instead of running it ungraded."""
     output: str | None = None
 
 
@@ -156,25 +172,7 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 _converter.register_unstructure_hook(Path, str)
 
 
-def _strict(kind: type[Any], wanted: str) -> Any:
-    def hook(value: Any, _type: Any) -> Any:
-        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if not ok:
-            raise ValueError(f"expected {wanted}, got {value!r}")
-        return value
-
-    return hook
-
-
-for _kind, _wanted in (
-    (int, "a whole number"),
-    (float, "a number"),
-    (str, "a string"),
-    (bool, "true or false"),
-):
-    _converter.register_structure_hook(_kind, _strict(_kind, _wanted))
+register_strict_scalars(_converter)
 
 
 def _format_error(exc: BaseException, type_: Any) -> str:
@@ -224,15 +222,22 @@ def load_config(path: Path | str) -> RunConfig:
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(source, [f"no such file: {path}"]) from None
     except OSError as exc:
         raise ConfigError(source, [f"cannot read: {exc}"]) from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{source}:{line}", [f"not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8"]) from None
+    try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, [f"not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(source, ["not valid TOML: nested too deeply"]) from None
     return config_from_dict(data, source=path)
 
 
@@ -262,6 +267,10 @@ def check_config(config: RunConfig) -> list[str]:
         value = getattr(run, key)
         if value is not None and (not math.isfinite(value) or value <= 0):
             problems.append(f"must be a positive number of seconds, got {value} @ $.run.{key}")
+    if run.max_failure_rate is not None and not 0.0 <= run.max_failure_rate <= 1.0:
+        problems.append(f"must be between 0 and 1, got {run.max_failure_rate} @ $.run.max_failure_rate")
+    if not (math.isfinite(config.policy.max_response_mb) and config.policy.max_response_mb > 0):
+        problems.append(f"must be a positive number, got {config.policy.max_response_mb} @ $.policy.max_response_mb")
     if not math.isfinite(run.pass_threshold):
         problems.append(f"must be a finite number @ $.run.pass_threshold (got {run.pass_threshold})")
     if config.dataset.limit is not None and config.dataset.limit < 0:

@@ -22,6 +22,22 @@ from osmosis_core.records import Message
 __all__ = ["DatasetRow", "read_dataset", "row_from_json"]
 
 MAX_REPORTED = 20
+MAX_DEPTH = 64
+"""How deeply a row's values may nest (deeper rows are refused: they break JSON writers and copies)."""
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True when ``value`` nests lists and objects more than ``limit`` levels deep (checked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+    return False
 
 
 @attrs.frozen
@@ -41,6 +57,8 @@ def row_from_json(obj: Any, index: int, line: int) -> DatasetRow:
     """Turn one parsed JSON value into a row. :raises ValueError: with a message naming the problem."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    if _deeper_than(obj, MAX_DEPTH):
+        raise ValueError(f"the row is nested more than {MAX_DEPTH} levels deep")
     data = dict(obj)
     label = data.pop("ground_truth", None)
     alias = data.pop("label", None)
@@ -83,7 +101,7 @@ def read_dataset(path: Path | str, *, limit: int | None = None) -> list[DatasetR
     """
     path = Path(path)
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")
     except FileNotFoundError:
         raise DatasetError([f"{path}: no such file"]) from None
     except OSError as exc:
@@ -91,15 +109,23 @@ def read_dataset(path: Path | str, *, limit: int | None = None) -> list[DatasetR
     rows: list[DatasetRow] = []
     problems: list[str] = []
     with handle:
-        for lineno, raw in enumerate(handle, start=1):
+        for lineno, data in enumerate(handle, start=1):
             if limit is not None and len(rows) >= limit:
                 break
-            if not raw.strip():
+            if not data.strip():
+                continue
+            try:
+                raw = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                problems.append(f"{path}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column {exc.start + 1})")
                 continue
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError as exc:
                 problems.append(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})")
+                continue
+            except RecursionError:
+                problems.append(f"{path}:{lineno}: the row is nested too deeply to read")
                 continue
             try:
                 rows.append(row_from_json(obj, len(rows), lineno))

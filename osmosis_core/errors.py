@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from osmosis_core.records import ErrorCategory, ErrorInfo
 
 __all__ = [
+    "BackendUnavailable",
     "ConfigError",
     "DatasetError",
     "InfraError",
@@ -15,6 +16,7 @@ __all__ = [
     "PolicyError",
     "RolloutLoadError",
     "classify_exception",
+    "clip",
     "error_info",
     "redact",
 ]
@@ -67,6 +69,15 @@ class InfraError(OsmosisError):
     """The backend's machinery failed (sandbox, process, actor). Categorised as ``infra_error``."""
 
 
+class BackendUnavailable(InfraError):
+    """Raised by ``ExecutionBackend.execute`` when the backend cannot run this rollout at all (its
+    workers, actors or cluster are gone for good), *before* the rollout started.
+
+    It is not a result: the rollout was never run, so ``osmosis run`` records nothing for it, stops
+    the run (cancelling what is in flight), keeps everything finished, and says how to resume.
+    """
+
+
 _POLICY_MODULES = ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "aiohttp")
 
 
@@ -111,6 +122,18 @@ def redact(text: str, secrets: Iterable[str | None]) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text
+
+
+def clip(text: str, secrets: Iterable[str | None] = (), limit: int = 300) -> str:
+    """``text`` as one line of at most ``limit`` characters, secrets redacted *before* it is cut.
+
+    (Cutting first could leave the head of a key that the cut split, which no redaction finds.)
+
+    >>> clip("auth=Bearer sk-SECRET-KEY rest", ["sk-SECRET-KEY"], limit=18)
+    'auth=Bearer *** r…'
+    """
+    line = " ".join(redact(text, secrets).split())
+    return line if len(line) <= limit else line[: max(0, limit - 1)] + "…"
 
 
 def _policy_error_in(exc: BaseException) -> PolicyError | None:

@@ -27,9 +27,9 @@ from typing import Any
 
 import anyio
 
-from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback
+from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback, report_cancelled
 from osmosis_core.context import RolloutContext
-from osmosis_core.errors import error_info
+from osmosis_core.errors import RolloutLoadError, error_info
 from osmosis_core.records import (
     ErrorCategory,
     ErrorInfo,
@@ -81,25 +81,49 @@ class LocalBackend(ExecutionBackend):
     :param grader: the :class:`Grader` subclass, or None for no grading.
     :param grader_config: its config (copied per rollout).
     :param max_concurrent: overrides ``workflow_config.concurrency.max_concurrent`` (default 4).
+    :param require_labels: fail a rollout whose row has no label (``validation_error``) instead of
+        running it ungraded (``[run] require_labels``).
+
+    Each class may be given as an import path and each config as an object or an import path,
+    as in osmosis-ai: ``LocalBackend(workflow="rollouts.my_rollout.main:MyWorkflow",
+    grader="rollouts.my_rollout.main:MyGrader")``.
+
+    When grading runs: a grader is configured, the request asks for it (``grade``, true by
+    default) and the row has a label. A row without a label is run and reported ungraded (the
+    workflow's result is the last one: success, no reward), as the reference SDK does, unless
+    ``require_labels``.
     """
 
     def __init__(
         self,
-        workflow: type[AgentWorkflow[Any]],
-        workflow_config: AgentWorkflowConfig | None = None,
-        grader: type[Grader[Any]] | None = None,
-        grader_config: GraderConfig | None = None,
+        workflow: type[AgentWorkflow[Any]] | str,
+        workflow_config: AgentWorkflowConfig | str | None = None,
+        grader: type[Grader[Any]] | str | None = None,
+        grader_config: GraderConfig | str | None = None,
         *,
         max_concurrent: int | None = None,
+        require_labels: bool = False,
     ) -> None:
-        if not (isinstance(workflow, type) and issubclass(workflow, AgentWorkflow)):
-            raise TypeError(f"workflow must be an AgentWorkflow subclass, got {workflow!r}")
-        if grader is not None and not (isinstance(grader, type) and issubclass(grader, Grader)):
-            raise TypeError(f"grader must be a Grader subclass, got {grader!r}")
-        self.workflow_class = workflow
-        self.workflow_config = workflow_config if workflow_config is not None else workflow.config_type()
-        self.grader_class = grader
-        self.grader_config = grader_config if grader_config is not None else (grader.config_type() if grader else None)
+        from osmosis_core.loader import resolve_config_object, resolve_object
+
+        try:
+            workflow_class = resolve_object(workflow, AgentWorkflow, what="workflow")
+            grader_class = None if grader is None else resolve_object(grader, Grader, what="grader")
+            if workflow_config is not None:
+                workflow_config = resolve_config_object(workflow_config, AgentWorkflowConfig, what="workflow_config")
+            if grader_config is not None:
+                grader_config = resolve_config_object(grader_config, GraderConfig, what="grader_config")
+        except RolloutLoadError as exc:
+            raise TypeError(str(exc)) from None
+        self.workflow_class: type[AgentWorkflow[Any]] = workflow_class
+        self.workflow_config: AgentWorkflowConfig = (
+            workflow_config if workflow_config is not None else workflow_class.config_type()
+        )
+        self.grader_class: type[Grader[Any]] | None = grader_class
+        self.grader_config: GraderConfig | None = (
+            grader_config if grader_config is not None else (grader_class.config_type() if grader_class else None)
+        )
+        self.require_labels = require_labels
         self._limit = max_concurrent or self.workflow_config.concurrency.limit
         grader_limit = self._limit
         if self.grader_config is not None and self.grader_config.concurrency.max_concurrent is not None:
@@ -125,8 +149,15 @@ class LocalBackend(ExecutionBackend):
                 setup.grader_class,
                 setup.grader_config,
                 workers=setup.workers,
+                require_labels=setup.require_labels,
             )
-        return cls(setup.workflow_class, setup.workflow_config, setup.grader_class, setup.grader_config)
+        return cls(
+            setup.workflow_class,
+            setup.workflow_config,
+            setup.grader_class,
+            setup.grader_config,
+            require_labels=setup.require_labels,
+        )
 
     @property
     def max_concurrency(self) -> int:
@@ -141,6 +172,18 @@ class LocalBackend(ExecutionBackend):
             "grading": self._grading,
             "finished": self._done,
         }
+
+    def grades(self, request: ExecutionRequest) -> bool:
+        """Whether ``request`` gets a grader stage (see the class docstring)."""
+        return (
+            self.grader_class is not None and request.grade and (request.label is not None or self.require_labels)
+        )
+
+    async def aclose(self) -> None:
+        """Close the running loop's HTTP clients (the rollouts' connections to their policies)."""
+        from osmosis_core.http_session import aclose_http
+
+        await aclose_http()
 
     async def execute(
         self,
@@ -168,7 +211,7 @@ class LocalBackend(ExecutionBackend):
                     self._running -= 1
             await on_workflow_complete(result)
             stage = _GR  # the workflow is reported: a cancellation from here on is the grader's
-            if not result.ok or self.grader_class is None:
+            if not result.ok or not self.grades(request):
                 return
             assert result.sample is not None
             async with self._grader_slots:
@@ -182,17 +225,7 @@ class LocalBackend(ExecutionBackend):
         except anyio.get_cancelled_exc_class():
             if queued:
                 self._queued -= 1
-            with anyio.CancelScope(shield=True):
-                cancelled = ExecutionResult(
-                    request.rollout_id,
-                    stage,
-                    ExecutionStatus.CANCELLED,
-                    error=ErrorInfo(ErrorCategory.CANCELLED, f"rollout cancelled during the {stage} stage"),
-                    timings=timings,
-                )
-                callback = on_workflow_complete if stage is _WF else on_grader_complete
-                if callback is not None:
-                    await callback(cancelled)
+            await report_cancelled(request.rollout_id, stage, on_workflow_complete, on_grader_complete, timings=timings)
             raise
         finally:
             self._done += 1
@@ -208,7 +241,9 @@ class LocalBackend(ExecutionBackend):
             with rollout:
                 output = await (workflow.run(ctx) if timeout is None else _within(timeout, workflow.run, ctx))
                 sample = await _collect_sample(output, rollout)
-        except Exception as exc:
+        except BaseException as exc:
+            if not _own_failure(exc):
+                raise  # the run cancels this rollout (or the process is going down)
             timings["workflow"] = time.perf_counter() - started
             return self._failure(request, _WF, exc, timings, timeout, "workflow", await _partial_sample(rollout))
         timings["workflow"] = time.perf_counter() - started
@@ -238,7 +273,9 @@ class LocalBackend(ExecutionBackend):
                 sample.reward = reward
             if sample.reward is None:
                 raise ValueError(f"{self.grader_class.__name__}.grade returned no reward and set none")
-        except Exception as exc:
+        except BaseException as exc:
+            if not _own_failure(exc):
+                raise
             timings["grader"] = time.perf_counter() - started
             return self._failure(request, _GR, exc, timings, timeout, "grader", sample)
         timings["grader"] = time.perf_counter() - started
@@ -248,18 +285,40 @@ class LocalBackend(ExecutionBackend):
         self,
         request: ExecutionRequest,
         stage: ExecutionStage,
-        exc: Exception,
+        exc: BaseException,
         timings: dict[str, float],
         timeout: float | None,
         what: str,
         sample: RolloutSample | None = None,
     ) -> ExecutionResult:
         info = error_info(exc, secrets=request.policy.secrets())
+        if isinstance(exc, asyncio.CancelledError):
+            info = ErrorInfo(
+                ErrorCategory.AGENT_ERROR, f"the {what} raised CancelledError while nobody cancelled the rollout"
+            )
         if isinstance(exc, TimeoutError) and timeout is not None and timings.get(what, 0.0) >= timeout * 0.99:
             info = ErrorInfo(ErrorCategory.TIMEOUT, f"the {what} ran past its {timeout:g} s timeout")
         return ExecutionResult(
             request.rollout_id, stage, ExecutionStatus.FAILURE, sample=sample, error=info, timings=timings
         )
+
+
+def _own_failure(exc: BaseException) -> bool:
+    """True when ``exc`` is the stage's own failure, to report as a result, not to pass on.
+
+    Any ``Exception``; and what a workflow or grader raises that would otherwise stop the whole
+    run: ``sys.exit()`` (``SystemExit``), a ``KeyboardInterrupt`` it raised itself, and a
+    ``CancelledError`` raised while nobody cancelled the rollout (the run's own cancellation is
+    passed on and reported as ``cancelled``).
+    """
+    if isinstance(exc, Exception):
+        return True
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return True
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
+        return task is not None and task.cancelling() == 0
+    return False
 
 
 async def _partial_sample(rollout: RolloutContext) -> RolloutSample | None:

@@ -1,166 +1,214 @@
-"""The OpenAI client an agent integration gives its framework: pooled per event loop, viewed per rollout.
+"""The OpenAI client an agent integration gives its framework: one per event loop, on aiohttp.
 
 Both agent integrations (Strands, the OpenAI Agents SDK) call the policy through ``openai``'s
-``AsyncOpenAI``. Building one costs about 57 ms of CPU (an SSL context), and its default httpx
-transport slows to a crawl at a hundred concurrent requests, so:
+``AsyncOpenAI``. Building one costs about 57 ms of CPU (an SSL context), and openai's default
+httpx transport slows to a crawl at a hundred concurrent requests, so:
 
-* one ``AsyncOpenAI`` per event loop, with ``max_retries=0`` (the trainer decides about retries)
-  and the core's :class:`~osmosis_core.http.PooledTransport` underneath;
-* each rollout gets a cheap ``with_options`` view of it bound to its own endpoint, key and
-  rollout-id header, made once per rollout and kept on the :class:`RolloutContext`.
+* one ``AsyncOpenAI`` per event loop, on openai's own aiohttp transport
+  (``openai.DefaultAioHttpClient``, the ``openai[aiohttp]`` extra), with ``max_retries=0`` (the
+  trainer decides about retries, and a POST is never sent twice), no cap on connections, idle
+  connections closed after 4 s, proxies from ``HTTP(S)_PROXY``;
+* a cheap ``with_options`` view of it per endpoint (base URL, key, extra headers), shared by the
+  rollouts that call that endpoint; the rollout id header is added to each request from the
+  running :class:`~osmosis_core.RolloutContext`, so no object is built per rollout;
+* what is not a chat completion fails the call with a :class:`~osmosis_core.PolicyError` before
+  the SDK reads it: a body over the rollout's ``max_response_bytes``, an HTML page, malformed
+  JSON, a stream cut without a ``finish_reason`` (see :func:`_check_response`).
 
-It needs the ``openai`` package (a dependency of both integrations, not of the core).
+The loop's client is closed with the loop's other HTTP clients
+(:func:`osmosis_core.http_session.aclose_http`). It needs ``openai[aiohttp]`` (a dependency of
+both integrations, not of the core).
 
 >>> client = rollout_openai_client()          # doctest: +SKIP  (inside a rollout)
->>> await client.chat.completions.create(model=client_model(), messages=[...])
+>>> await client.chat.completions.create(model=ctx.policy.model, messages=[...])
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import weakref
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from osmosis_core.context import get_rollout_context
-from osmosis_core.errors import PolicyError, redact
+from osmosis_core.context import ROLLOUT_ID_HEADER, current_rollout_context, get_rollout_context
+from osmosis_core.errors import PolicyError, clip
+from osmosis_core.http_session import KEEPALIVE_SEC, on_close
+from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 __all__ = ["policy_error", "rollout_openai_client"]
 
-_VIEW_KEY = "osmosis.openai_client"
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+_ViewKey = tuple[str, str, tuple[tuple[str, str], ...]]
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, dict[_ViewKey, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-_JSON_SCALARS = (str, int, float, bool, type(None))
-_OPTION_KEYS = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
+async def _tag_request(request: Any) -> None:
+    """httpx event hook: the running rollout's id on every request its code sends."""
+    ctx = current_rollout_context()
+    if ctx is not None:
+        request.headers[ROLLOUT_ID_HEADER] = ctx.rollout_id
 
 
-def _plain_json(value: Any, depth: int = 0) -> bool:
-    """True for data made only of dicts, lists and JSON scalars (what openai's transform leaves as is)."""
-    if isinstance(value, _JSON_SCALARS):
-        return True
-    if depth > 32:
-        return False
-    if type(value) is dict:
-        return all(type(k) is str and _plain_json(v, depth + 1) for k, v in value.items())
-    if type(value) is list:
-        return all(_plain_json(v, depth + 1) for v in value)
-    return False
+async def _check_response(response: Any) -> None:
+    """httpx event hook: refuse what is not a chat completion before the SDK reads it.
+
+    * a body over the rollout's ``max_response_bytes`` (announced, or counted as it arrives);
+    * a successful answer that is neither JSON nor an event stream (an HTML page from a proxy);
+    * a JSON answer that does not parse (cut short by a broken server);
+    * an event stream that ends without a ``finish_reason`` (cut mid-answer), which the SDKs
+      would otherwise take for a short, complete answer.
+
+    Each is a :class:`~osmosis_core.PolicyError` naming the endpoint and the status.
+    """
+    ctx = current_rollout_context()
+    limit = ctx.policy.max_response_bytes if ctx is not None else DEFAULT_MAX_RESPONSE_BYTES
+    url = str(response.request.url)
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        await response.aclose()
+        raise PolicyError(
+            f"policy endpoint {url} failed: the response ({declared} bytes) is over the {limit}-byte limit",
+            status=response.status_code,
+            endpoint=url,
+        )
+    kind = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    ok = 200 <= response.status_code < 300
+    response.stream = _checked_stream(response.stream, limit, url, sse=ok and kind == "text/event-stream")
+    if not ok or kind == "text/event-stream":
+        return
+    secrets = ctx.policy.secrets() if ctx is not None else ()
+    if not kind.endswith("json"):
+        await response.aread()
+        raise PolicyError(
+            clip(
+                f"policy endpoint {url} answered {response.status_code} with {kind or 'no content type'}, "
+                f"not a chat completion: {response.content[:4096].decode('utf-8', 'replace')}",
+                secrets,
+            ),
+            status=response.status_code,
+            endpoint=url,
+        )
+    await response.aread()
+    try:
+        json.loads(response.content)
+    except ValueError as exc:
+        raise PolicyError(
+            clip(
+                f"policy endpoint {url} answered {response.status_code} with malformed JSON ({exc}): "
+                f"{response.content[:4096].decode('utf-8', 'replace')}",
+                secrets,
+            ),
+            status=response.status_code,
+            endpoint=url,
+        ) from None
 
 
-def _fast_client_class() -> type[AsyncOpenAI]:
-    """``AsyncOpenAI`` whose ``chat.completions.create`` skips openai's typed request transform
-    when the request is already plain JSON (the transform walks every message with typing
-    introspection: about a millisecond of CPU per call, a third of a bare client's cost)."""
-    global _FAST_CLIENT
-    if _FAST_CLIENT is not None:
-        return _FAST_CLIENT
-    import functools
-
-    import openai
-    from openai import AsyncStream
-    from openai._base_client import make_request_options
-    from openai._types import NotGiven, Omit
-    from openai.resources.chat import AsyncChat
-    from openai.resources.chat.completions.completions import AsyncCompletions
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
-
-    class FastCompletions(AsyncCompletions):  # type: ignore[misc]
-        async def create(self, **params: Any) -> Any:  # type: ignore[override]
-            body = {k: v for k, v in params.items() if k not in _OPTION_KEYS and not isinstance(v, (Omit, NotGiven))}
-            if "response_format" in body or not _plain_json(body):
-                return await super().create(**params)
-            stream = bool(body.get("stream"))
-            options = make_request_options(
-                extra_headers=params.get("extra_headers"),
-                extra_query=params.get("extra_query"),
-                extra_body=params.get("extra_body"),
-                timeout=params.get("timeout", openai.NOT_GIVEN),
-                security={"bearer_auth": True},
-            )
-            return await self._post(
-                "/chat/completions",
-                body=body,
-                options=options,
-                cast_to=ChatCompletion,
-                stream=stream,
-                stream_cls=AsyncStream[ChatCompletionChunk],
-            )
-
-    class FastChat(AsyncChat):  # type: ignore[misc]
-        @functools.cached_property
-        def completions(self) -> FastCompletions:
-            return FastCompletions(self._client)
-
-    class FastAsyncOpenAI(openai.AsyncOpenAI):  # type: ignore[misc]
-        @functools.cached_property
-        def chat(self) -> FastChat:  # type: ignore[override]
-            return FastChat(self)
-
-    _FAST_CLIENT = FastAsyncOpenAI
-    return FastAsyncOpenAI
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 
 
-_FAST_CLIENT: type[AsyncOpenAI] | None = None
+def _checked_stream(stream: Any, limit: int, url: str, *, sse: bool) -> Any:
+    """``stream`` (an httpx2 ``AsyncByteStream``) failing past ``limit`` bytes, and, for an event
+    stream, when it ends without a ``finish_reason``."""
+    import httpx2
+
+    class CheckedStream(httpx2.AsyncByteStream):  # type: ignore[misc]
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            seen = 0
+            finished = not sse
+            tail = b""
+            async for chunk in stream:
+                seen += len(chunk)
+                if seen > limit:
+                    raise PolicyError(
+                        f"policy endpoint {url} failed: the response is over the {limit}-byte limit", endpoint=url
+                    )
+                if not finished:
+                    finished = _FINISH.search(tail + chunk) is not None
+                    tail = chunk[-32:]
+                yield chunk
+            if not finished:
+                raise PolicyError(
+                    f"policy endpoint {url} broke the response: the stream ended without a finish_reason "
+                    "(cut short mid-answer)",
+                    endpoint=url,
+                )
+
+        async def aclose(self) -> None:
+            await stream.aclose()
+
+    return CheckedStream()
 
 
-def _loop_client() -> AsyncOpenAI:
-    import openai._base_client as base
-
-    from osmosis_core.http import transport_module
-
+def _loop_client() -> tuple[Any, dict[_ViewKey, Any]]:
     loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    pooled = transport_module("httpx2" if hasattr(base, "httpx2") else "httpx")  # openai 3.x uses httpx2
-    http_client = pooled.shared_client()
-    if client is None or client._client is not http_client:  # the pool was closed and replaced
-        client = _fast_client_class()(
+    entry = _clients.get(loop)
+    if entry is None:
+        import httpx2
+        import openai
+
+        http_client = openai.DefaultAioHttpClient(
+            limits=httpx2.Limits(max_connections=0, keepalive_expiry=KEEPALIVE_SEC),
+            event_hooks={"request": [_tag_request], "response": [_check_response]},
+        )
+        client = openai.AsyncOpenAI(
             api_key="unset", base_url="http://127.0.0.1:9/unset", max_retries=0, http_client=http_client
         )
-        _clients[loop] = client
-    return client
+        entry = _clients[loop] = (client, {})
+
+        async def close() -> None:
+            _clients.pop(loop, None)
+            await client.close()
+
+        on_close(close)
+    return entry
 
 
 def rollout_openai_client() -> AsyncOpenAI:
-    """The active rollout's view of the loop's pooled ``AsyncOpenAI`` (created on first use).
+    """The active rollout's view of the loop's ``AsyncOpenAI`` (created on first use).
 
     :raises RuntimeError: outside a rollout; it never falls back to a public API.
     """
-    ctx = get_rollout_context()
-    # one view per (rollout, event loop): a sync tool that runs a sub-agent in a worker thread has a loop of its own
-    views: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = ctx.extras.setdefault(
-        _VIEW_KEY, weakref.WeakKeyDictionary()
-    )
-    loop = asyncio.get_running_loop()
-    view = views.get(loop)
-    if view is None or view.is_closed():
-        headers = ctx.headers()
-        headers.pop("Authorization", None)  # the client sends the key itself
-        view = views[loop] = _loop_client().with_options(
-            base_url=ctx.policy.base_url,
-            api_key=ctx.policy.api_key or "EMPTY",
-            default_headers=headers,
-        )
+    policy = get_rollout_context().policy
+    client, views = _loop_client()
+    key = (policy.base_url, policy.api_key or "EMPTY", tuple(sorted(policy.headers.items())))
+    view = views.get(key)
+    if view is None:
+        view = views[key] = client.with_options(base_url=policy.base_url, api_key=key[1], default_headers=dict(key[2]))
     return view  # type: ignore[no-any-return]
 
 
 def policy_error(exc: BaseException) -> PolicyError | None:
     """A :class:`PolicyError` for an ``openai`` or HTTP client failure, naming status and endpoint.
 
-    Returns None for any other exception. The key never appears in the message.
+    Returns None for any other exception. The key and header values never appear in the message.
     """
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:  # what the response checks raised, under openai's wrapping
+        seen.add(id(cur))
+        if isinstance(cur, PolicyError):
+            return cur
+        cur = cur.__cause__ or cur.__context__
     module = type(exc).__module__.split(".", 1)[0]
-    if module not in ("openai", "httpx", "httpx2", "httpcore", "httpcore2"):
+    if module not in ("openai", "httpx", "httpx2", "httpcore", "httpcore2", "aiohttp"):
         return None
     ctx = get_rollout_context()
     endpoint = ctx.policy.chat_completions_url
     status = getattr(exc, "status_code", None)
-    detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and str(cause) and str(cause) not in detail:  # "Connection error." says too little
-        detail = f"{detail} ({type(cause).__name__}: {cause})"
-    what = f"answered {status}" if status else f"failed ({type(exc).__name__})"
-    message = redact(f"policy endpoint {endpoint} {what}: {detail}", ctx.policy.secrets())
-    return PolicyError(" ".join(message.split())[:500], status=status, endpoint=endpoint)
+    if status:
+        detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        message = f"policy endpoint {endpoint} answered {status}: {detail}"
+    else:
+        root = exc  # the transport's own error says what happened ("Connection error." says too little)
+        for _ in range(8):
+            if root.__cause__ is None:
+                break
+            root = root.__cause__
+        message = f"policy endpoint {endpoint} failed: {type(root).__name__}: {root}".rstrip(": ")
+    return PolicyError(clip(message, ctx.policy.secrets(), 500), status=status, endpoint=endpoint)

@@ -5,19 +5,19 @@
 ...     return [*ctx.prompt, reply]
 
 It posts to the active rollout's endpoint with the rollout id header and the bearer key, over
-the shared pooled client of the running event loop (:func:`osmosis_core.http.shared_client`).
-Any failure (unreachable, 4xx/5xx, a malformed answer) raises :class:`PolicyError`, which the
-backend reports as ``policy_error``; the key never appears in the message.
+the running loop's shared aiohttp session (:func:`osmosis_core.http_session.client_session`),
+never more than once per call. Any failure (unreachable, 4xx/5xx, a malformed answer, a body
+over the endpoint's ``max_response_bytes``) raises :class:`PolicyError`, which the backend
+reports as ``policy_error``; the key and header values never appear in the message.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
 from osmosis_core.context import get_rollout_context
-from osmosis_core.errors import PolicyError, redact
+from osmosis_core.errors import PolicyError, clip
 from osmosis_core.records import Message
 
 __all__ = ["chat_completion", "chat_completion_response"]
@@ -27,9 +27,9 @@ async def chat_completion_response(
     messages: list[Message], *, tools: list[dict[str, Any]] | None = None, **params: Any
 ) -> dict[str, Any]:
     """Send one chat-completions request for the active rollout; return the whole response JSON."""
-    import httpx
+    import aiohttp
 
-    from osmosis_core.http import shared_transport
+    from osmosis_core.http_session import ResponseTooLarge, client_session, read_limited
 
     rollout = get_rollout_context()
     policy = rollout.policy
@@ -39,25 +39,29 @@ async def chat_completion_response(
         body["tools"] = tools
     secrets = policy.secrets()
     try:
-        request = httpx.Request("POST", _parsed_url(url), json=body, headers=rollout.headers(), extensions=_TIMEOUTS)
-        response = await shared_transport().handle_async_request(request)
-        await response.aread()
-    except httpx.HTTPError as exc:
+        async with client_session().post(url, json=body, headers=rollout.headers()) as response:
+            status = response.status
+            content = await read_limited(response, policy.max_response_bytes)
+    except ResponseTooLarge as exc:
+        raise PolicyError(clip(f"policy endpoint {url} failed: {exc}", secrets), endpoint=url) from None
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        what = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        raise PolicyError(clip(f"policy endpoint {url} failed: {what}", secrets, 500), endpoint=url) from None
+    if status >= 400:
         raise PolicyError(
-            redact(f"policy endpoint {url} failed: {type(exc).__name__}: {exc}", secrets), endpoint=url
-        ) from None
-    if response.status_code >= 400:
-        detail = _error_detail(response.content)
-        raise PolicyError(
-            redact(f"policy endpoint {url} answered {response.status_code}: {detail}", secrets),
-            status=response.status_code,
+            clip(f"policy endpoint {url} answered {status}: {_error_detail(content)}", secrets, 500),
+            status=status,
             endpoint=url,
         )
     try:
-        data = json.loads(response.content)
+        data = json.loads(content)
         data["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise PolicyError(f"policy endpoint {url} sent a malformed completion: {exc!r}", endpoint=url) from None
+        raise PolicyError(
+            clip(f"policy endpoint {url} sent a malformed completion ({type(exc).__name__}): {_text(content)}", secrets),
+            status=status,
+            endpoint=url,
+        ) from None
     return data  # type: ignore[no-any-return]
 
 
@@ -76,24 +80,18 @@ async def chat_completion(
     return {k: v for k, v in message.items() if v is not None}
 
 
-_TIMEOUTS = {"timeout": {"connect": 30.0, "read": 600.0, "write": 600.0, "pool": 600.0}}
-"""Per-request limits; a rollout's own agent timeout usually ends a call long before these."""
-
-
-@functools.lru_cache(maxsize=256)
-def _parsed_url(url: str) -> Any:
-    """httpx parses a URL string on every request (tens of microseconds); parse each endpoint once."""
-    import httpx
-
-    return httpx.URL(url)
+def _text(content: bytes) -> str:
+    """The start of a body as text: far longer than any message keeps, so :func:`clip` redacts first."""
+    return content[:4096].decode("utf-8", "replace").strip() or "(empty body)"
 
 
 def _error_detail(content: bytes) -> str:
+    """What an error body says."""
     try:
-        data = json.loads(content)
-        error = data.get("error", data)
-        if isinstance(error, dict):
-            return str(error.get("message") or error)[:300]
-        return str(error)[:300]
+        data = json.loads(content[:65536])
     except ValueError:
-        return content[:300].decode("utf-8", "replace").strip() or "(empty body)"
+        return _text(content)
+    error = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)

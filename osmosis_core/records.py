@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 __all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "ErrorCategory",
     "ErrorInfo",
     "ExecutionRequest",
@@ -22,9 +23,14 @@ __all__ = [
     "ExecutionStatus",
     "Message",
     "PolicyEndpoint",
+    "RETRYABLE_CATEGORIES",
     "RolloutSample",
     "message_text",
 ]
+
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+"""The largest response body read from a policy endpoint by default (``[policy] max_response_mb``):
+past it the call fails with ``policy_error`` instead of the process holding the whole body."""
 
 Message = dict[str, Any]
 """One chat message (``{"role": ..., "content": ...}``) or a framework-native history item."""
@@ -45,6 +51,12 @@ class ErrorCategory(enum.StrEnum):
     """The backend's own machinery failed (sandbox, actor, process)."""
     CANCELLED = "cancelled"
     """The rollout was cancelled before it finished."""
+
+
+RETRYABLE_CATEGORIES: frozenset[ErrorCategory] = frozenset(
+    {ErrorCategory.POLICY_ERROR, ErrorCategory.INFRA_ERROR, ErrorCategory.TIMEOUT, ErrorCategory.CANCELLED}
+)
+"""Failures a second attempt may not repeat (what ``osmosis run --retry-failed`` runs again by default)."""
 
 
 class ExecutionStatus(enum.StrEnum):
@@ -87,6 +99,8 @@ class PolicyEndpoint:
     api_key: str | None = attrs.field(default=None, repr=False)
     headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
     """Extra headers for every call; their values are treated as secrets like the key."""
+    max_response_bytes: int = attrs.field(default=DEFAULT_MAX_RESPONSE_BYTES, repr=False)
+    """The largest response body read from the endpoint; a larger one is a ``policy_error``."""
 
     def secrets(self) -> tuple[str, ...]:
         """The values no message, log line or file may show: the key and the extra headers' values."""
@@ -170,6 +184,8 @@ class ExecutionRequest:
     metadata: dict[str, Any] = attrs.field(factory=dict)
     agent_timeout_sec: float | None = None
     grader_timeout_sec: float | None = None
+    grade: bool = True
+    """Run the grader stage (when a grader is configured and the row has a label); ``False`` skips it."""
 
 
 @attrs.define

@@ -11,76 +11,88 @@ import math
 import os
 from collections import Counter
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 import attrs
 
-from osmosis_core.records import ExecutionResult, ExecutionStatus
+from osmosis_core.errors import redact
+from osmosis_core.records import ExecutionStatus
 
-__all__ = ["ResultStats", "ResultWriter", "Summary", "read_results", "result_line"]
+__all__ = ["ResultStats", "ResultWriter", "Summary", "read_results", "scan_results"]
 
 
-def result_line(row: int, sample_index: int, result: ExecutionResult) -> dict[str, Any]:
-    """The ``results.jsonl`` record of one finished rollout."""
-    sample = result.sample
-    return {
-        "row": row,
-        "sample_index": sample_index,
-        "rollout_id": result.rollout_id,
-        "status": result.status.value,
-        "stage": result.stage.value,
-        "error": None
-        if result.error is None
-        else {
-            "category": result.error.category.value,
-            "message": result.error.message,
-        },
-        "reward": sample.reward if sample is not None else None,
-        "metrics": sample.metrics if sample is not None else {},
-        "timings": {k: round(v, 6) for k, v in result.timings.items()},
-        "sample": None
-        if sample is None
-        else {
-            "messages": sample.messages,
-            "system_prompt": sample.system_prompt,
-            "chat_messages": sample.chat_messages,
-        },
-    }
+def scan_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each line of an existing ``results.jsonl``, read as a stream.
+
+    Only one line is held at a time (a results file can be hundreds of megabytes). A last line cut
+    short by a crash is dropped and truncated from the file, so appending after it stays valid JSONL.
+
+    :raises ValueError: a damaged line (not JSON, or without the keys of a result), naming it as
+        ``file:line``.
+    """
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":  # a last line cut short: find where it starts, cut it off
+                keep = _last_newline(handle, size) + 1
+                with path.open("r+b") as writable:
+                    writable.truncate(keep)
+        handle.seek(0)
+        for number, raw in enumerate(handle, start=1):
+            if not raw.endswith(b"\n"):
+                break
+            if not raw.strip():
+                continue
+            try:
+                line = json.loads(raw)
+            except (ValueError, RecursionError) as exc:
+                raise ValueError(f"{path}:{number}: not a JSON line ({type(exc).__name__}: {exc})") from None
+            missing = [key for key in ("row", "sample_index", "status") if not isinstance(line, dict) or key not in line]
+            if missing or not isinstance(line["row"], int) or not isinstance(line["sample_index"], int):
+                what = f"missing {', '.join(missing)}" if missing else "row and sample_index must be whole numbers"
+                raise ValueError(f"{path}:{number}: not a result line ({what})")
+            yield number, line
+
+
+def _last_newline(handle: IO[bytes], size: int) -> int:
+    """The offset of the last newline of a file (-1 when there is none), read backwards in blocks."""
+    end = size
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        handle.seek(start)
+        block = handle.read(end - start)
+        at = block.rfind(b"\n")
+        if at >= 0:
+            return start + at
+        end = start
+    return -1
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
-    """The lines of an existing ``results.jsonl``.
-
-    A last line cut short by a crash is dropped and truncated from the file, so appending after
-    it stays valid JSONL.
-    """
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    keep = data.rfind(b"\n") + 1
-    if keep < len(data):
-        with path.open("r+b") as handle:
-            handle.truncate(keep)
-    lines = []
-    for number, raw in enumerate(data[:keep].splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            lines.append(json.loads(raw))
-        except ValueError as exc:
-            raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from None
-    return lines
+    """Every line of an existing ``results.jsonl`` (see :func:`scan_results`, which does not hold them all)."""
+    return [line for _, line in scan_results(path)]
 
 
 class ResultWriter:
-    """Appends result lines to ``results.jsonl``, flushing each one to the OS at once."""
+    """Appends result lines to ``results.jsonl``, flushing each one to the OS at once.
 
-    def __init__(self, path: Path) -> None:
+    :param secrets: values no line may hold (the policy's key and header values): every string in
+        a line is redacted before it is written, the sample's messages included.
+    """
+
+    def __init__(self, path: Path, secrets: Iterable[str | None] = ()) -> None:
         self.path = path
+        self._secrets = tuple(s for s in secrets if s and len(s) >= 4)
         self._handle: IO[str] = path.open("a", encoding="utf-8")
 
     def write(self, line: dict[str, Any]) -> None:
         """Append one line and flush it."""
+        if self._secrets:
+            line = _redacted(line, self._secrets)
         self._handle.write(json.dumps(line, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n")
         self._handle.flush()
 
@@ -90,6 +102,17 @@ class ResultWriter:
             self._handle.flush()
             os.fsync(self._handle.fileno())
             self._handle.close()
+
+
+def _redacted(value: Any, secrets: tuple[str, ...]) -> Any:
+    """A copy of ``value`` with every secret in its strings (keys included) replaced by ``***``."""
+    if isinstance(value, str):
+        return redact(value, secrets) if any(s in value for s in secrets) else value
+    if isinstance(value, dict):
+        return {_redacted(k, secrets): _redacted(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(v, secrets) for v in value]
+    return value
 
 
 def _json_default(value: Any) -> Any:
@@ -118,6 +141,8 @@ class ResultStats:
     succeeded: int = 0
     rewards: list[float] = attrs.field(factory=list)
     passed: int = 0
+    ungraded: int = 0
+    """Successful rollouts without a reward (no grader, or a row without a label)."""
     errors: Counter[str] = attrs.field(factory=Counter)
     latencies: list[float] = attrs.field(factory=list)
 
@@ -130,10 +155,13 @@ class ResultStats:
             error = line.get("error") or {}
             self.errors[str(error.get("category", "unknown"))] += 1
         reward = line.get("reward")
-        if line.get("status") == ExecutionStatus.SUCCESS.value and isinstance(reward, (int, float)):
-            self.rewards.append(float(reward))
-            if reward >= self.pass_threshold:
-                self.passed += 1
+        if line.get("status") == ExecutionStatus.SUCCESS.value:
+            if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+                self.rewards.append(float(reward))
+                if reward >= self.pass_threshold:
+                    self.passed += 1
+            else:
+                self.ungraded += 1
         timings = line.get("timings") or {}
         self.latencies.append(float(timings.get("workflow", 0.0)) + float(timings.get("grader", 0.0)))
 
@@ -158,6 +186,7 @@ class Summary:
     finished: int
     succeeded: int
     failed: int
+    ungraded: int
     mean_reward: float | None
     pass_rate: float | None
     pass_threshold: float
@@ -188,8 +217,9 @@ class Summary:
             finished=stats.finished,
             succeeded=stats.succeeded,
             failed=stats.failed,
+            ungraded=stats.ungraded,
             mean_reward=stats.mean_reward,
-            pass_rate=(stats.passed / stats.finished) if stats.finished and rewarded else None,
+            pass_rate=(stats.passed / (stats.finished - stats.ungraded)) if rewarded else None,
             pass_threshold=stats.pass_threshold,
             errors_by_category=dict(sorted(stats.errors.items())),
             latency_p50_sec=_percentile(stats.latencies, 0.5),

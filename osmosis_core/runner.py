@@ -8,13 +8,14 @@ it is known, and stops cleanly on Ctrl-C or SIGTERM, keeping every finished resu
 
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
 import hashlib
 import json
 import re
 import secrets
+import shutil
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,18 +28,21 @@ from osmosis_core import __version__
 from osmosis_core.backend import BackendSetup, ExecutionBackend
 from osmosis_core.config import RunConfig, api_key_from_env, structure_table
 from osmosis_core.dataset import DatasetRow, read_dataset
-from osmosis_core.errors import ConfigError, OsmosisError, PluginError, error_info
+from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
 from osmosis_core.loader import LoadedRollout, load_rollout
 from osmosis_core.plugins.registry import PluginRegistry, get_registry
 from osmosis_core.records import (
     ErrorCategory,
+    ErrorInfo,
     ExecutionRequest,
     ExecutionResult,
     ExecutionStage,
     ExecutionStatus,
     PolicyEndpoint,
 )
-from osmosis_core.results import ResultStats, ResultWriter, Summary, read_results, result_line
+from osmosis_core.results import ResultStats, ResultWriter, Summary, scan_results
+from osmosis_core.run_lock import RunLock
+from osmosis_core.wire import result_line
 from osmosis_core.workflow import ConcurrencyConfig
 
 __all__ = ["Reporter", "RunOutcome", "RunPlan", "execute_run", "prepare_run"]
@@ -86,6 +90,10 @@ class RunPlan:
     backend: ExecutionBackend
     in_flight: int
     stub_policy: bool = False
+    lock: RunLock | None = None
+    """The run folder's lock, held until :func:`execute_run` ends."""
+    retried: int = 0
+    """Pairs run again because their latest record failed (``--retry-failed``)."""
 
     @property
     def total(self) -> int:
@@ -100,6 +108,10 @@ class RunOutcome:
     summary: Summary
     run_dir: Path
     interrupted: bool
+    stopped: str | None = None
+    """Why the run stopped before its end on its own (the backend became unusable); resumable."""
+    failing: str | None = None
+    """Why the run counts as failed (every rollout failed, or more than ``[run] max_failure_rate``)."""
 
 
 def _fingerprint(path: Path) -> str:
@@ -177,6 +189,7 @@ def build_backend(
         config_root=config.root,
         dataset_path=config.resolve(config.dataset.path),
         workers=config.run.workers,
+        require_labels=config.run.require_labels,
     )
     return spec.resolve_factory()(setup)
 
@@ -185,16 +198,23 @@ def prepare_run(
     config: RunConfig,
     *,
     resume: bool = False,
+    retry_failed: frozenset[ErrorCategory] | None = None,
     registry: PluginRegistry | None = None,
     policy_override: PolicyEndpoint | None = None,
 ) -> RunPlan:
     """Check the whole run before any rollout starts, and work out what is left to run.
 
+    :param resume: finish the run in the folder (``--resume``): run the (row, sample) pairs it has
+        no record of, or whose latest record is ``cancelled``.
+    :param retry_failed: also run again the pairs whose latest record failed with one of these
+        categories (``--retry-failed``; implies ``resume``). Earlier records stay in the file; the
+        summary counts each pair once, by its latest record.
     :param policy_override: the endpoint to use instead of ``[policy]`` (``--stub-policy``).
     :raises OsmosisError: with a message naming the file and line, or the config key, at fault.
     """
     registry = registry or get_registry()
     source = str(config.source or "<config>")
+    resume = resume or retry_failed is not None
     if policy_override is not None:
         policy = policy_override
     else:
@@ -204,7 +224,11 @@ def prepare_run(
                 ["no policy endpoint: set policy.base_url (or --policy-url), or use --stub-policy @ $.policy.base_url"],
             )
         policy = PolicyEndpoint(
-            config.policy.base_url, config.policy.model, api_key_from_env(config), dict(config.policy.headers)
+            config.policy.base_url,
+            config.policy.model,
+            api_key_from_env(config),
+            dict(config.policy.headers),
+            max_response_bytes=config.policy.max_response_bytes,
         )
     dataset_path = config.resolve(config.dataset.path)
     if dataset_path is None:
@@ -221,36 +245,47 @@ def prepare_run(
         "n_samples": config.run.n_samples,
         "stub_policy": policy_override is not None,
     }
-    stats = ResultStats(pass_threshold=config.run.pass_threshold)
-    done: set[tuple[int, int]] = set()
-    results = run_dir / RESULTS
-    if resume:
-        if not (run_dir / RUN_META).is_file():
-            raise OsmosisError(f"--resume: {run_dir} holds no run ({RUN_META} is missing)")
-        before = json.loads((run_dir / RUN_META).read_text(encoding="utf-8"))
-        for key in ("dataset_sha256", "rows", "n_samples"):
-            if before.get(key) != meta[key]:
-                raise OsmosisError(
-                    f"--resume: {key} changed since {run_dir} was started ({before.get(key)} -> {meta[key]}); "
-                    "start a new run instead"
-                )
-        for line in read_results(results):
-            pair = (int(line["row"]), int(line["sample_index"]))
-            if line.get("status") == ExecutionStatus.CANCELLED.value or pair in done:
-                continue
-            done.add(pair)
-            stats.add(line)
-    elif results.exists() and results.stat().st_size > 0:
-        raise OsmosisError(f"{run_dir} already holds results; finish it with --resume or choose another --output")
-    pending = [(row.index, s) for row in rows for s in range(config.run.n_samples) if (row.index, s) not in done]
-    backend = build_backend(config, rollout, registry, run_dir)
-    import osmosis_core.http  # noqa: F401 - the HTTP stack most rollouts use, imported before the first wave
-
-    limit = backend.max_concurrency or config.run.concurrency or ConcurrencyConfig().limit
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:  # a resumed run keeps the record of how it was started
-        (run_dir / RUN_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=policy_override is not None)
+    created = not run_dir.exists()
+    lock = RunLock(run_dir).acquire()
+    try:
+        stats = ResultStats(pass_threshold=config.run.pass_threshold)
+        done: set[tuple[int, int]] = set()
+        retried = 0
+        results = run_dir / RESULTS
+        if resume:
+            if not (run_dir / RUN_META).is_file():
+                raise OsmosisError(f"--resume: {run_dir} holds no run ({RUN_META} is missing)")
+            before = json.loads((run_dir / RUN_META).read_text(encoding="utf-8"))
+            for key in ("dataset_sha256", "rows", "n_samples"):
+                if before.get(key) != meta[key]:
+                    raise OsmosisError(
+                        f"--resume: {key} changed since {run_dir} was started ({before.get(key)} -> {meta[key]}); "
+                        "start a new run instead"
+                    )
+            latest = _latest_records(results)
+            again = {c.value for c in retry_failed or ()}
+            for pair, line in latest.items():
+                category = (line.get("error") or {}).get("category")
+                if line.get("status") == ExecutionStatus.CANCELLED.value:
+                    continue
+                if line.get("status") != ExecutionStatus.SUCCESS.value and category in again:
+                    retried += 1
+                    continue
+                done.add(pair)
+                stats.add(line)
+        elif results.exists() and results.stat().st_size > 0:
+            raise OsmosisError(f"{run_dir} already holds results; finish it with --resume or choose another --output")
+        pending = [(row.index, s) for row in rows for s in range(config.run.n_samples) if (row.index, s) not in done]
+        backend = build_backend(config, rollout, registry, run_dir)
+        limit = backend.max_concurrency or config.run.concurrency or ConcurrencyConfig().limit
+        if not resume:  # a resumed run keeps the record of how it was started
+            (run_dir / RUN_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=policy_override is not None)
+    except BaseException:
+        lock.release()
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     return RunPlan(
         config=config,
         rollout=rollout,
@@ -262,7 +297,28 @@ def prepare_run(
         backend=backend,
         in_flight=2 * limit,
         stub_policy=policy_override is not None,
+        lock=lock,
+        retried=retried,
     )
+
+
+def _latest_records(results: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """The latest record of each (row, sample) pair in a results file, read as a stream.
+
+    Only what the summary needs is kept per pair (status, error category, reward, timings), never
+    a sample, so a results file of any size resumes in little memory.
+    """
+    latest: dict[tuple[int, int], dict[str, Any]] = {}
+    for _number, line in scan_results(results):
+        error = line.get("error")
+        timings = line.get("timings") or {}
+        latest[(line["row"], line["sample_index"])] = {
+            "status": line["status"],
+            "error": {"category": error.get("category")} if isinstance(error, dict) else None,
+            "reward": line.get("reward"),
+            "timings": {k: timings[k] for k in ("workflow", "grader") if k in timings},
+        }
+    return latest
 
 
 def _write_resolved_config(config: RunConfig, path: Path, policy: PolicyEndpoint, *, stub: bool) -> None:
@@ -282,14 +338,23 @@ def _write_resolved_config(config: RunConfig, path: Path, policy: PolicyEndpoint
 
 
 async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle_signals: bool = True) -> RunOutcome:
-    """Run every pending pair of ``plan``; return the summary. Ctrl-C / SIGTERM stop it cleanly."""
+    """Run every pending pair of ``plan``; return the summary. Ctrl-C / SIGTERM stop it cleanly.
+
+    A rollout's result is written the moment it is known. A rollout cancelled by the run (Ctrl-C,
+    SIGTERM) is not written, so ``--resume`` runs it again. When the backend becomes unusable
+    (:class:`~osmosis_core.errors.BackendUnavailable`), the run stops the same way and says so.
+    """
+    from osmosis_core.http_session import aclose_http
+
     reporter = reporter or _Silent()
     stats = plan.stats
     rows = {row.index: row for row in plan.rows}
     run = plan.config.run
     token = secrets.token_hex(3)
-    writer = ResultWriter(plan.run_dir / RESULTS)
+    secrets_ = plan.policy.secrets()
+    writer = ResultWriter(plan.run_dir / RESULTS, secrets=secrets_)
     interrupted = False
+    stopped: str | None = None
 
     def record(row: int, sample_index: int, result: ExecutionResult) -> None:
         line = result_line(row, sample_index, result)
@@ -306,7 +371,8 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
         stats.add(line)
         reporter.advance(line, stats)
 
-    async def one(row_index: int, sample_index: int) -> None:
+    async def one(row_index: int, sample_index: int, scope: anyio.CancelScope) -> None:
+        nonlocal stopped
         row = rows[row_index]
         request = ExecutionRequest(
             rollout_id=f"{token}-{row_index}-{sample_index}",
@@ -325,12 +391,20 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
         try:
             await plan.backend.execute(request, keep, keep)
         except anyio.get_cancelled_exc_class():
-            raise
+            if _cancel_requested():
+                raise
+            # a backend (or what it runs) raised CancelledError while the run did not cancel it
+            message = "the backend raised CancelledError while the run did not cancel the rollout"
+            info = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
+            final.append(ExecutionResult(request.rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
+        except BackendUnavailable as exc:
+            if stopped is None:
+                stopped = clip(str(exc), secrets_, 1000)
+            scope.cancel()  # the rollout never started: nothing is recorded, the run stops, resumable
+            return
         except Exception as exc:
-            info = error_info(exc, secrets=plan.policy.secrets(), category=ErrorCategory.INFRA_ERROR)
-            final.append(
-                ExecutionResult(request.rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info)
-            )
+            info = error_info(exc, secrets=secrets_, category=ErrorCategory.INFRA_ERROR)
+            final.append(ExecutionResult(request.rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
         if not final:
             return
         last = final[-1]
@@ -340,9 +414,9 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
 
     pending: Iterator[tuple[int, int]] = iter(plan.pending)
 
-    async def worker() -> None:
+    async def worker(scope: anyio.CancelScope) -> None:
         for row_index, sample_index in pending:
-            await one(row_index, sample_index)
+            await one(row_index, sample_index, scope)
 
     async def watch_signals(scope: anyio.CancelScope) -> None:
         nonlocal interrupted
@@ -360,25 +434,57 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
                 outer.start_soon(watch_signals, outer.cancel_scope)
             async with anyio.create_task_group() as workers:
                 for _ in range(min(plan.in_flight, len(plan.pending))):
-                    workers.start_soon(worker)
+                    workers.start_soon(worker, outer.cancel_scope)
             outer.cancel_scope.cancel()
     finally:
         wall = time.perf_counter() - started
         reporter.stop()
         writer.close()
         with anyio.CancelScope(shield=True):
-            await plan.backend.aclose()
-            if "osmosis_core.http" in sys.modules:
-                from osmosis_core.http import aclose_shared_client
-
-                await aclose_shared_client()
+            try:
+                await plan.backend.aclose()
+            finally:
+                await aclose_http()
+                if plan.lock is not None:
+                    plan.lock.release()
     summary = Summary.from_stats(
         stats,
         rows=len(plan.rows),
         n_samples=run.n_samples,
         wall_sec=wall,
-        interrupted=interrupted,
+        interrupted=interrupted or stopped is not None,
         stub_policy=plan.stub_policy,
     )
     (plan.run_dir / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2) + "\n", encoding="utf-8")
-    return RunOutcome(summary, plan.run_dir, interrupted)
+    failing = None if interrupted or stopped else _failing(summary, run.max_failure_rate)
+    return RunOutcome(summary, plan.run_dir, interrupted, stopped=stopped, failing=failing)
+
+
+def _cancel_requested() -> bool:
+    """True when the running task was asked to cancel (by the run), not hit by a stray CancelledError."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        return True
+    return task is None or task.cancelling() > 0
+
+
+def _stage_of(results: list[ExecutionResult]) -> ExecutionStage:
+    """The stage a rollout was in, given the results it reported so far."""
+    return ExecutionStage.GRADER if results and results[-1].ok else ExecutionStage.WORKFLOW
+
+
+def _failing(summary: Summary, max_failure_rate: float | None) -> str | None:
+    """Why a finished run counts as failed, or None."""
+    if not summary.finished or not summary.failed:
+        return None
+    errors = ", ".join(f"{k} {v}" for k, v in summary.errors_by_category.items())
+    if summary.failed == summary.finished:
+        return f"every rollout failed ({summary.failed} of {summary.finished}: {errors})"
+    rate = summary.failed / summary.finished
+    if max_failure_rate is not None and rate > max_failure_rate:
+        return (
+            f"{summary.failed} of {summary.finished} rollouts failed ({rate:.1%}, over [run] max_failure_rate "
+            f"{max_failure_rate:.1%}: {errors})"
+        )
+    return None

@@ -2,14 +2,32 @@
 
 One Python process runs every rollout's framework code (Strands, the OpenAI Agents SDK) on one
 core: at a hundred concurrent rollouts that core is the limit, not the model. With ``workers = N``
-(``[run] workers`` or ``--workers``) the local backend forks N worker processes, each running its
-own event loop and its own :class:`LocalBackend`; this process only hands out requests and
-relays results, so the callbacks, the results file and the progress bar stay where they were.
+(``[run] workers`` or ``--workers``) the local backend runs N worker processes, each with its own
+event loop and its own :class:`LocalBackend`; this process only hands out requests and relays
+results, so the callbacks, the results file and the progress bar stay where they were.
 
-The workers are forked when the backend is built (``osmosis run`` builds it before its event loop
-starts), so they inherit the imported rollout code and configs: nothing has to be importable by
-name. Only requests and results cross the pipes (pickled). It needs asyncio and a platform with
-``fork`` (Linux).
+How the processes are made and kept:
+
+* When the pool is built (``osmosis run`` builds it before its event loop starts, with the rollout
+  code imported) it forks one **zygote**: a single-threaded copy of this process that forks every
+  worker, the first N and any replacement. Workers so inherit the imported rollout code and
+  configs (nothing has to be importable by name), and no fork ever happens in a process with
+  threads. Only requests and results cross the sockets (pickled).
+* A worker runs only what it has room for: this process keeps each worker's share of the
+  concurrency and holds the rest back. So when a worker dies (``kill -9``, the OOM killer, a
+  rollout that calls ``os._exit``), only the rollouts it was running fail (``infra_error``); the
+  rest wait, and the zygote forks a replacement. A worker that keeps dying (more than
+  ``max_restarts`` times) is not replaced; when no worker is left, :meth:`WorkerPool.execute`
+  raises :class:`~osmosis_core.errors.BackendUnavailable` for the rollouts still waiting, which
+  ``osmosis run`` turns into a clean, resumable stop.
+* Workers and the zygote ignore SIGINT and SIGTERM (a terminal's Ctrl-C and ``kill 0`` reach the
+  whole process group): this process decides, cancels, and every rollout it started is reported
+  ``cancelled`` and stays runnable by ``--resume``.
+* Nothing outlives this process: the zygote and every worker watch a *lifeline* pipe whose write
+  end only this process holds (:mod:`osmosis_core.lifeline`); when it dies, however it dies, they
+  cancel what they run and exit.
+
+It needs asyncio and ``fork`` (Linux). Build it before starting threads.
 
 >>> pool = WorkerPool(MultiplyWorkflow, grader=MultiplyGrader, workers=2, max_concurrent=100)  # doctest: +SKIP
 >>> await pool.execute(request, on_workflow_complete, on_grader_complete)                       # doctest: +SKIP
@@ -18,11 +36,17 @@ name. Only requests and results cross the pipes (pickled). It needs asyncio and 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
 import math
-import multiprocessing
 import os
+import select
 import signal
+import socket
+import struct
+import sys
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -30,7 +54,9 @@ from typing import Any
 import anyio
 import attrs
 
-from osmosis_core.backend import ExecutionBackend, ResultCallback
+from osmosis_core.backend import ExecutionBackend, ResultCallback, report_cancelled
+from osmosis_core.errors import BackendUnavailable
+from osmosis_core.lifeline import parent_gone
 from osmosis_core.local import LocalBackend
 from osmosis_core.records import (
     ErrorCategory,
@@ -44,41 +70,126 @@ from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Concurrenc
 
 __all__ = ["WorkerPool"]
 
+_SPAWN = b"S"
+_REPORT = struct.Struct("!Bii")  # kind (0 spawned, 1 exited), pid, wait status
+_SPAWNED, _EXITED = 0, 1
+_STOP_GRACE_SEC = 10.0
+"""How long stopping workers may take before they are killed."""
+_ORPHAN_GRACE_SEC = 2.0
+"""How long a worker whose parent died gives its rollouts to unwind before it exits."""
 
-def _worker_main(conn: Connection, backend: LocalBackend) -> None:
-    """A worker's life: run the requests its pipe brings, send back each stage's result."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a run stops
-    asyncio.events._set_running_loop(None)  # forked from inside a running loop, perhaps
-    asyncio.run(_serve(conn, backend))
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
-async def _serve(conn: Connection, backend: LocalBackend) -> None:
+def _exit_now(code: int) -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+# -- the zygote: forks workers on request, reaps them, reports their deaths ---------------------------
+
+
+def _zygote_main(ctl: socket.socket, lifeline: int, backend: LocalBackend) -> None:
+    _ignore_stop_signals()
+    ctl.setblocking(True)
+    # a worker's death wakes the select below at once (SIGCHLD -> wakeup fd), so it is reported promptly
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    workers: set[int] = set()
+    while True:
+        try:
+            ready, _, _ = select.select([ctl, lifeline, wake_read], [], [], 1.0)
+        except InterruptedError:
+            ready = []
+        if wake_read in ready:
+            os.read(wake_read, 512)
+        if lifeline in ready and parent_gone(lifeline):
+            _exit_now(0)  # the workers see the lifeline too
+        if ctl in ready:
+            try:
+                request = ctl.recv(16)
+            except OSError:
+                request = b""
+            if not request:  # the pool closed its end: no more workers to make
+                _exit_now(0)
+            if request == _SPAWN:
+                parent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        signal.set_wakeup_fd(-1)
+                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                        os.close(wake_read)
+                        os.close(wake_write)
+                        ctl.close()
+                        parent_end.close()
+                        _worker_main(worker_end, lifeline, backend)
+                    finally:
+                        _exit_now(0)
+                workers.add(pid)
+                worker_end.close()
+                socket.send_fds(ctl, [_REPORT.pack(_SPAWNED, pid, 0)], [parent_end.fileno()])
+                parent_end.close()
+        for pid in list(workers):
+            with contextlib.suppress(ChildProcessError):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    workers.discard(pid)
+                    with contextlib.suppress(OSError):
+                        ctl.send(_REPORT.pack(_EXITED, pid, status))
+
+
+# -- a worker: runs the requests its socket brings ----------------------------------------------------
+
+
+def _worker_main(sock: socket.socket, lifeline: int, backend: LocalBackend) -> None:
+    _ignore_stop_signals()
+    asyncio.events._set_running_loop(None)  # forked from a process that may have had a running loop
+    conn = Connection(sock.detach())
+    asyncio.run(_serve(conn, lifeline, backend))
+
+
+async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None:
+    from osmosis_core.http_session import aclose_http
+
     loop = asyncio.get_running_loop()
     tasks: dict[str, asyncio.Task[None]] = {}
     stopped = asyncio.Event()
-    # Messages are pickled here, in order, and written by one thread: a full pipe to a busy parent
+    orphaned = False
+    # Messages are pickled here, in order, and written by one thread: a full socket to a busy parent
     # never blocks this loop, so it keeps reading requests and the two can never wait on each other.
     sender = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="osmosis-worker-send")
 
     def post(message: tuple[str, Any]) -> None:
-        sender.submit(conn.send_bytes, ForkingPickler.dumps(message))
+        sender.submit(_send_quietly, conn, ForkingPickler.dumps(message))
 
     async def run(request: ExecutionRequest) -> None:
         async def send(result: ExecutionResult) -> None:
             post(("result", result))
 
-        try:
-            await backend.execute(request, send, send)
-        finally:
-            tasks.pop(request.rollout_id, None)
-            post(("done", request.rollout_id))
+        await backend.execute(request, send, send)
+
+    def finished(rollout_id: str, task: asyncio.Task[None]) -> None:
+        # a done callback, not a `finally`: it runs even for a task cancelled before it started
+        if tasks.get(rollout_id) is task:
+            del tasks[rollout_id]
+        post(("done", rollout_id))
 
     def readable() -> None:
         try:
             while conn.poll():
                 kind, payload = conn.recv()
                 if kind == "run":
-                    tasks[payload.rollout_id] = loop.create_task(run(payload))
+                    task = loop.create_task(run(payload))
+                    tasks[payload.rollout_id] = task
+                    task.add_done_callback(lambda t, rid=payload.rollout_id: finished(rid, t))
                 elif kind == "cancel" and payload in tasks:
                     tasks[payload].cancel()
                 elif kind == "stop":
@@ -86,120 +197,307 @@ async def _serve(conn: Connection, backend: LocalBackend) -> None:
         except (EOFError, OSError):
             stopped.set()
 
+    def lifeline_readable() -> None:
+        nonlocal orphaned
+        if parent_gone(lifeline):
+            orphaned = True
+            loop.remove_reader(lifeline)
+            stopped.set()
+
     loop.add_reader(conn.fileno(), readable)
+    loop.add_reader(lifeline, lifeline_readable)
     await stopped.wait()
     loop.remove_reader(conn.fileno())
     for task in list(tasks.values()):
         task.cancel()
     if tasks:
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-    from osmosis_core.http import aclose_shared_client
-
-    await aclose_shared_client()
+        await asyncio.wait(list(tasks.values()), timeout=_ORPHAN_GRACE_SEC if orphaned else None)
+    if orphaned:  # nobody reads our results any more: unwind briefly, then go
+        _exit_now(0)
+    await aclose_http()
     sender.shutdown(wait=True)
 
 
-class _Pending:
-    __slots__ = ("done", "queue", "worker")
+def _send_quietly(conn: Connection, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        conn.send_bytes(data)
 
-    def __init__(self, worker: int) -> None:
+
+# -- the pool, in the parent -------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Worker:
+    pid: int
+    conn: Connection
+    alive: bool = True
+    running: int = 0
+    """Rollouts in their workflow stage here (what the worker's share bounds)."""
+    rollouts: int = 0
+    """Rollouts here in any stage."""
+
+
+class _Pending:
+    __slots__ = ("cancelled_reported", "holds_slot", "queue", "stage", "worker")
+
+    def __init__(self, worker: _Worker) -> None:
         self.worker = worker
         self.queue: asyncio.Queue[ExecutionResult | None] = asyncio.Queue()
-        self.done = False
+        self.stage = ExecutionStage.WORKFLOW
+        self.holds_slot = True
+        self.cancelled_reported = False
 
 
 class WorkerPool(ExecutionBackend):
-    """:class:`LocalBackend` in ``workers`` forked processes; same results, same callbacks.
+    """:class:`LocalBackend` in ``workers`` processes; same results, same callbacks.
 
     :param max_concurrent: rollouts at once over all workers (split evenly between them, as is the
         grader config's own limit when it has one).
+    :param max_restarts: how many dead workers are replaced over the pool's life (default
+        ``4 * workers``); past it the pool shrinks, and stops when no worker is left.
+
+    The other arguments are :class:`LocalBackend`'s.
     """
 
     def __init__(
         self,
-        workflow: type[AgentWorkflow[Any]],
-        workflow_config: AgentWorkflowConfig | None = None,
-        grader: type[Grader[Any]] | None = None,
-        grader_config: GraderConfig | None = None,
+        workflow: type[AgentWorkflow[Any]] | str,
+        workflow_config: AgentWorkflowConfig | str | None = None,
+        grader: type[Grader[Any]] | str | None = None,
+        grader_config: GraderConfig | str | None = None,
         *,
         workers: int,
         max_concurrent: int | None = None,
+        max_restarts: int | None = None,
+        require_labels: bool = False,
     ) -> None:
         if workers < 2:
             raise ValueError(f"a worker pool needs 2 or more workers, got {workers}")
-        if "fork" not in multiprocessing.get_all_start_methods():
+        if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
             raise RuntimeError("workers > 1 needs a platform that can fork (Linux)")
-        template = LocalBackend(workflow, workflow_config, grader, grader_config, max_concurrent=max_concurrent)
+        template = LocalBackend(
+            workflow, workflow_config, grader, grader_config, max_concurrent=max_concurrent, require_labels=require_labels
+        )
+        workflow_config, grader_config = template.workflow_config, template.grader_config
         self._limit = template.max_concurrency
-        per_worker = max(1, math.ceil(self._limit / workers))
+        self._share = max(1, math.ceil(self._limit / workers))
         if template.grader_config is not None and template.grader_config.concurrency.max_concurrent is not None:
             # a grader limit is for the whole run too: split it like the workflow limit
             share = max(1, math.ceil(template.grader_config.concurrency.max_concurrent / workers))
             grader_config = attrs.evolve(template.grader_config, concurrency=ConcurrencyConfig(max_concurrent=share))
-        self._grades = grader is not None
-        self._conns: list[Connection] = []
-        self._procs: list[multiprocessing.process.BaseProcess] = []
-        self._load = [0] * workers
+        backend = LocalBackend(
+            template.workflow_class,
+            workflow_config,
+            template.grader_class,
+            grader_config,
+            max_concurrent=self._share,
+            require_labels=require_labels,
+        )
+        self._size = workers
+        self._restarts_left = 4 * workers if max_restarts is None else max_restarts
+        self._restarts = 0
+        self._workers: list[_Worker] = []
         self._pending: dict[str, _Pending] = {}
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._spawning = 0
+        self._exits: dict[int, int] = {}
         self._attached: asyncio.AbstractEventLoop | None = None
-        context = multiprocessing.get_context("fork")
+        self._closed = False
+        lifeline_read, self._lifeline = os.pipe()
+        self._ctl, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(self._lifeline)
+                self._ctl.close()
+                _zygote_main(zygote_end, lifeline_read, backend)
+            finally:
+                _exit_now(0)
+        self._zygote = pid
+        os.close(lifeline_read)
+        zygote_end.close()
         for _ in range(workers):
-            parent_end, child_end = context.Pipe()
-            backend = LocalBackend(workflow, workflow_config, grader, grader_config, max_concurrent=per_worker)
-            proc = context.Process(target=_worker_main, args=(child_end, backend), daemon=True)
-            proc.start()
-            child_end.close()
-            self._conns.append(parent_end)
-            self._procs.append(proc)
+            self._ctl.send(_SPAWN)
+            self._adopt(*self._receive_spawned())
+
+    # -- the zygote's reports ------------------------------------------------------------------------
+
+    def _receive_spawned(self) -> tuple[int, int]:
+        """Block until the zygote reports a new worker; its pid and the fd of our end of its socket."""
+        while True:
+            kind, pid, status, fd = self._receive()
+            if kind == _SPAWNED and fd is not None:
+                return pid, fd
+            self._exits[pid] = status
+
+    def _receive(self) -> tuple[int, int, int, int | None]:
+        data, fds, _flags, _addr = socket.recv_fds(self._ctl, _REPORT.size, 1)
+        if not data:
+            raise BackendUnavailable("the worker pool's zygote process is gone; no worker can be started")
+        kind, pid, status = _REPORT.unpack(data)
+        return kind, pid, status, fds[0] if fds else None
+
+    def _adopt(self, pid: int, fd: int) -> None:
+        worker = _Worker(pid, Connection(fd))
+        self._workers.append(worker)
+        if self._attached is not None:
+            self._attached.add_reader(fd, self._readable, worker)
+            self._wake()
+
+    def _ctl_readable(self) -> None:
+        try:
+            kind, pid, status, fd = self._receive()
+        except (BackendUnavailable, OSError):
+            assert self._attached is not None
+            self._attached.remove_reader(self._ctl.fileno())
+            self._spawning = 0
+            self._wake(everyone=True)
+            return
+        if kind == _SPAWNED and fd is not None:
+            self._spawning -= 1
+            self._adopt(pid, fd)
+        else:
+            self._exits[pid] = status
+
+    # -- the loop side ---------------------------------------------------------------------------------
 
     @property
     def max_concurrency(self) -> int:
         return self._limit
 
     def health(self) -> dict[str, Any]:
+        live = [w for w in self._workers if w.alive]
         return {
-            "status": "ok" if all(p.is_alive() for p in self._procs) else "degraded",
+            "status": "ok" if len(live) == self._size else ("degraded" if live else "failed"),
             "max_concurrency": self._limit,
-            "workers": [
-                {"pid": p.pid, "alive": p.is_alive(), "rollouts": n}
-                for p, n in zip(self._procs, self._load, strict=True)
-            ],
+            "restarts": self._restarts,
+            "waiting": len(self._waiters),
+            "workers": [{"pid": w.pid, "alive": w.alive, "rollouts": w.rollouts} for w in self._workers],
         }
 
     def _attach(self) -> None:
         loop = asyncio.get_running_loop()
         if self._attached is loop:
             return
-        for index, conn in enumerate(self._conns):
-            loop.add_reader(conn.fileno(), self._readable, index)
+        old = self._attached
+        if old is not None and not old.is_closed():  # a new loop takes over (one at a time)
+            for worker in self._workers:
+                if worker.alive:
+                    old.remove_reader(worker.conn.fileno())
+            old.remove_reader(self._ctl.fileno())
+        for worker in self._workers:
+            if worker.alive:
+                loop.add_reader(worker.conn.fileno(), self._readable, worker)
+        loop.add_reader(self._ctl.fileno(), self._ctl_readable)
         self._attached = loop
 
-    def _readable(self, index: int) -> None:
-        conn = self._conns[index]
+    def _readable(self, worker: _Worker) -> None:
         try:
-            while conn.poll():
-                kind, payload = conn.recv()
+            while worker.conn.poll():
+                kind, payload = worker.conn.recv()
                 if kind == "result":
                     pending = self._pending.get(payload.rollout_id)
                     if pending is not None:
+                        if payload.stage is ExecutionStage.WORKFLOW:
+                            pending.stage = ExecutionStage.GRADER
+                            self._release(pending)
+                        if payload.status is ExecutionStatus.CANCELLED:
+                            pending.cancelled_reported = True
                         pending.queue.put_nowait(payload)
                 elif kind == "done":
                     pending = self._pending.get(payload)
                     if pending is not None:
+                        self._release(pending)
                         pending.queue.put_nowait(None)
         except (EOFError, OSError):
-            self._worker_lost(index)
+            self._worker_lost(worker)
 
-    def _worker_lost(self, index: int) -> None:
+    def _release(self, pending: _Pending) -> None:
+        if pending.holds_slot:
+            pending.holds_slot = False
+            pending.worker.running -= 1
+            self._wake()
+
+    def _wake(self, *, everyone: bool = False) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                if not everyone:
+                    return
+
+    def _exit_text(self, pid: int) -> str:
+        status = self._exits.get(pid)
+        if status is None:
+            return "ended"
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            with contextlib.suppress(ValueError):
+                return f"was killed by {signal.Signals(sig).name}"
+            return f"was killed by signal {sig}"
+        return f"exited with status {os.WEXITSTATUS(status)}"
+
+    def _worker_lost(self, worker: _Worker) -> None:
+        if not worker.alive:
+            return
+        worker.alive = False
         if self._attached is not None:
-            self._attached.remove_reader(self._conns[index].fileno())
-        pid = self._procs[index].pid
+            self._attached.remove_reader(worker.conn.fileno())
+        with contextlib.suppress(OSError):
+            worker.conn.close()
+        deadline = time.monotonic() + 0.25  # the zygote reports the exit status within a moment
+        while worker.pid not in self._exits and time.monotonic() < deadline:
+            try:
+                ready, _, _ = select.select([self._ctl], [], [], max(0.0, deadline - time.monotonic()))
+            except OSError:
+                break
+            if not ready:
+                break
+            self._ctl_readable()
+        how = self._exit_text(worker.pid)
         for rollout_id, pending in list(self._pending.items()):
-            if pending.worker == index and not pending.done:
-                error = ErrorInfo(ErrorCategory.INFRA_ERROR, f"worker process {pid} ended while running the rollout")
-                stage = ExecutionStage.WORKFLOW
-                pending.queue.put_nowait(ExecutionResult(rollout_id, stage, ExecutionStatus.FAILURE, error=error))
+            if pending.worker is worker:
+                message = f"worker process {worker.pid} {how} while running the rollout (in its {pending.stage} stage)"
+                error = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
+                self._release(pending)
+                pending.queue.put_nowait(ExecutionResult(rollout_id, pending.stage, ExecutionStatus.FAILURE, error=error))
                 pending.queue.put_nowait(None)
+        if not self._closed and self._restarts_left > 0:
+            self._restarts_left -= 1
+            self._restarts += 1
+            self._spawning += 1
+            try:
+                self._ctl.send(_SPAWN)
+            except OSError:
+                self._spawning -= 1
+        self._wake(everyone=True)  # waiters re-check: a slot elsewhere, a replacement coming, or none left
+
+    def _pick(self) -> _Worker | None:
+        """The least-busy live worker with room for one more rollout, if any."""
+        best: _Worker | None = None
+        for worker in self._workers:
+            if worker.alive and worker.running < self._share and (best is None or worker.running < best.running):
+                best = worker
+        return best
+
+    async def _slot(self) -> _Worker:
+        while True:
+            worker = self._pick()
+            if worker is not None:
+                return worker
+            if self._closed or (self._spawning <= 0 and not any(w.alive for w in self._workers)):
+                gone = ", ".join(f"{w.pid} {self._exit_text(w.pid)}" for w in self._workers[-self._size :])
+                raise BackendUnavailable(
+                    f"every worker process is gone and none can be replaced ({self._restarts} restarts; "
+                    f"last workers: {gone}); the rollouts not started stay to be run"
+                )
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
 
     async def execute(
         self,
@@ -208,9 +506,14 @@ class WorkerPool(ExecutionBackend):
         on_grader_complete: ResultCallback | None = None,
     ) -> None:
         self._attach()
-        index = min(range(len(self._conns)), key=lambda i: (not self._procs[i].is_alive(), self._load[i]))
-        pending = self._pending[request.rollout_id] = _Pending(index)
-        self._load[index] += 1
+        try:
+            worker = await self._slot()
+        except anyio.get_cancelled_exc_class():
+            await report_cancelled(request.rollout_id, ExecutionStage.WORKFLOW, on_workflow_complete, on_grader_complete)
+            raise
+        pending = self._pending[request.rollout_id] = _Pending(worker)
+        worker.running += 1
+        worker.rollouts += 1
 
         async def relay() -> None:
             """Hand each stage's result to its callback until the worker says the rollout is done."""
@@ -220,37 +523,85 @@ class WorkerPool(ExecutionBackend):
                     await callback(result)
 
         try:
-            self._conns[index].send(("run", request))
+            worker.conn.send(("run", request))
             await relay()
-            pending.done = True
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                if self._procs[index].is_alive():
-                    self._conns[index].send(("cancel", request.rollout_id))
-                    await relay()  # the worker reports the cancelled stage, then done
+                if worker.alive:
+                    with contextlib.suppress(OSError):
+                        worker.conn.send(("cancel", request.rollout_id))
+                    with anyio.move_on_after(_STOP_GRACE_SEC):
+                        await relay()  # the worker reports the cancelled stage (if the rollout had started), then done
+                if not pending.cancelled_reported:
+                    await report_cancelled(request.rollout_id, pending.stage, on_workflow_complete, on_grader_complete)
             raise
+        except OSError:  # the worker died before it could take the request
+            self._worker_lost(worker)
+            await relay()
         finally:
-            self._load[index] -= 1
+            self._release(pending)
+            worker.rollouts -= 1
             self._pending.pop(request.rollout_id, None)
 
     async def aclose(self) -> None:
-        """Stop the workers (their in-flight rollouts are cancelled) and wait for them."""
+        """Stop the workers (their in-flight rollouts are cancelled), then the zygote; wait for them."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake(everyone=True)
         if self._attached is not None:
-            for conn in self._conns:
-                self._attached.remove_reader(conn.fileno())
+            for worker in self._workers:
+                if worker.alive:
+                    self._attached.remove_reader(worker.conn.fileno())
+            with contextlib.suppress(ValueError, OSError):
+                self._attached.remove_reader(self._ctl.fileno())
             self._attached = None
-        for conn, proc in zip(self._conns, self._procs, strict=True):
-            if proc.is_alive():
-                try:
-                    conn.send(("stop", None))
-                except OSError:
-                    pass
-        deadline = anyio.current_time() + 10
-        while any(p.is_alive() for p in self._procs) and anyio.current_time() < deadline:
+        for worker in self._workers:
+            if worker.alive:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(("stop", None))
+        deadline = time.monotonic() + _STOP_GRACE_SEC
+        while time.monotonic() < deadline and any(_running(w.pid) for w in self._workers):
             await anyio.sleep(0.02)  # polled, not joined in a thread: later forks stay single-threaded
-        for proc in self._procs:
-            if proc.is_alive():
-                os.kill(proc.pid or 0, signal.SIGKILL)
-            proc.join()
-        for conn in self._conns:
-            conn.close()
+        for worker in self._workers:
+            if _running(worker.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGKILL)
+            worker.alive = False
+            with contextlib.suppress(OSError):
+                worker.conn.close()
+        self._ctl.close()  # the zygote exits at end-of-file
+        os.close(self._lifeline)
+        deadline = time.monotonic() + _STOP_GRACE_SEC
+        while time.monotonic() < deadline and os.waitpid(self._zygote, os.WNOHANG) == (0, 0):
+            await anyio.sleep(0.02)
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(self._zygote, os.WNOHANG) == (0, 0):
+                os.kill(self._zygote, signal.SIGKILL)
+                os.waitpid(self._zygote, 0)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The pids of the live workers."""
+        return [w.pid for w in self._workers if w.alive]
+
+    @property
+    def zygote_pid(self) -> int:
+        """The pid of the process that forks the workers."""
+        return self._zygote
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` is a live (not zombie) process: workers are the zygote's children, not ours."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return state not in (b"Z", b"X")

@@ -105,7 +105,8 @@ def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret
         cwd=workspace,
         env=env,
     )
-    assert r.returncode == 0
+    assert r.returncode == 1 and "run failed: every rollout failed (2 of 2: policy_error 2)" in r.stderr
+    assert "--retry-failed" in r.stderr
     failed = lines(workspace / "out2" / "results.jsonl")
     assert [x["error"]["category"] for x in failed] == ["policy_error", "policy_error"]
     assert "401" in failed[0]["error"]["message"]
@@ -304,7 +305,7 @@ def test_failing_rollouts_carry_category_and_message(workspace, osmosis_exe, cle
         cwd=workspace,
         env=clean_env,
     )
-    assert r.returncode == 0
+    assert r.returncode == 1 and "every rollout failed" in r.stderr
     results = lines(workspace / "out" / "results.jsonl")
     assert all(x["status"] == "failure" for x in results)
     assert {x["error"]["category"] for x in results} == {"agent_error"}

@@ -550,7 +550,7 @@ def test_malformed_http_gets_400(srv: ScriptedPolicyServer) -> None:
     with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
         sock.sendall(b"THIS IS NOT HTTP\r\n\r\n")
         raw = _recv_all(sock)
-    assert raw.startswith(b"HTTP/1.1 400 ")
+    assert raw.split(b" ", 2)[1] == b"400"
 
 
 # --------------------------------------------------------------------------------------------------

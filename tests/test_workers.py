@@ -1,4 +1,4 @@
-"""The local backend over worker processes (`[run] workers`, `--workers`): same results, real processes."""
+"""The local backend over worker processes (`[run] workers`, `--workers`): same results, real processes, real signals."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from osmosis_core import (
     PolicyEndpoint,
     RolloutSample,
 )
-from osmosis_core.testing import StubPolicyProcess
+from osmosis_core.errors import BackendUnavailable
+from osmosis_core.testing import ScriptedPolicyServer, StubPolicyProcess
 from osmosis_core.workers import WorkerPool
 
 
@@ -44,10 +45,17 @@ class Hangs(AgentWorkflow):
         await anyio.sleep(60)
 
 
-def requests(url: str, n: int) -> list[ExecutionRequest]:
+class Sleeps(AgentWorkflow):
+    async def run(self, ctx):
+        await anyio.sleep(float(ctx.metadata.get("sleep", 0.2)))
+        return [*ctx.prompt, {"role": "assistant", "content": str(os.getpid())}]
+
+
+def requests(url: str, n: int, **metadata) -> list[ExecutionRequest]:
     policy = PolicyEndpoint(url, "m")
     return [
-        ExecutionRequest(f"w{i}", [{"role": "user", "content": f"{i} * 3"}], policy, label=str(i * 3)) for i in range(n)
+        ExecutionRequest(f"w{i}", [{"role": "user", "content": f"{i} * 3"}], policy, label=str(i * 3), metadata=metadata)
+        for i in range(n)
     ]
 
 
@@ -63,6 +71,26 @@ async def run_all(pool: WorkerPool, reqs: list[ExecutionRequest]) -> list[Execut
     return results
 
 
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def descendants(pid: int) -> list[int]:
+    found = children(pid)
+    for child in list(found):
+        found.extend(descendants(child))
+    return found
+
+
 @pytest.fixture(scope="module")
 def stub():
     with StubPolicyProcess(latency=0.05) as server:
@@ -75,6 +103,7 @@ def test_rollouts_run_in_the_workers_with_the_same_results(stub):
         assert pool.max_concurrency == 8
         results = anyio.run(run_all, pool, requests(stub.url, 30))
         health = pool.health()
+        started = [pool.zygote_pid, *pool.worker_pids]
     finally:
         anyio.run(pool.aclose)
     graded = [r for r in results if r.stage.value == "grader"]
@@ -83,10 +112,11 @@ def test_rollouts_run_in_the_workers_with_the_same_results(stub):
     pids = {r.sample.metrics["pid"] for r in graded}
     worker_pids = {w["pid"] for w in health["workers"]}
     assert pids == worker_pids and os.getpid() not in pids and len(pids) == 2
-    assert not any(p.is_alive() for p in pool._procs)  # aclose stopped them
+    assert health["status"] == "ok" and health["restarts"] == 0
+    assert not any(alive(pid) for pid in started)  # aclose stopped the workers and the zygote
 
 
-def test_cancelling_reports_cancelled_and_a_dead_worker_fails_its_rollouts_as_infra_errors(stub):
+def test_cancelling_reports_cancelled_once_per_rollout(stub):
     pool = WorkerPool(Hangs, workers=2, max_concurrent=4)
     try:
 
@@ -97,15 +127,50 @@ def test_cancelling_reports_cancelled_and_a_dead_worker_fails_its_rollouts_as_in
                 results.append(result)
 
             async with anyio.create_task_group() as tg:
-                for r in requests(stub.url, 4):
+                for r in requests(stub.url, 10):  # 4 running, 6 waiting for a slot
                     tg.start_soon(pool.execute, r, keep, keep)
                 await anyio.sleep(0.5)
                 tg.cancel_scope.cancel()
             return results
 
         cancelled = anyio.run(cancel_midway)
-        assert sorted(r.status.value for r in cancelled) == ["cancelled"] * 4
-        assert all(r.error.category is ErrorCategory.CANCELLED for r in cancelled)
+    finally:
+        anyio.run(pool.aclose)
+    assert sorted(r.rollout_id for r in cancelled) == sorted(f"w{i}" for i in range(10))
+    assert all(r.error.category is ErrorCategory.CANCELLED for r in cancelled)
+
+
+def test_a_cancel_that_arrives_with_its_run_never_hangs(stub):
+    """The worker can read "run" and "cancel" of one rollout in one batch: the task never starts."""
+    pool = WorkerPool(Sleeps, workers=2, max_concurrent=64)
+    try:
+        for _attempt in range(30):
+
+            async def run_and_cancel_at_once() -> list[ExecutionResult]:
+                results: list[ExecutionResult] = []
+
+                async def keep(result: ExecutionResult) -> None:
+                    results.append(result)
+
+                with anyio.fail_after(10):  # a hang fails the test instead of stalling it
+                    async with anyio.create_task_group() as tg:
+                        for r in requests(stub.url, 64):
+                            tg.start_soon(pool.execute, r, keep, keep)
+                        await anyio.sleep(0)
+                        await anyio.sleep(0)
+                        tg.cancel_scope.cancel()
+                return results
+
+            results = anyio.run(run_and_cancel_at_once)
+            assert len(results) == 64 and len({r.rollout_id for r in results}) == 64
+            assert all(r.error.category is ErrorCategory.CANCELLED for r in results)
+    finally:
+        anyio.run(pool.aclose)
+
+
+def test_a_dead_worker_fails_only_its_running_rollouts_and_is_replaced(stub):
+    pool = WorkerPool(Sleeps, workers=2, max_concurrent=4)
+    try:
 
         async def kill_one() -> list[ExecutionResult]:
             results: list[ExecutionResult] = []
@@ -114,20 +179,77 @@ def test_cancelling_reports_cancelled_and_a_dead_worker_fails_its_rollouts_as_in
                 results.append(result)
 
             async with anyio.create_task_group() as tg:
-                for r in requests(stub.url, 2):
+                for r in requests(stub.url, 20, sleep=0.4):
                     tg.start_soon(pool.execute, r, keep, keep)
-                await anyio.sleep(0.5)
-                os.kill(pool._procs[0].pid, signal.SIGKILL)
-                await anyio.sleep(0.5)
-                tg.cancel_scope.cancel()
+                await anyio.sleep(0.2)  # 2 running in each worker, 16 waiting
+                os.kill(pool.worker_pids[0], signal.SIGKILL)
             return results
 
-        after = anyio.run(kill_one)
-        lost = [r for r in after if r.error is not None and r.error.category is ErrorCategory.INFRA_ERROR]
-        assert len(lost) == 1 and "worker process" in lost[0].error.message
+        first = pool.worker_pids[0]
+        results = anyio.run(kill_one)
+        health = pool.health()
     finally:
         anyio.run(pool.aclose)
-    assert not any(p.is_alive() for p in pool._procs)
+    lost = [r for r in results if not r.ok]
+    assert len(results) == 20 and len(lost) == 2  # only the two it was running
+    assert all(r.error.category is ErrorCategory.INFRA_ERROR for r in lost)
+    assert all(f"worker process {first} was killed by SIGKILL" in r.error.message for r in lost)
+    assert health["restarts"] == 1 and health["status"] == "ok" and first not in [w["pid"] for w in health["workers"] if w["alive"]]
+
+
+def test_when_no_worker_can_be_replaced_waiting_rollouts_are_not_run_and_say_so(stub):
+    pool = WorkerPool(Sleeps, workers=2, max_concurrent=2, max_restarts=0)
+    try:
+
+        async def kill_all() -> tuple[list[ExecutionResult], list[BaseException]]:
+            results: list[ExecutionResult] = []
+            refused: list[BaseException] = []
+
+            async def keep(result: ExecutionResult) -> None:
+                results.append(result)
+
+            async def one(request: ExecutionRequest) -> None:
+                try:
+                    await pool.execute(request, keep, keep)
+                except BackendUnavailable as exc:
+                    refused.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                for r in requests(stub.url, 6, sleep=1.0):
+                    tg.start_soon(one, r)
+                await anyio.sleep(0.3)
+                for pid in pool.worker_pids:
+                    os.kill(pid, signal.SIGKILL)
+            return results, refused
+
+        results, refused = anyio.run(kill_all)
+    finally:
+        anyio.run(pool.aclose)
+    assert len(results) == 2 and all(r.error.category is ErrorCategory.INFRA_ERROR for r in results)
+    assert len(refused) == 4 and "every worker process is gone" in str(refused[0])
+
+
+# -- osmosis run with workers, as a user runs it ---------------------------------------------------
+
+
+def _dataset(path: Path, rows: int) -> Path:
+    with path.open("w") as handle:
+        for i in range(rows):
+            handle.write(json.dumps({"user_prompt": f"val1 = {i}\nval2 = 3", "ground_truth": str(3 * i)}) + "\n")
+    return path
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for_lines(path: Path, n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count("\n") >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never reached {n} lines")
 
 
 def test_osmosis_run_with_workers_end_to_end(workspace, osmosis_exe, clean_env):
@@ -140,8 +262,93 @@ def test_osmosis_run_with_workers_end_to_end(workspace, osmosis_exe, clean_env):
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    lines = [json.loads(x) for x in (workspace / "out" / "results.jsonl").read_text().splitlines()]
+    lines = _lines(workspace / "out" / "results.jsonl")
     assert len(lines) == 20 and all(x["reward"] == 1.0 for x in lines)
+
+
+def test_killing_every_worker_writes_off_only_what_they_were_running(workspace, osmosis_exe, clean_env):
+    """kill -9 of both workers mid-run: at most their in-flight rollouts fail; the run goes on and finishes."""
+    data = _dataset(workspace / "big.jsonl", 300)
+    with ScriptedPolicyServer(latency=0.3) as server:
+        args = [osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--dataset", str(data)]
+        args += ["--workers", "2", "--concurrency", "16", "--output", "out"]
+        proc = subprocess.Popen(args, cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        results = workspace / "out" / "results.jsonl"
+        _wait_for_lines(results, 20)
+        [zygote] = [p for p in children(proc.pid)]
+        workers = children(zygote)
+        assert len(workers) == 2
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    lines = _lines(results)
+    failed = [x for x in lines if x["status"] != "success"]
+    pairs = {(x["row"], x["sample_index"]) for x in lines}
+    print(f"\nrollouts written off by 2 worker deaths: {len(failed)} (concurrency 16, 300 rows)")
+    assert proc.returncode == 0, err
+    assert len(lines) == 300 and len(pairs) == 300
+    assert 1 <= len(failed) <= 16
+    assert all(x["error"]["category"] == "infra_error" and "was killed by SIGKILL" in x["error"]["message"] for x in failed)
+
+
+def test_a_killed_run_leaves_no_worker_calling_the_policy(workspace, osmosis_exe, clean_env):
+    """kill -9 of `osmosis run --workers 2`: its zygote and workers see the lifeline break and exit."""
+    data = _dataset(workspace / "big.jsonl", 500)
+    with ScriptedPolicyServer(latency=0.2) as server:
+        args = [osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--dataset", str(data)]
+        args += ["--workers", "2", "--concurrency", "8", "--output", "out"]
+        proc = subprocess.Popen(args, cwd=workspace, env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_lines(workspace / "out" / "results.jsonl", 5)
+        started = descendants(proc.pid)
+        assert len(started) == 3  # the zygote and two workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(alive(p) for p in started):
+            time.sleep(0.05)
+        assert not [p for p in started if alive(p)]
+        time.sleep(0.5)  # calls already in flight are logged when their 0.2 s latency ends
+        calls = len(server.requests)
+        time.sleep(1.0)
+        assert len(server.requests) == calls  # nobody calls the policy for a dead run
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_never_hangs_and_loses_nothing(workspace, osmosis_exe, clean_env):
+    """SIGTERM to the whole group (systemd, SLURM, `kill 0`), 20 times: exit 130 each time, then --resume
+    finishes exactly the rest; no rollout lost, none run twice."""
+    data = _dataset(workspace / "big.jsonl", 400)
+    rounds = 0
+    with ScriptedPolicyServer(latency=0.05) as server:
+        args = [osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--dataset", str(data)]
+        args += ["--workers", "2", "--concurrency", "16", "--output", "out"]
+        results = workspace / "out" / "results.jsonl"
+        for attempt in range(20):
+            extra = ["--resume"] if attempt else []
+            before = len(_lines(results))
+            proc = subprocess.Popen(
+                [*args, *extra], cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True,
+            )
+            _wait_for_lines(results, before + 3)
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                _, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise AssertionError(f"round {attempt}: SIGTERM did not end the run within 30 s") from None
+            assert proc.returncode == 130, err
+            rounds += 1
+            lines = _lines(results)
+            if len(lines) >= 400:
+                break
+        final = subprocess.run([*args, "--resume"], cwd=workspace, env=clean_env, capture_output=True, text=True)
+        assert final.returncode == 0, final.stderr
+    lines = _lines(results)
+    pairs = [(x["row"], x["sample_index"]) for x in lines]
+    print(f"\nSIGTERM to the process group: {rounds} rounds, {len(pairs)} records, {len(set(pairs))} pairs")
+    assert len(pairs) == len(set(pairs)) == 400  # nothing lost, nothing twice
+    assert all(x["status"] == "success" for x in lines)
 
 
 def test_interrupting_a_run_with_workers_leaves_no_worker_behind(workspace, osmosis_exe, clean_env):
@@ -167,21 +374,15 @@ def test_interrupting_a_run_with_workers_leaves_no_worker_behind(workspace, osmo
         text=True,
     )
     results = workspace / "out" / "results.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (results.exists() and results.read_text().count("\n") >= 2):
-        time.sleep(0.05)
-    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    _wait_for_lines(results, 2)
+    started = descendants(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     time.sleep(0.2)
-    alive = [
-        pid
-        for pid in children
-        if Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
-    ]
-    assert children and not alive
-    kept = [json.loads(x) for x in results.read_text().splitlines()]
+    assert len(started) == 4  # the stand-in server, the zygote and two workers
+    assert not [pid for pid in started if alive(pid)]
+    kept = _lines(results)
     assert kept and all(x["status"] == "success" for x in kept)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-__all__ = ["config_options", "resolve_config"]
+__all__ = ["config_options", "make_console", "resolve_config"]
 
 _F = Callable[..., Any]
 
@@ -29,6 +29,17 @@ _OPTIONS: list[Callable[[_F], _F]] = [
     click.option("--grader-timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per grading."),
     click.option("--output", metavar="DIR", help="The run folder (default runs/<config>-<timestamp>)."),
 ]
+
+
+def make_console(*, stderr: bool = False) -> Any:
+    """A rich console; when the output is not a terminal (a log, CI, a pipe) its lines are never
+    wrapped at 80 columns: a long path or message stays on one line that tools can grep."""
+    from rich.console import Console
+
+    console = Console(highlight=False, stderr=stderr)
+    if not console.is_terminal:
+        console = Console(highlight=False, stderr=stderr, width=100_000, soft_wrap=True)
+    return console
 
 
 def config_options(function: _F) -> _F:

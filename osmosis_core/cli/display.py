@@ -96,7 +96,8 @@ def print_summary(console: Console, summary: Summary, run_dir: Path) -> None:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     table.add_row("rows x samples", f"{summary.rows} x {summary.n_samples} = {summary.expected}")
-    table.add_row("finished", f"{summary.finished} ({summary.succeeded} ok, {summary.failed} failed)")
+    ungraded = f", {summary.ungraded} ungraded" if summary.ungraded else ""
+    table.add_row("finished", f"{summary.finished} ({summary.succeeded} ok{ungraded}, {summary.failed} failed)")
     table.add_row("mean reward", _fmt(summary.mean_reward))
     pass_rate = "-" if summary.pass_rate is None else f"{summary.pass_rate:.1%}"
     table.add_row("pass rate", f"{pass_rate} (reward >= {summary.pass_threshold:g})")

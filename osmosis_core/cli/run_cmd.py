@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from osmosis_core.cli.common import config_options, resolve_config
+from osmosis_core.cli.common import config_options, make_console, resolve_config
+from osmosis_core.records import RETRYABLE_CATEGORIES
 
 __all__ = ["run"]
 
@@ -17,19 +18,39 @@ __all__ = ["run"]
 @config_options
 @click.option("--resume", is_flag=True, help="Finish an interrupted run: run only the missing (row, sample) pairs.")
 @click.option(
+    "--retry-failed",
+    metavar="[CATEGORIES]",
+    is_flag=False,
+    flag_value=",".join(sorted(RETRYABLE_CATEGORIES)),
+    default=None,
+    help="With the run folder of --output (or the latest run): run again the pairs whose latest result failed "
+    "with one of these comma-separated categories (default: cancelled,infra_error,policy_error,timeout). "
+    "Earlier results stay in the file; the summary counts each pair once, by its latest result.",
+)
+@click.option(
     "--stub-policy",
     is_flag=True,
     help="Use the scripted calculator server of osmosis_core.testing instead of a model (a stand-in).",
 )
 @click.option("--stub-latency", type=click.FloatRange(min=0), default=0.0, hidden=True)
-def run(config_file: Path | None, resume: bool, stub_policy: bool, stub_latency: float, **flags: Any) -> None:
+def run(
+    config_file: Path | None,
+    resume: bool,
+    retry_failed: str | None,
+    stub_policy: bool,
+    stub_latency: float,
+    **flags: Any,
+) -> None:
     """Run a rollout over a dataset: every row, n samples each, results written as they finish.
 
     CONFIG is a TOML run config (see configs/eval/); flags override it. Results go to
     runs/<config>-<timestamp>/results.jsonl, one line per rollout, with summary.json and the
-    resolved config (never an API key). Ctrl-C stops cleanly and keeps every finished result;
-    --resume then runs exactly what is missing. Exit status: 0 when the run completed, 1 on an
-    error, 130 when interrupted.
+    resolved config (never an API key). Ctrl-C or SIGTERM stops cleanly and keeps every finished
+    result; --resume then runs exactly what is missing, and --retry-failed what failed for a reason
+    a second attempt may not repeat. Only one osmosis process writes a run folder at a time.
+
+    Exit status: 0 when the run completed; 1 on an error, when every rollout failed, or when more
+    than [run] max_failure_rate did; 130 when interrupted (or stopped because its backend gave out).
 
     \b
     Examples:
@@ -38,16 +59,16 @@ def run(config_file: Path | None, resume: bool, stub_policy: bool, stub_latency:
       OPENAI_API_KEY=... osmosis run configs/eval/multiply-plain.toml \\
           --policy-url https://api.openai.com/v1 --model gpt-4o-mini --api-key-env OPENAI_API_KEY
       osmosis run configs/eval/multiply-plain.toml --output runs/try1 --resume
+      osmosis run configs/eval/multiply-plain.toml --output runs/try1 --retry-failed policy_error,timeout
     """
-    from rich.console import Console
-
     from osmosis_core.cli.display import make_reporter, print_summary
     from osmosis_core.records import PolicyEndpoint
     from osmosis_core.runner import execute_run, prepare_run
 
     config = resolve_config(config_file, flags)
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    categories = _categories(retry_failed)
+    console = make_console()
+    err = make_console(stderr=True)
     stub = None
     try:
         override = None
@@ -61,14 +82,21 @@ def run(config_file: Path | None, resume: bool, stub_policy: bool, stub_latency:
                 f"[yellow]--stub-policy: rollouts call a scripted calculator server at {stub.url}. "
                 "It is a stand-in for testing the wiring, not a model: rewards say nothing about any model.[/yellow]"
             )
-        plan = prepare_run(config, resume=resume, policy_override=override)
+        plan = prepare_run(config, resume=resume, retry_failed=categories, policy_override=override)
         done = plan.stats.finished
+        again = f", {plan.retried} of them again" if plan.retried else ""
         console.print(
             f"run [bold]{plan.run_dir}[/bold]: {len(plan.rows)} rows x {config.run.n_samples} samples "
-            f"({len(plan.pending)} to run{f', {done} already done' if done else ''}) on backend "
+            f"({len(plan.pending)} to run{again}{f', {done} already done' if done else ''}) on backend "
             f"{config.run.backend!r}, up to {plan.backend.max_concurrency or plan.in_flight} at once, "
             f"policy {plan.policy.base_url} ({plan.policy.model})"
         )
+        unlabeled = sum(row.label is None for row in plan.rows)
+        if unlabeled and plan.rollout.grader_class is not None and not config.run.require_labels:
+            err.print(
+                f"[yellow]{unlabeled} of {len(plan.rows)} rows have no label (ground_truth): they run and are not "
+                "graded (counted as ungraded); set [run] require_labels = true to fail them instead[/yellow]"
+            )
         import anyio
 
         outcome = anyio.run(execute_run, plan, make_reporter(console))
@@ -76,26 +104,54 @@ def run(config_file: Path | None, resume: bool, stub_policy: bool, stub_latency:
         if stub is not None:
             stub.stop()
     print_summary(console, outcome.summary, outcome.run_dir)
-    if outcome.interrupted:
+    if outcome.interrupted or outcome.stopped:
+        why = f"stopped: {outcome.stopped}" if outcome.stopped else "interrupted"
         err.print(
-            f"interrupted: {outcome.summary.finished} finished results are kept in {outcome.run_dir}; "
+            f"{why}; {outcome.summary.finished} finished results are kept in {outcome.run_dir}; "
             f"finish with: {_resume_command(outcome.run_dir)}",
             soft_wrap=True,
         )
         raise click.exceptions.Exit(130)
+    if outcome.failing:
+        err.print(
+            f"run failed: {outcome.failing}; results in {outcome.run_dir / 'results.jsonl'}; "
+            f"run the failures again with: {_resume_command(outcome.run_dir, retry=True)}",
+            soft_wrap=True,
+        )
+        raise click.exceptions.Exit(1)
 
 
-def _resume_command(run_dir: Path) -> str:
-    """The command line that was run, with ``--output RUN_DIR --resume``: the same flags finish it."""
+def _categories(value: str | None) -> frozenset[Any] | None:
+    """The error categories ``--retry-failed`` names. :raises click.BadParameter: an unknown one."""
+    from osmosis_core.records import ErrorCategory
+
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    known = {c.value: c for c in ErrorCategory}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise click.BadParameter(
+            f"{', '.join(unknown) or 'nothing'} is not an error category; choose from {', '.join(sorted(known))}",
+            param_hint="--retry-failed",
+        )
+    return frozenset(known[n] for n in names)
+
+
+def _resume_command(run_dir: Path, *, retry: bool = False) -> str:
+    """The command line that was run, with ``--output RUN_DIR --resume`` (or ``--retry-failed``)."""
     import shlex
     import sys
 
-    args, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif arg == "--output":
-            skip = True
-        elif not (arg == "--resume" or arg.startswith("--output=")):
+    args: list[str] = []
+    argv = sys.argv[1:]
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--output" or (arg == "--retry-failed" and i + 1 < len(argv) and not argv[i + 1].startswith("-")):
+            i += 2  # the option and its value
+            continue
+        if arg not in ("--resume", "--retry-failed") and not arg.startswith(("--output=", "--retry-failed=")):
             args.append(arg)
-    return shlex.join(["osmosis", *args, "--output", str(run_dir), "--resume"])
+        i += 1
+    return shlex.join(["osmosis", *args, "--output", str(run_dir), "--retry-failed" if retry else "--resume"])

@@ -23,8 +23,12 @@ __all__ = ["guide_commands", "run_guide_commands"]
 _BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
 
 
-def guide_commands(folder: Path) -> list[tuple[Path, str]]:
-    """(guide file, command) for every line of every ```bash block, in reading order."""
+def guide_commands(folder: Path, *, unique: bool = False) -> list[tuple[Path, str]]:
+    """(guide file, command) for every line of every ```bash block, in reading order.
+
+    :param unique: each distinct command once (the first guide that names it), as
+        :func:`run_guide_commands` runs them.
+    """
     guides = [folder / "AGENTS.md", *sorted((folder / ".agents" / "skills").glob("*/SKILL.md"))]
     commands: list[tuple[Path, str]] = []
     for guide in guides:
@@ -34,11 +38,15 @@ def guide_commands(folder: Path) -> list[tuple[Path, str]]:
             for line in block.splitlines():
                 if line.strip() and not line.lstrip().startswith("#"):
                     commands.append((guide, line.strip()))
+    if unique:
+        seen: set[str] = set()
+        commands = [(g, c) for g, c in commands if not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
     return commands
 
 
 def run_guide_commands(folder: Path, *, timeout: float = 180.0) -> list[subprocess.CompletedProcess[str]]:
-    """Run every guide command with bash in ``folder``; this interpreter's scripts come first on PATH.
+    """Run every distinct guide command once, with bash in ``folder``; this interpreter's scripts come
+    first on PATH (several guides name the same command: running it twice proves nothing more).
 
     :raises AssertionError: naming the guide, the command and its output, at the first failure.
     """
@@ -46,7 +54,7 @@ def run_guide_commands(folder: Path, *, timeout: float = 180.0) -> list[subproce
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.pop("OSMOSIS_DEBUG", None)
     results = []
-    for guide, command in guide_commands(folder):
+    for guide, command in guide_commands(folder, unique=True):
         proc = subprocess.run(
             ["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout
         )

@@ -1,22 +1,25 @@
 """A scripted, OpenAI-compatible chat-completions server for tests and ``--stub-policy`` runs.
 
-:class:`ScriptedPolicyServer` speaks real HTTP/1.1 on a loopback address and answers
+:class:`ScriptedPolicyServer` serves real HTTP on a loopback address (``aiohttp.web``) and answers
 ``POST .../v1/chat/completions`` with replies produced by a *script*: a plain function that takes the
-parsed request JSON and returns a :class:`Reply`.  It stands in for an LLM on machines that have none.
+parsed request JSON and returns a :class:`Reply`. It stands in for an LLM on machines that have none.
 
-The server is written directly on :class:`asyncio.Protocol` with a hand-written HTTP/1.1 parser
-(keep-alive, pipelining, ``Content-Length`` and ``Transfer-Encoding: chunked`` request bodies) so that
-it sustains well over a thousand requests per second on one core even with injected latency, which is
-implemented with ``loop.call_later`` rather than threads.
+>>> from osmosis_core.testing import Reply, ScriptedPolicyServer
+>>> with ScriptedPolicyServer(lambda request: Reply(content="#### 42")) as server:   # doctest: +SKIP
+...     print(server.url)                  # POST {url}/chat/completions, streaming or not
+http://127.0.0.1:40123/v1
 
-Failures can be injected per request (:class:`Fault`): an HTTP error status, a dropped connection, a
-connection aborted in the middle of the response, or an extra delay.  Every chat-completion request is
-recorded as a :class:`LoggedRequest`.
+Failures can be injected per request (:class:`Fault`): an HTTP error status, a dropped connection,
+a connection cut in the middle of the answer, an answer that ends cleanly but early, an HTML page,
+an oversized body, or an extra delay. Every chat-completion request is recorded as a
+:class:`LoggedRequest`. Latency is an ``asyncio.sleep`` per request, so a thousand concurrent
+requests cost the server no threads (``bench/policy_server_rate.py`` measures its own rate).
 
-The server can run inside the caller's event loop (:meth:`ScriptedPolicyServer.start_async`, ``async
-with``) or in a daemon thread with its own loop (:meth:`ScriptedPolicyServer.start`, ``with``).
-
-Run ``python -m osmosis_core.testing.policy_server`` to serve the calculator script from the command line.
+The server runs inside the caller's event loop (:meth:`ScriptedPolicyServer.start_async`,
+``async with``) or in a daemon thread with its own loop (:meth:`ScriptedPolicyServer.start`,
+``with``). ``python -m osmosis_core.testing.policy_server`` serves the calculator script from the
+command line; with ``--watch-stdin`` it exits when its standard input reaches end-of-file (its
+parent holds the other end: ``osmosis run --stub-policy`` does, so the stand-in never outlives it).
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ import argparse
 import asyncio
 import contextlib
 import hmac
-import http
 import ipaddress
 import json
 import logging
 import math
+import os
 import re
 import secrets
 import signal
@@ -39,10 +42,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import unquote
 
 import attrs
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = [
     "Fault",
@@ -57,25 +63,17 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-FaultKind = Literal["status", "drop", "drop_mid_stream", "delay"]
+FaultKind = Literal["status", "drop", "drop_mid_stream", "truncate", "html", "oversize", "delay"]
 """The kinds of failure :class:`Fault` can inject."""
 
-_FAULT_KINDS: Final = ("status", "drop", "drop_mid_stream", "delay")
+_FAULT_KINDS: Final = ("status", "drop", "drop_mid_stream", "truncate", "html", "oversize", "delay")
 
-_MAX_HEAD: Final = 64 * 1024
-"""Largest accepted request line plus headers, in bytes."""
 _MAX_BODY: Final = 64 * 1024 * 1024
 """Largest accepted request body, in bytes."""
-_MAX_CHUNK_LINE: Final = 4096
-"""Largest accepted chunk-size or trailer line of a chunked request body."""
 _MAX_FAILURE_LOGS: Final = 20
 """Script failures logged with a traceback; later ones are only answered with 500."""
-_HIGH_WATER: Final = 1024 * 1024
-"""Unprocessed input above which reading pauses while a response is pending."""
-
-_TOKEN_RE: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_HEX_RE: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _ROLLOUT_PATH_RE: Final = re.compile(r"/rollouts/([^/]+)/")
+_WRITE_CHUNK: Final = 1 << 20
 
 
 def _new_call_id() -> str:
@@ -134,14 +132,24 @@ def _check_delay(instance: Fault, attribute: attrs.Attribute[float], value: floa
         raise ValueError(f"Fault.delay must be a finite number >= 0, got {value!r}")
 
 
+def _check_size(instance: Fault, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ValueError(f"Fault.size must be >= 1, got {value!r}")
+
+
 @attrs.frozen
 class Fault:
     """An injected failure.
 
     * ``"status"``: answer with HTTP ``status`` and an OpenAI-style JSON error body carrying ``message``.
-    * ``"drop"``: close the connection without answering.
+    * ``"drop"``: read the whole request, then close the connection without answering.
     * ``"drop_mid_stream"``: send the response headers and the start of the body, then abort the
       connection (for streams: the first SSE chunks and no terminating chunk; otherwise half the body).
+    * ``"truncate"``: a well-formed HTTP response whose answer stops early: a stream that ends
+      after its first chunks with no ``finish_reason`` and no ``[DONE]``; a JSON body cut in half.
+    * ``"html"``: status 200 with an HTML page (``text/html``), as a misconfigured proxy sends.
+    * ``"oversize"``: a completion whose content is ``size`` bytes, sent chunked (no length
+      announced), written a megabyte at a time without the server holding it.
     * ``"delay"``: wait ``delay`` extra seconds, then answer normally.
     """
 
@@ -149,6 +157,7 @@ class Fault:
     status: int = attrs.field(default=500, validator=_check_status)
     delay: float = attrs.field(default=0.0, validator=_check_delay)
     message: str = "injected fault"
+    size: int = attrs.field(default=100 * 1024 * 1024, validator=_check_size)
 
 
 @attrs.frozen
@@ -170,14 +179,12 @@ class LoggedRequest:
 
 
 Script = Callable[[dict[str, Any]], Reply]
-"""A policy script: takes the parsed request JSON (messages, tools, ...) and returns the reply."""
+"""A policy script: takes the parsed chat-completions request (messages, tools, ...) and returns the reply."""
 
 
 # ---------------------------------------------------------------------------------------------------
-# HTTP plumbing
+# Chat-completion documents
 # ---------------------------------------------------------------------------------------------------
-
-_REASONS: dict[int, str] = {s.value: s.phrase for s in http.HTTPStatus}
 
 _ERROR_TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error",
@@ -190,394 +197,14 @@ _ERROR_TYPES: Final[dict[int, str]] = {
 }
 
 
-class _HttpError(Exception):
-    """A request that cannot be served; answered with ``status`` and the connection closed."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _error_type(status: int) -> str:
-    return _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-
-
-def _error_body(status: int, message: str) -> bytes:
+def _error_doc(status: int, message: str) -> dict[str, Any]:
     """An OpenAI-style error document."""
-    doc = {"error": {"message": message, "type": _error_type(status), "param": None, "code": status}}
-    return json.dumps(doc).encode()
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 def _dumps(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _head(
-    status: int,
-    content_type: str,
-    length: int | None,
-    *,
-    keep_alive: bool,
-    http10: bool = False,
-    extra: str = "",
-) -> bytes:
-    """Status line and headers.  ``length=None`` means chunked (or, for HTTP/1.0, close-delimited)."""
-    reason = _REASONS.get(status, "Unknown")
-    parts = [f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"]
-    if length is not None:
-        parts.append(f"Content-Length: {length}\r\n")
-    elif not http10:
-        parts.append("Transfer-Encoding: chunked\r\n")
-    if not keep_alive:
-        parts.append("Connection: close\r\n")
-    parts.append(extra)
-    parts.append("\r\n")
-    return "".join(parts).encode("latin-1")
-
-
-class _Request:
-    """A parsed HTTP request."""
-
-    __slots__ = ("body", "headers", "http10", "keep_alive", "method", "path")
-
-    def __init__(self, method: str, path: str, headers: dict[str, str], http10: bool) -> None:
-        self.method = method
-        self.path = path
-        self.headers = headers
-        self.http10 = http10
-        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-        self.keep_alive = not http10 and "close" not in tokens  # HTTP/1.0 connections are always closed
-        self.body = b""
-
-
-class _ChunkedReader:
-    """Incremental decoder of a ``Transfer-Encoding: chunked`` request body."""
-
-    __slots__ = ("_parts", "_remaining", "_state", "_total")
-
-    def __init__(self) -> None:
-        self._parts: list[bytes] = []
-        self._total = 0
-        self._remaining = 0
-        self._state = "size"
-
-    def feed(self, buf: bytearray) -> bytes | None:
-        """Consume what it can from ``buf``; return the whole body once the last chunk is in."""
-        while True:
-            if self._state == "size":
-                nl = buf.find(b"\r\n")
-                if nl < 0:
-                    if len(buf) > _MAX_CHUNK_LINE:
-                        raise _HttpError(400, "chunk size line too long")
-                    return None
-                size_field = bytes(buf[:nl]).split(b";", 1)[0].strip()
-                del buf[: nl + 2]
-                if not _HEX_RE.fullmatch(size_field):
-                    raise _HttpError(400, "invalid chunk size")
-                size = int(size_field, 16)
-                if size == 0:
-                    self._state = "trailer"
-                    continue
-                self._total += size
-                if self._total > _MAX_BODY:
-                    raise _HttpError(413, "request body too large")
-                self._remaining = size
-                self._state = "data"
-            elif self._state == "data":
-                if not buf:
-                    return None
-                n = min(self._remaining, len(buf))
-                self._parts.append(bytes(buf[:n]))
-                del buf[:n]
-                self._remaining -= n
-                if self._remaining:
-                    return None
-                self._state = "crlf"
-            elif self._state == "crlf":
-                if len(buf) < 2:
-                    return None
-                if buf[:2] != b"\r\n":
-                    raise _HttpError(400, "missing CRLF after chunk data")
-                del buf[:2]
-                self._state = "size"
-            else:  # trailer section: lines until an empty one
-                nl = buf.find(b"\r\n")
-                if nl < 0:
-                    if len(buf) > _MAX_CHUNK_LINE:
-                        raise _HttpError(400, "trailer line too long")
-                    return None
-                del buf[: nl + 2]
-                if nl == 0:
-                    return b"".join(self._parts)
-
-
-def _parse_head(head: bytes) -> _Request:
-    """Parse the request line and header block (without the terminating blank line)."""
-    lines = head.decode("latin-1").split("\r\n")
-    request_line = lines[0].split(" ")
-    if len(request_line) != 3:
-        raise _HttpError(400, "malformed request line")
-    method, target, version = request_line
-    if not _TOKEN_RE.fullmatch(method):
-        raise _HttpError(400, "malformed request method")
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise _HttpError(505, f"unsupported HTTP version {version!r}")
-    if not target:
-        raise _HttpError(400, "empty request target")
-    if target.startswith(("http://", "https://")):  # absolute form
-        slash = target.find("/", target.index("//") + 2)
-        target = target[slash:] if slash >= 0 else "/"
-    path = target.split("?", 1)[0].split("#", 1)[0]
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or not _TOKEN_RE.fullmatch(name):
-            raise _HttpError(400, "malformed header line")
-        key = name.lower()
-        value = value.strip(" \t")
-        if key in headers and key in ("content-length", "transfer-encoding", "authorization", "host"):
-            if key == "transfer-encoding":
-                headers[key] = headers[key] + ", " + value
-                continue
-            if headers[key] != value:
-                raise _HttpError(400, f"conflicting {name} headers")
-        headers[key] = value
-    return _Request(method, path, headers, version == "HTTP/1.0")
-
-
-Action = Literal["send", "drop", "partial"]
-
-
-class _Connection(asyncio.Protocol):
-    """One client connection: parses requests in order and writes their responses in order."""
-
-    def __init__(self, server: ScriptedPolicyServer) -> None:
-        self._server = server
-        self._transport: asyncio.Transport | None = None
-        self._buf = bytearray()
-        self._req: _Request | None = None  # headers parsed, body pending
-        self._content_length = 0
-        self._chunked: _ChunkedReader | None = None
-        self._sent_continue = False
-        self._busy = False  # a request is being answered
-        self._processing = False
-        self._closing = False
-        self._eof = False
-        self._write_paused = False
-        self._read_paused = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    # -- asyncio.Protocol ---------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self._server._connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._server._connections.discard(self)
-        self._transport = None
-
-    def data_received(self, data: bytes) -> None:
-        if self._closing:
-            return
-        self._buf += data
-        if not self._busy:
-            self._process()
-        self._update_reading()
-
-    def eof_received(self) -> bool:
-        self._eof = True
-        if self._busy:
-            return True  # keep the transport open to write the pending response
-        self._process()
-        return self._busy
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        if not self._busy:
-            self._process()
-        self._update_reading()
-
-    def _update_reading(self) -> None:
-        """Stop reading while input piles up behind a pending response or a full write buffer."""
-        transport = self._transport
-        if transport is None or self._closing or transport.is_closing():
-            return
-        pause = (self._busy or self._write_paused) and len(self._buf) > _HIGH_WATER
-        if pause != self._read_paused:
-            self._read_paused = pause
-            if pause:
-                transport.pause_reading()
-            else:
-                transport.resume_reading()
-
-    # -- request handling ---------------------------------------------------------------------------
-
-    def _process(self) -> None:
-        """Parse and dispatch complete requests until one is pending or input runs out."""
-        if self._processing:
-            return
-        self._processing = True
-        try:
-            while not self._busy and not self._closing and not self._write_paused:
-                try:
-                    req = self._parse()
-                except _HttpError as err:
-                    self._busy = True
-                    self.respond(_error_response(err.status, err.message, keep_alive=False), keep_alive=False)
-                    return
-                if req is None:
-                    if self._eof and not self._busy:
-                        self.close()
-                    return
-                self._busy = True
-                try:
-                    self._server._dispatch(self, req)
-                except Exception:  # pragma: no cover - defensive: never kill the connection silently
-                    _log.exception("stub policy server: error handling %s %s", req.method, req.path)
-                    if self._busy:
-                        self.respond(_error_response(500, "internal server error", keep_alive=False), keep_alive=False)
-        finally:
-            self._processing = False
-
-    def _parse(self) -> _Request | None:
-        buf = self._buf
-        if self._req is None:
-            while buf[:2] == b"\r\n":  # tolerate stray CRLF between requests
-                del buf[:2]
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > _MAX_HEAD:
-                    raise _HttpError(431, "request header fields too large")
-                return None
-            if end > _MAX_HEAD:
-                raise _HttpError(431, "request header fields too large")
-            req = _parse_head(bytes(buf[:end]))
-            del buf[: end + 4]
-            te = req.headers.get("transfer-encoding")
-            cl = req.headers.get("content-length")
-            if te is not None:
-                if cl is not None:
-                    raise _HttpError(400, "both Content-Length and Transfer-Encoding given")
-                if te.strip().lower() != "chunked":
-                    raise _HttpError(501, f"unsupported Transfer-Encoding {te!r}")
-                self._chunked = _ChunkedReader()
-            elif cl is not None:
-                if not cl.isdigit() or not cl.isascii():
-                    raise _HttpError(400, "invalid Content-Length")
-                self._content_length = int(cl)
-                if self._content_length > _MAX_BODY:
-                    raise _HttpError(413, "request body too large")
-            else:
-                self._content_length = 0
-            self._req = req
-            self._sent_continue = False
-        req = self._req
-        if self._chunked is not None:
-            body = self._chunked.feed(buf)
-            if body is None:
-                self._maybe_continue(req)
-                return None
-            self._chunked = None
-        else:
-            n = self._content_length
-            if len(buf) < n:
-                self._maybe_continue(req)
-                return None
-            body = bytes(buf[:n])
-            del buf[:n]
-        req.body = body
-        self._req = None
-        return req
-
-    def _maybe_continue(self, req: _Request) -> None:
-        if (
-            not self._sent_continue
-            and not req.http10
-            and req.headers.get("expect", "").lower() == "100-continue"
-            and self._transport is not None
-        ):
-            self._sent_continue = True
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    # -- responding ---------------------------------------------------------------------------------
-
-    def respond(
-        self, data: bytes, *, keep_alive: bool, delay: float = 0.0, action: Action = "send", cut: int = 0
-    ) -> None:
-        """Answer the pending request, after ``delay`` seconds if positive.
-
-        ``action`` is ``"send"`` (write ``data``), ``"drop"`` (close without writing) or ``"partial"``
-        (write ``data[:cut]`` then abort the connection).
-        """
-        if delay > 0:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(delay, self._do_respond, data, keep_alive, action, cut)
-        else:
-            self._do_respond(data, keep_alive, action, cut)
-
-    def _do_respond(self, data: bytes, keep_alive: bool, action: Action, cut: int) -> None:
-        self._timer = None
-        transport = self._transport
-        if transport is None or self._closing:
-            return
-        if action == "drop":
-            self.close()
-            return
-        if action == "partial":
-            transport.write(data[:cut])
-            self._closing = True
-            if transport.get_write_buffer_size():
-                transport.close()  # abort() would discard the bytes not yet handed to the kernel
-            else:
-                transport.abort()
-            return
-        transport.write(data)
-        if not keep_alive or (self._eof and not self._buf):
-            self.close()
-            return
-        self._busy = False
-        self._process()
-        self._update_reading()
-
-    def close(self) -> None:
-        """Close the connection after flushing what was written."""
-        self._closing = True
-        if self._transport is not None:
-            self._transport.close()
-
-    def abort(self) -> None:
-        """Close the connection immediately (server shutdown)."""
-        self._closing = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._transport is not None:
-            self._transport.abort()
-
-
-def _error_response(status: int, message: str, *, keep_alive: bool, extra: str = "") -> bytes:
-    body = _error_body(status, message)
-    return _head(status, "application/json", len(body), keep_alive=keep_alive, extra=extra) + body
-
-
-def _json_response(status: int, obj: object, *, keep_alive: bool, http10: bool = False) -> bytes:
-    body = _dumps(obj)
-    return _head(status, "application/json", len(body), keep_alive=keep_alive, http10=http10) + body
-
-
-# ---------------------------------------------------------------------------------------------------
-# Chat-completion documents
-# ---------------------------------------------------------------------------------------------------
 
 
 def _rough_tokens(n_chars: int) -> int:
@@ -671,10 +298,6 @@ def _stream_events(reply: Reply, model: str, request_bytes: int, include_usage: 
     return events
 
 
-def _chunk_encode(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
 def _is_chat_path(path: str) -> bool:
     return path == "/chat/completions" or path.endswith("/v1/chat/completions")
 
@@ -743,8 +366,7 @@ class ScriptedPolicyServer:
         self._lock = threading.Lock()
         self._log: deque[LoggedRequest] = deque(maxlen=max_logged)
         self._faults: list[_PendingFault] = []
-        self._connections: set[_Connection] = set()
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
         self._port: int | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
@@ -824,64 +446,49 @@ class ScriptedPolicyServer:
         with self._lock:
             self._log.append(entry)
 
-    # -- request dispatch (runs on the server's event loop) -----------------------------------------
+    # -- request handling (on the server's event loop) -----------------------------------------------
 
-    def _dispatch(self, conn: _Connection, req: _Request) -> None:
-        path = unquote(req.path)
-        keep = req.keep_alive
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        path = unquote(request.path)
         if _is_chat_path(path):
-            if req.method != "POST":
-                conn.respond(
-                    _error_response(405, f"method {req.method} not allowed", keep_alive=keep, extra="Allow: POST\r\n"),
-                    keep_alive=keep,
-                )
-                return
-            self._chat(conn, req, path)
-        elif _is_models_path(path) or path == "/health":
-            if req.method not in ("GET", "HEAD"):
-                conn.respond(
-                    _error_response(405, f"method {req.method} not allowed", keep_alive=keep, extra="Allow: GET\r\n"),
-                    keep_alive=keep,
-                )
-                return
+            if request.method != "POST":
+                return _error(405, f"method {request.method} not allowed", headers={"Allow": "POST"})
+            return await self._chat(request, path)
+        if _is_models_path(path) or path == "/health":
+            if request.method not in ("GET", "HEAD"):
+                return _error(405, f"method {request.method} not allowed", headers={"Allow": "GET"})
             if path == "/health":
-                doc: dict[str, Any] = {"status": "ok"}
-            elif self._api_key is not None and not _bearer_ok(req.headers.get("authorization"), self._api_key):
-                conn.respond(_unauthorized(keep), keep_alive=keep)
-                return
-            else:
-                doc = {
-                    "object": "list",
-                    "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "osmosis"}],
-                }
-            data = _json_response(200, doc, keep_alive=keep, http10=req.http10)
-            if req.method == "HEAD":
-                data = data[: data.index(b"\r\n\r\n") + 4]
-            conn.respond(data, keep_alive=keep)
-        else:
-            conn.respond(_error_response(404, f"not found: {req.method} {req.path}", keep_alive=keep), keep_alive=keep)
+                return web.json_response({"status": "ok"})
+            if self._api_key is not None and not _bearer_ok(request.headers.get("Authorization"), self._api_key):
+                return _unauthorized()
+            models = [{"id": self.model, "object": "model", "created": 0, "owned_by": "osmosis"}]
+            return web.json_response({"object": "list", "data": models})
+        return _error(404, f"not found: {request.method} {request.path}")
 
-    def _chat(self, conn: _Connection, req: _Request, path: str) -> None:
-        keep = req.keep_alive
-        auth = req.headers.get("authorization")
-        rollout_id = req.headers.get("x-osmosis-rollout-id") or None
+    async def _chat(self, request: web.Request, path: str) -> web.StreamResponse:
+        from aiohttp import web
+
+        auth = request.headers.get("Authorization")
+        rollout_id = request.headers.get("X-Osmosis-Rollout-Id") or None
         if rollout_id is None:
             match = _ROLLOUT_PATH_RE.search(path)
             rollout_id = match.group(1) if match else None
-
+        raw = await request.read()
         body: dict[str, Any] = {}
-        error: str | None = None
+        problem: str | None = None
         try:
-            parsed = json.loads(req.body)
+            parsed = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            error = f"request body is not valid JSON: {exc}"
+            problem = f"request body is not valid JSON: {exc}"
         else:
             if not isinstance(parsed, dict):
-                error = "request body must be a JSON object"
+                problem = "request body must be a JSON object"
             else:
                 body = parsed
                 if not isinstance(body.get("messages"), list):
-                    error = "'messages' is a required property and must be an array"
+                    problem = "'messages' is a required property and must be an array"
         stream = body.get("stream") is True
 
         def log(status: int, fault: str | None = None) -> None:
@@ -889,23 +496,26 @@ class ScriptedPolicyServer:
 
         if self._api_key is not None and not _bearer_ok(auth, self._api_key):
             log(401)
-            conn.respond(_unauthorized(keep), keep_alive=keep)
-            return
-        if error is not None:
+            return _unauthorized()
+        if problem is not None:
             log(400)
-            conn.respond(_error_response(400, error, keep_alive=keep), keep_alive=keep)
-            return
+            return _error(400, problem)
 
         fault = self._take_fault(rollout_id)
-        delay = self._latency
-        if fault is not None and fault.kind == "status":
-            log(fault.status, fault.kind)
-            conn.respond(_error_response(fault.status, fault.message, keep_alive=keep), keep_alive=keep, delay=delay)
-            return
-        if fault is not None and fault.kind == "drop":
-            log(0, fault.kind)
-            conn.respond(b"", keep_alive=False, delay=delay, action="drop")
-            return
+        kind = fault.kind if fault is not None else None
+        delay = self._latency + (fault.delay if fault is not None and kind == "delay" else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if fault is not None and kind == "status":
+            log(fault.status, kind)
+            return _error(fault.status, fault.message)
+        if kind == "drop":
+            log(0, kind)
+            return _drop(request)
+        if kind == "html":
+            log(200, kind)
+            page = "<!DOCTYPE html><html><head><title>Welcome</title></head><body>It works!</body></html>"
+            return web.Response(status=200, text=page, content_type="text/html")
 
         try:
             reply = self._script(body)
@@ -916,86 +526,80 @@ class ScriptedPolicyServer:
             if self._script_failures <= _MAX_FAILURE_LOGS:  # bounded: a child's stderr may be an unread pipe
                 _log.exception("stub policy script failed")
             log(500)
-            conn.respond(
-                _error_response(500, f"policy script failed: {exc!r}", keep_alive=keep),
-                keep_alive=keep,
-                delay=delay,
-            )
-            return
+            return _error(500, f"policy script failed: {exc!r}")
 
         model = body.get("model")
         if not isinstance(model, str) or not model:
             model = self.model
-        fault_kind = fault.kind if fault is not None else None
-        log(200, fault_kind)
-        if fault is not None and fault.kind == "delay":
-            delay += fault.delay
+        log(200, kind)
+        if kind == "oversize":
+            assert fault is not None
+            return await _oversize(request, fault.size, model, stream)
         if stream:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            events = _stream_events(reply, model, len(req.body), include_usage)
-            http10 = req.http10
-            keep_stream = keep and not http10  # HTTP/1.0 has no chunked coding: close-delimited body
-            head = _head(
-                200,
-                "text/event-stream; charset=utf-8",
-                None,
-                keep_alive=keep_stream,
-                http10=http10,
-                extra="Cache-Control: no-cache\r\n",
-            )
-            # HTTP/1.0 has no chunked coding: the body is delimited by closing the connection
-            chunked = [*(_chunk_encode(e) for e in events), b"0\r\n\r\n"]
-            payload = [head, *(events if http10 else chunked)]
-            data = b"".join(payload)
-            if fault_kind == "drop_mid_stream":
-                # headers, the role chunk and the first content/tool chunk; no terminating chunk
-                cut = sum(len(p) for p in payload[:3])
-                conn.respond(data, keep_alive=False, delay=delay, action="partial", cut=cut)
+            events = _stream_events(reply, model, len(raw), include_usage)
+            response = web.StreamResponse(status=200, headers={"Cache-Control": "no-cache"})
+            response.content_type = "text/event-stream"
+            response.charset = "utf-8"
+            await response.prepare(request)
+            if kind in ("drop_mid_stream", "truncate"):
+                await response.write(b"".join(events[:2]))  # the role chunk and the first content or tool chunk
+                if kind == "drop_mid_stream":
+                    return _abort(request, response)
             else:
-                conn.respond(data, keep_alive=keep_stream, delay=delay)
-            return
-        data = _json_response(200, _completion_doc(reply, model, len(req.body)), keep_alive=keep, http10=req.http10)
-        if fault_kind == "drop_mid_stream":
-            head_len = data.index(b"\r\n\r\n") + 4
-            cut = head_len + (len(data) - head_len) // 2
-            conn.respond(data, keep_alive=False, delay=delay, action="partial", cut=cut)
-        else:
-            conn.respond(data, keep_alive=keep, delay=delay)
+                await response.write(b"".join(events))
+            await response.write_eof()
+            return response
+        data = _dumps(_completion_doc(reply, model, len(raw)))
+        if kind == "truncate":
+            return web.Response(status=200, body=data[: len(data) // 2], content_type="application/json")
+        if kind == "drop_mid_stream":
+            response = web.StreamResponse(status=200)
+            response.content_type = "application/json"
+            response.content_length = len(data)
+            await response.prepare(request)
+            await response.write(data[: len(data) // 2])
+            return _abort(request, response)
+        return web.Response(status=200, body=data, content_type="application/json")
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
         """Whether the server is listening."""
-        return self._server is not None
+        return self._runner is not None
 
     async def start_async(self) -> None:
         """Start listening inside the running event loop."""
-        if self._server is not None:
+        from aiohttp import web
+
+        if self._runner is not None:
             raise RuntimeError("ScriptedPolicyServer is already running")
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: _Connection(self), self._host, self._requested_port, backlog=1024, reuse_address=True
-        )
-        self._server = server
-        self._port = int(server.sockets[0].getsockname()[1])
+        app = web.Application(client_max_size=_MAX_BODY, handler_args={"max_field_size": 65536})
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._requested_port, backlog=2048, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
 
     async def stop_async(self) -> None:
         """Stop listening and close every connection (pending responses are abandoned)."""
-        server = self._server
-        if server is None:
+        runner, self._runner = self._runner, None
+        if runner is None:
             return
-        self._server = None
-        server.close()
-        for conn in list(self._connections):
-            conn.abort()
-        await server.wait_closed()
+        await runner.cleanup()
         self._port = None
 
     def start(self) -> ScriptedPolicyServer:
         """Serve from a daemon thread with its own event loop; returns once listening."""
-        if self._thread is not None or self._server is not None:
+        if self._thread is not None or self._runner is not None:
             raise RuntimeError("ScriptedPolicyServer is already running")
         ready = threading.Event()
         failure: list[BaseException] = []
@@ -1031,7 +635,7 @@ class ScriptedPolicyServer:
         """Stop a server started with :meth:`start` (no-op when not running)."""
         thread, loop = self._thread, self._thread_loop
         if thread is None:
-            if self._server is not None:
+            if self._runner is not None:
                 raise RuntimeError("server was started with start_async(); use stop_async()")
             return
         if loop is not None:
@@ -1064,13 +668,66 @@ class ScriptedPolicyServer:
         return f"<ScriptedPolicyServer {where} latency={self._latency}>"
 
 
-def _unauthorized(keep_alive: bool) -> bytes:
-    return _error_response(
-        401,
-        "invalid or missing API key",
-        keep_alive=keep_alive,
-        extra='WWW-Authenticate: Bearer realm="osmosis"\r\n',
-    )
+def _error(status: int, message: str, *, headers: dict[str, str] | None = None) -> web.Response:
+    from aiohttp import web
+
+    body = _dumps(_error_doc(status, message))
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def _unauthorized() -> web.Response:
+    return _error(401, "invalid or missing API key", headers={"WWW-Authenticate": 'Bearer realm="osmosis"'})
+
+
+def _drop(request: web.Request) -> web.Response:
+    """Close the connection without an answer (what is returned is never sent)."""
+    from aiohttp import web
+
+    if request.transport is not None:
+        request.transport.close()
+    return web.Response(status=204)
+
+
+def _abort(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """Cut the connection in the middle of ``response`` (after what was written reached the socket)."""
+    transport = request.transport
+    if transport is not None:
+        if transport.get_write_buffer_size():
+            transport.close()  # abort() would discard the bytes not yet handed to the kernel
+        else:
+            transport.abort()
+    return response
+
+
+async def _oversize(request: web.Request, size: int, model: str, stream: bool) -> web.StreamResponse:
+    """A completion of ``size`` content bytes, chunked, written a megabyte at a time."""
+    from aiohttp import web
+
+    response = web.StreamResponse(status=200)
+    response.content_type = "text/event-stream" if stream else "application/json"
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    block = b"a" * _WRITE_CHUNK
+    if stream:
+        head = b'data: {"id":"x","object":"chat.completion.chunk","created":0,"model":' + _dumps(model)
+        head += b',"choices":[{"index":0,"delta":{"content":"'
+        tail = b'"},"finish_reason":null}]}\n\n'
+    else:
+        head = b'{"id":"x","object":"chat.completion","created":0,"model":' + _dumps(model)
+        head += b',"choices":[{"index":0,"message":{"role":"assistant","content":"'
+        tail = b'"},"finish_reason":"stop"}]}'
+    await response.write(head)
+    sent = 0
+    try:
+        while sent < size:
+            piece = block[: min(_WRITE_CHUNK, size - sent)]
+            await response.write(piece)
+            sent += len(piece)
+        await response.write(tail)
+        await response.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass  # the client stopped reading, as it should
+    return response
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1099,6 +756,17 @@ async def _serve(args: argparse.Namespace) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
             signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
+    if args.watch_stdin:
+        # the parent holds the other end of our stdin: end-of-file means it is gone
+        stdin = sys.stdin.fileno()
+
+        def parent_gone() -> None:
+            with contextlib.suppress(BlockingIOError):
+                if os.read(stdin, 1) == b"":
+                    loop.remove_reader(stdin)
+                    stop.set()
+
+        loop.add_reader(stdin, parent_gone)
     print(f"osmosis stub policy listening on {server.url}", flush=True)
     try:
         await stop.wait()
@@ -1107,7 +775,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Serve the calculator script until SIGTERM/SIGINT; returns the exit status."""
+    """Serve the calculator script until SIGTERM/SIGINT (or end-of-file on stdin); returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m osmosis_core.testing.policy_server",
         description="Scripted OpenAI-compatible chat-completions server (calculator script).",
@@ -1116,6 +784,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default: 0)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds before each response (default: 0)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    parser.add_argument(
+        "--watch-stdin", action="store_true", help="exit when standard input reaches end-of-file (the parent died)"
+    )
     args = parser.parse_args(argv)
     if not _is_loopback(args.host) and not args.api_key:
         parser.error(f"refusing to listen on non-loopback host {args.host!r} without --api-key")
@@ -1123,6 +794,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--latency must be a finite number >= 0")
     if not 0 <= args.port <= 65535:
         parser.error("--port must be between 0 and 65535")
+    if args.watch_stdin:
+        from osmosis_core.lifeline import set_parent_death_signal
+
+        set_parent_death_signal(signal.SIGTERM)
     try:
         asyncio.run(_serve(args))
     except OSError as exc:

@@ -123,8 +123,8 @@ def run_rollout_sync(*args: Any, **kwargs: Any) -> RolloutOutcome:
         try:
             return await run_rollout(*args, **kwargs)
         finally:
-            from osmosis_core.http import aclose_shared_client
+            from osmosis_core.http_session import aclose_http
 
-            await aclose_shared_client()
+            await aclose_http()
 
     return anyio.run(main)

@@ -1,6 +1,9 @@
 """The scripted policy server in a child process (``osmosis run --stub-policy``, benchmarks).
 
-A separate process keeps the stand-in's CPU off the run's own core.
+A separate process keeps the stand-in's CPU off the run's own core. It never outlives the process
+that started it: the child watches its standard input, whose other end only this process holds,
+and exits at end-of-file (the parent died, even by ``kill -9``); on Linux it also has a
+parent-death signal.
 """
 
 from __future__ import annotations
@@ -42,13 +45,14 @@ class StubPolicyProcess:
             "0",
             "--latency",
             str(self.latency),
+            "--watch-stdin",
         ]
         # stderr goes to a file, not a pipe nobody drains (a full pipe would block the server)
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the child
         # its own session: a terminal's Ctrl-C reaches the run, which stops its rollouts first and the
         # stand-in after, instead of the stand-in dropping the connections of rollouts in flight
         self._proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True, start_new_session=True
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, start_new_session=True
         )
         assert self._proc.stdout is not None
         deadline = time.monotonic() + self.startup_timeout
@@ -65,9 +69,16 @@ class StubPolicyProcess:
         self.url = line[len(BANNER_PREFIX) :].strip()
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
     def stop(self) -> None:
         """Stop the child (SIGTERM, then SIGKILL after 5 s)."""
         proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            proc.stdin.close()  # end-of-file: the child's signal to stop
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:

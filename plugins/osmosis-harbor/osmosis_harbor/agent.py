@@ -23,10 +23,11 @@ from harbor.agents.base import BaseAgent  # noqa: E402
 from harbor.environments.base import BaseEnvironment  # noqa: E402
 from harbor.models.agent.context import AgentContext  # noqa: E402
 
-from osmosis_core.errors import InfraError  # noqa: E402
+from osmosis_core import InfraError  # noqa: E402
+from osmosis_core.plugin import clip, policy_to_json, result_from_json  # noqa: E402
 from osmosis_harbor.in_trial import REQUEST_FILE, RESULT_FILE, bootstrap  # noqa: E402
 from osmosis_harbor.tickets import get_ticket  # noqa: E402
-from osmosis_harbor.wire import API_KEY_ENV, policy_to_json, result_from_json  # noqa: E402
+from osmosis_harbor.wire import secret_env  # noqa: E402
 
 __all__ = ["AGENT_IMPORT_PATH", "OsmosisWorkflowAgent", "WorkflowFailed", "WorkflowRunnerError"]
 
@@ -95,17 +96,20 @@ class OsmosisWorkflowAgent(BaseAgent):
             shlex.quote(part)
             for part in (ticket.python, "-I", "-c", bootstrap(ticket.lib_paths), "run", REQUEST_FILE, RESULT_FILE)
         )
-        env = {API_KEY_ENV: request.policy.api_key} if request.policy.api_key else None
-        executed = await environment.exec(command, env=env)
+        executed = await environment.exec(command, env=secret_env(request.policy) or None)
         fetched = ticket.staging / "result.json"
         try:
             await environment.download_file(RESULT_FILE, fetched)
             result = result_from_json(json.loads(fetched.read_text(encoding="utf-8")))
         except (OSError, ValueError) as exc:
-            tail = (executed.stderr or executed.stdout or "").strip()[-1500:]
+            output = (executed.stderr or executed.stdout or "").strip() or "no output"
             raise WorkflowRunnerError(
-                f"the workflow runner in the trial wrote no result (exit status {executed.return_code}; {exc}): "
-                f"{tail or 'no output'}"
+                clip(
+                    f"the workflow runner in the trial wrote no result (exit status {executed.return_code}; {exc}): "
+                    f"...{output[-4000:]}",
+                    request.policy.secrets(),
+                    1500,
+                )
             ) from None
         ticket.workflow_result = result
         ticket.workflow_done.set()

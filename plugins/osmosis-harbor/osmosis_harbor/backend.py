@@ -12,6 +12,18 @@ In code (the same settings as the run config's ``[backend.harbor]`` table)::
     await backend.execute(request, on_workflow_complete, on_grader_complete)
     await backend.aclose()
 
+The constructor of osmosis-ai's ``HarborBackend`` works too (classes or ``"module:attr"`` strings,
+its keyword names mapped onto :class:`HarborBackendConfig`)::
+
+    backend = HarborBackend(
+        orchestrator=TrialQueue(n_concurrent=8),
+        task_dir=Path("tasks/my-task"),
+        user_code_dir=Path("."),
+        workflow="rollouts.my_rollout.main:MyWorkflow",
+        grader="rollouts.my_rollout.main:MyGrader",
+        cleanup_successful_trials=True,
+    )
+
 **Template mode** (default): each rollout gets a trial of one reusable task (``task_dir``, default
 the plugin's generic task). The row's prompt becomes the trial's instruction, the workflow runs
 inside the trial against the rollout's policy endpoint (:mod:`osmosis_harbor.agent`), its sample
@@ -33,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import os
 import re
 import secrets
 import shutil
@@ -43,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 
 from osmosis_harbor._harbor import prepare_harbor_import
 
@@ -53,21 +67,26 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.trial.hooks import TrialEvent, TrialHookEvent  # noqa: E402
 from harbor.trial.queue import TrialQueue  # noqa: E402
 
-from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback, load_object  # noqa: E402
-from osmosis_core.errors import ConfigError  # noqa: E402
-from osmosis_core.loader import apply_config_table  # noqa: E402
-from osmosis_core.records import (  # noqa: E402
+from osmosis_core import (  # noqa: E402
+    AgentWorkflow,
+    AgentWorkflowConfig,
+    BackendSetup,
+    ConfigError,
     ErrorCategory,
+    ExecutionBackend,
     ExecutionRequest,
     ExecutionResult,
     ExecutionStage,
     ExecutionStatus,
+    Grader,
+    GraderConfig,
+    ResultCallback,
     RolloutSample,
     message_text,
 )
-from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig  # noqa: E402
+from osmosis_core.plugin import report_cancelled  # noqa: E402
 from osmosis_harbor.agent import AGENT_IMPORT_PATH  # noqa: E402
-from osmosis_harbor.bwrap import HostLayout, check_bwrap, find_bwrap, is_exposable  # noqa: E402
+from osmosis_harbor.bwrap import check_bwrap, find_bwrap, python_paths  # noqa: E402
 from osmosis_harbor.config import HarborBackendConfig  # noqa: E402
 from osmosis_harbor.outcomes import NO_REWARD_ERRORS, failure, grader_file_result, pick_reward, trial_error  # noqa: E402
 from osmosis_harbor.tasks import DEFAULT_TASK_DIR, TaskProblem, find_dataset_task, is_task_dir, task_name  # noqa: E402
@@ -106,83 +125,119 @@ def _anchors(rollout_dir: Path | None) -> list[Path]:
     return [rollout_dir, *rollout_dir.parents]
 
 
-def _resolve_class(spec: str, near: type[Any], base: type[Any], key: str) -> type[Any]:
-    """A class named in the config: ``pkg.mod:Class``, or a class in the module of ``near``."""
-    try:
-        obj = load_object(spec) if ":" in spec else getattr(sys.modules[near.__module__], spec)
-    except (ImportError, AttributeError, ValueError, KeyError) as exc:
-        raise ConfigError(_SOURCE, [f"cannot find {spec!r}: {type(exc).__name__}: {exc} @ $.backend.harbor.{key}"])
-    if not (isinstance(obj, type) and issubclass(obj, base)):
-        raise ConfigError(_SOURCE, [f"{spec!r} is not a {base.__name__} subclass @ $.backend.harbor.{key}"])
-    return obj
-
-
 def _trial_name(rollout_id: str) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", rollout_id).strip("-.") or "rollout"
     return f"{name[:80]}-{secrets.token_hex(3)}"
 
 
+def _with_reference_names(
+    config: HarborBackendConfig,
+    *,
+    task_dir: Path | str | None,
+    user_code_dir: Path | str | None,
+    cleanup_successful_trials: bool | None,
+    prebuild_local_image: bool | None,
+    environment_config: EnvironmentConfig | None,
+) -> HarborBackendConfig:
+    """``config`` with osmosis-ai's constructor keywords applied (each may be given once, in one spelling).
+
+    :raises ConfigError: a keyword that contradicts ``config``, or a Docker option without Docker.
+    """
+    changes: dict[str, Any] = {}
+    problems: list[str] = []
+
+    def take(ours: str, theirs: str, value: Any, default: Any) -> None:
+        current = getattr(config, ours)
+        if current != default and current != value:
+            problems.append(f"{theirs}={value!r} and config {ours}={current!r} disagree; give one @ {theirs}")
+        changes[ours] = value
+
+    if task_dir is not None:
+        take("task_dir", "task_dir", str(task_dir), None)
+    if user_code_dir is not None:
+        take("code_dir", "user_code_dir", str(user_code_dir), None)
+    if cleanup_successful_trials is not None:
+        take("keep_successful_trials", "cleanup_successful_trials", not cleanup_successful_trials, False)
+    if prebuild_local_image is not None:
+        kind = environment_config.type if environment_config is not None else config.environment.type
+        if str(getattr(kind, "value", kind)) != "docker":
+            problems.append(
+                f"prebuild_local_image is an option of Harbor's Docker environment (build the task image here "
+                f"instead of pulling a prebuilt one); these trials run in {str(getattr(kind, 'value', kind))!r}: "
+                "remove it, or use the docker environment @ prebuild_local_image"
+            )
+        else:
+            changes["environment"] = attrs.evolve(config.environment, force_build=bool(prebuild_local_image))
+    if problems:
+        raise ConfigError("HarborBackend", problems)
+    return attrs.evolve(config, **changes) if changes else config
+
+
 class HarborBackend(ExecutionBackend):
     """Runs each rollout in an isolated Harbor trial; see the module docstring.
 
-    :param workflow: the :class:`~osmosis_core.AgentWorkflow` subclass (or an import path to one).
-    :param workflow_config: its config; default ``workflow.config_type()``.
+    :param workflow: the :class:`~osmosis_core.AgentWorkflow` subclass, or an import path to one.
+    :param workflow_config: its config (an object or an import path); default ``workflow.config_type()``.
     :param grader: the :class:`~osmosis_core.Grader` subclass (or import path), None for no grading.
         In dataset mode the task's verifier grades instead.
-    :param grader_config: its config.
-    :param config: the ``[backend.harbor]`` settings (:class:`HarborBackendConfig`).
+    :param grader_config: its config (an object or an import path).
+    :param config: the ``[backend.harbor]`` settings (:class:`HarborBackendConfig`); the canonical way.
     :param rollout_dir: the rollout's folder: the code mounted into trials unless ``config.code_dir``.
     :param run_dir: the run's folder: trials go to ``run_dir/harbor-trials`` unless ``config.trials_dir``.
     :param config_root: the folder the run config's relative paths resolve against (tried first).
     :param dataset_path: the dataset file; hidden from every trial, since it holds the labels.
+    :param require_labels: fail a row without a label instead of running it ungraded (template mode).
+
+    osmosis-ai's keyword names are accepted and mapped onto ``config`` (each given in one spelling):
+
+    :param orchestrator: a Harbor ``TrialQueue`` to run the trials on (its ``n_concurrent`` is the limit).
+    :param task_dir: ``config.task_dir``. :param user_code_dir: ``config.code_dir``.
+    :param environment_config: a Harbor ``EnvironmentConfig`` used as is for every trial (instead of
+        ``config.environment``).
+    :param cleanup_successful_trials: ``not config.keep_successful_trials``.
+    :param prebuild_local_image: Harbor's Docker environment builds the task image on this machine
+        instead of pulling a prebuilt one (``force_build``); refused with any other environment.
     """
 
     def __init__(
         self,
         workflow: type[AgentWorkflow[Any]] | str,
-        workflow_config: AgentWorkflowConfig | None = None,
+        workflow_config: AgentWorkflowConfig | str | None = None,
         grader: type[Grader[Any]] | str | None = None,
-        grader_config: GraderConfig | None = None,
+        grader_config: GraderConfig | str | None = None,
         *,
         config: HarborBackendConfig | None = None,
         rollout_dir: Path | None = None,
         run_dir: Path | None = None,
         config_root: Path | None = None,
         dataset_path: Path | None = None,
+        require_labels: bool = False,
+        orchestrator: TrialQueue | None = None,
+        task_dir: Path | str | None = None,
+        user_code_dir: Path | str | None = None,
+        environment_config: EnvironmentConfig | None = None,
+        cleanup_successful_trials: bool | None = None,
+        prebuild_local_image: bool | None = None,
     ) -> None:
-        self.config = config = config if config is not None else HarborBackendConfig()
-        self._dataset_path = dataset_path  # holds the labels: hidden from every trial
-        workflow_class = load_object(workflow) if isinstance(workflow, str) else workflow
-        if not (isinstance(workflow_class, type) and issubclass(workflow_class, AgentWorkflow)):
-            raise TypeError(f"workflow must be an AgentWorkflow subclass, got {workflow!r}")
-        if config.workflow:
-            workflow_class = _resolve_class(config.workflow, workflow_class, AgentWorkflow, "workflow")
-            if workflow_config is not None and not isinstance(workflow_config, workflow_class.config_type):
-                workflow_config = None
-        grader_class = load_object(grader) if isinstance(grader, str) else grader
-        if config.grader:
-            if config.grader.lower() == "none":
-                grader_class, grader_config = None, None
-            else:
-                grader_class = _resolve_class(config.grader, workflow_class, Grader, "grader")
-                if grader_config is not None and not isinstance(grader_config, grader_class.config_type):
-                    grader_config = None
-        if grader_class is not None and not (isinstance(grader_class, type) and issubclass(grader_class, Grader)):
-            raise TypeError(f"grader must be a Grader subclass, got {grader!r}")
-        self.workflow_class: type[AgentWorkflow[Any]] = workflow_class
-        base_wf = workflow_config if workflow_config is not None else workflow_class.config_type()
-        self.workflow_config = apply_config_table(
-            base_wf, config.workflow_config, "$.backend.harbor.workflow_config", _SOURCE
+        from osmosis_core import LocalBackend
+
+        config = config if config is not None else HarborBackendConfig()
+        self.config = config = _with_reference_names(
+            config,
+            task_dir=task_dir,
+            user_code_dir=user_code_dir,
+            cleanup_successful_trials=cleanup_successful_trials,
+            prebuild_local_image=prebuild_local_image,
+            environment_config=environment_config,
         )
-        self.grader_class: type[Grader[Any]] | None = grader_class
-        self.grader_config: GraderConfig | None = None
-        if grader_class is not None:
-            base_gr = grader_config if grader_config is not None else grader_class.config_type()
-            self.grader_config = apply_config_table(
-                base_gr, config.grader_config, "$.backend.harbor.grader_config", _SOURCE
-            )
-        elif config.grader_config:
-            raise ConfigError(_SOURCE, ["there is no grader to take these settings @ $.backend.harbor.grader_config"])
+        self._dataset_path = dataset_path  # holds the labels: hidden from every trial
+        # which workflow and grader run, and their configs: decided once, the local backend's way
+        local = LocalBackend(workflow, workflow_config, grader, grader_config, require_labels=require_labels)
+        self.workflow_class: type[AgentWorkflow[Any]] = local.workflow_class
+        self.workflow_config: AgentWorkflowConfig = local.workflow_config
+        self.grader_class: type[Grader[Any]] | None = local.grader_class
+        self.grader_config: GraderConfig | None = local.grader_config
+        self._local = local
 
         anchors = ([config_root] if config_root is not None else []) + _anchors(rollout_dir)
         self.mode = config.mode
@@ -196,7 +251,7 @@ class HarborBackend(ExecutionBackend):
             self.dataset_dir = _find(config.dataset_dir, anchors)
             if self.dataset_dir is not None and not self.dataset_dir.is_dir():
                 raise ConfigError(_SOURCE, [f"{self.dataset_dir} is not a folder @ $.backend.harbor.dataset_dir"])
-        module_file = getattr(sys.modules.get(workflow_class.__module__), "__file__", None)
+        module_file = getattr(sys.modules.get(self.workflow_class.__module__), "__file__", None)
         code = _find(config.code_dir, anchors) or rollout_dir or (Path(module_file).parent if module_file else None)
         self.code_dir = Path(code).resolve() if code is not None else None
         self.run_dir = run_dir
@@ -208,34 +263,37 @@ class HarborBackend(ExecutionBackend):
             trials = Path(tempfile.mkdtemp(prefix="osmosis-harbor-"))
             self._own_trials_dir = True
         self.trials_dir = trials.resolve()
-        self.trials_dir.mkdir(parents=True, exist_ok=True)
+        self.trials_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.trials_dir, 0o700)  # trial folders hold what a rollout saw and did: the owner's only
 
+        self._harbor_environment = environment_config
         environment = config.environment
-        self._bwrap = environment.is_bwrap
+        self._bwrap = environment_config is None and environment.is_bwrap
         if self._bwrap:
             check_bwrap(find_bwrap(config.sandbox.bwrap))
             self.python = environment.python or sys.executable
-            layout = HostLayout.detect()
-            self._lib_paths = [
-                str(Path(p).resolve())
-                for p in sys.path
-                if p and Path(p).is_dir() and (is_exposable(Path(p).resolve()) or layout.is_host_path(p))
-            ]
+            self._lib_paths = [str(p) for p in python_paths(import_path=True)]
         else:
             self.python = environment.python or "python3"
             self._lib_paths = [_TRIAL_LIB]
-        self._limit = config.n_concurrent or self.workflow_config.concurrency.limit
-        retry = RetryConfig(
-            max_retries=config.max_retries,
-            exclude_exceptions={
-                "WorkflowFailed",
-                "GraderFailed",
-                "AgentTimeoutError",
-                "VerifierTimeoutError",
-                *NO_REWARD_ERRORS,
-            },
-        )
-        self._queue = TrialQueue(n_concurrent=self._limit, retry_config=retry)
+        if orchestrator is not None:
+            self._queue = orchestrator
+            self._limit = int(getattr(orchestrator, "_n_concurrent", 0) or config.n_concurrent or 0) or (
+                self.workflow_config.concurrency.limit
+            )
+        else:
+            self._limit = config.n_concurrent or self.workflow_config.concurrency.limit
+            retry = RetryConfig(
+                max_retries=config.max_retries,
+                exclude_exceptions={
+                    "WorkflowFailed",
+                    "GraderFailed",
+                    "AgentTimeoutError",
+                    "VerifierTimeoutError",
+                    *NO_REWARD_ERRORS,
+                },
+            )
+            self._queue = TrialQueue(n_concurrent=self._limit, retry_config=retry)
         self._queue.add_hook(TrialEvent.START, self._on_trial_start)
         self._by_trial: dict[str, Ticket] = {}
         try:
@@ -262,6 +320,7 @@ class HarborBackend(ExecutionBackend):
             run_dir=setup.run_dir,
             config_root=setup.config_root,
             dataset_path=setup.dataset_path,
+            require_labels=setup.require_labels,
         )
 
     @property
@@ -277,6 +336,13 @@ class HarborBackend(ExecutionBackend):
     def grades(self) -> bool:
         """True when rollouts get a grader stage (a grader in template mode; always in dataset mode)."""
         return self.mode == "dataset" or self.grader_class is not None
+
+    def grades_request(self, request: ExecutionRequest) -> bool:
+        """Whether ``request`` gets a grader stage: the task's verifier (dataset mode), or the rollout's
+        grader on the same terms as the local backend (template mode: asked for, and a labelled row)."""
+        if self.mode == "dataset":
+            return request.grade
+        return self._local.grades(request)
 
     def health(self) -> dict[str, Any]:
         from osmosis_harbor.bwrap import sandbox_limits
@@ -337,6 +403,8 @@ class HarborBackend(ExecutionBackend):
         return uploads
 
     def _environment_config(self) -> EnvironmentConfig:
+        if self._harbor_environment is not None:
+            return self._harbor_environment.model_copy(deep=True)
         env = self.config.environment
         common: dict[str, Any] = {
             "env": dict(env.env),
@@ -349,8 +417,10 @@ class HarborBackend(ExecutionBackend):
             return EnvironmentConfig(**kind, kwargs=dict(env.kwargs), delete=True, **common)
         sandbox = self.config.sandbox
         hide = [str(self.trials_dir), *sandbox.hide_paths]
-        if self._dataset_path is not None:
-            hide.append(str(self._dataset_path.resolve()))
+        # the labels, and the tasks' own tests and solutions: never visible to a rollout
+        for secret in (self._dataset_path, self.dataset_dir, self.task_dir):
+            if secret is not None:
+                hide.append(str(Path(secret).resolve()))
         if self.run_dir is not None:
             hide.append(str(Path(self.run_dir).resolve()))
         expose = [str(self.code_dir)] if self.code_dir is not None else []
@@ -366,10 +436,10 @@ class HarborBackend(ExecutionBackend):
 
     def _trial_config(self, ticket: Ticket, task_dir: Path, trial_name: str) -> TrialConfig:
         request = ticket.request
-        if self.mode == "dataset":
-            verifier = VerifierConfig()
-        elif self.grader_class is None:
+        if not self.grades_request(request):
             verifier = VerifierConfig(disable=True)
+        elif self.mode == "dataset":
+            verifier = VerifierConfig()
         else:
             verifier = VerifierConfig(
                 import_path=HOST_VERIFIER_IMPORT_PATH if self.config.grade_on_host else VERIFIER_IMPORT_PATH,
@@ -450,7 +520,7 @@ class HarborBackend(ExecutionBackend):
             if stage is _WF:
                 await on_workflow_complete(self._failed_workflow(ticket, trial, timings, submitted))
                 return
-            if not self.grades:
+            if not self.grades_request(request):
                 await self._cleanup(ticket, success=trial.exception_info is None)
                 return
             graded, ok = self._grader_stage(ticket, trial, timings)
@@ -463,16 +533,10 @@ class HarborBackend(ExecutionBackend):
                     trial_task.cancel()
                     with contextlib.suppress(BaseException):
                         await asyncio.wait_for(asyncio.shield(trial_task), 30)
-                where = f" (trial kept: {ticket.trial_dir})" if ticket is not None else ""
-                cancelled = failure(
-                    request.rollout_id,
-                    stage,
-                    ErrorCategory.CANCELLED,
-                    f"rollout cancelled during the {stage} stage{where}",
-                )
-                callback = on_workflow_complete if stage is _WF else on_grader_complete
-                if callback is not None:
-                    await callback(cancelled)
+            where = f" (trial kept: {ticket.trial_dir})" if ticket is not None else ""
+            await report_cancelled(
+                request.rollout_id, stage, on_workflow_complete, on_grader_complete, timings=timings, detail=where
+            )
             raise
         except Exception:
             # a callback failed: do not leave the trial running behind the caller's back

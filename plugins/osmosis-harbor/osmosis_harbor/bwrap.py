@@ -5,12 +5,15 @@ What a sandboxed command sees:
 * ``/`` is the trial's private folder (``<trial>/sandbox/<role>/``), writable and kept between the
   trial's commands, so ``/app``, ``/logs``, ``/tests``, ``/tmp``, ``/root`` and anything the task
   creates are the trial's own;
-* the host's top-level folders (``/usr``, ``/etc``, ``/opt``, ``/var``, ...) are bound read-only,
-  except ``/home``, ``/root``, ``/tmp``, ``/run``, ``/mnt``, ``/media`` and ``/boot``, which are the
-  trial's own (empty) folders; credential files (``/etc/shadow``, ``/etc/ssh``, ``/etc/ssl/private``
-  ...) are hidden, and so are the run folder, every trial folder and ``hide_paths``;
-* the Python that runs osmosis (its prefix and import path) and the rollout code are bound
-  read-only at their own paths, even under a hidden folder, so ``sys.executable`` works inside;
+* only what a trial needs of the host is shown, read-only (an allow-list, not a deny-list): the
+  system folders (``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc`` without its credential files
+  such as ``/etc/shadow``, ``/etc/ssh``, ``/etc/ssl/private``); the Python that runs osmosis (its
+  prefix, standard library and site-packages) and, of any other folder on its import path (an
+  editable install's project), only the packages and modules in it, never its other files; the
+  rollout code; and ``expose_paths``. Everything else of the host (``/home``, ``/root``, ``/opt``,
+  ``/var``, ``/srv``, a workspace with its datasets and runs) does not exist inside, and the run
+  folder, every trial folder, the dataset, the tasks' folders and ``hide_paths`` are hidden even
+  where an exposed path would show them;
 * its own PID, IPC, UTS and cgroup namespaces, no capabilities, a clean environment (only
   ``PATH``, ``HOME=/root``, ``TMPDIR``, the locale and what Harbor passes); the host's
   network (so a policy on 127.0.0.1 is reachable) unless the task asks for none, then only a
@@ -39,11 +42,12 @@ from pathlib import Path
 
 import attrs
 
-from osmosis_core.errors import InfraError
+from osmosis_core import InfraError
 from osmosis_harbor.limits import ExecLimits, Limits
 
 __all__ = [
     "PRIVATE_TOPLEVEL",
+    "SYSTEM_TOPLEVEL",
     "BubblewrapMissing",
     "CommandResult",
     "CommandTimeout",
@@ -57,8 +61,11 @@ __all__ = [
     "sandbox_limits",
 ]
 
+SYSTEM_TOPLEVEL = frozenset({"bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr"})
+"""The host's top-level folders a trial sees (read-only): system programs, libraries, configuration."""
+
 PRIVATE_TOPLEVEL = frozenset({"home", "root", "tmp", "run", "mnt", "media", "boot", "lost+found"})
-"""Host top-level folders never shown: the trial gets its own (empty) folder in their place."""
+"""Host top-level folders the trial gets its own (empty) folder in place of."""
 
 _SPECIAL = frozenset({"proc", "dev", "sys"})
 _CREDENTIALS = (
@@ -127,23 +134,51 @@ def check_bwrap(path: str) -> None:
         )
 
 
-def python_paths() -> list[Path]:
-    """The folders this interpreter needs: its prefixes and every folder on ``sys.path``."""
-    paths: list[str] = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-    paths.append(str(Path(os.path.realpath(sys.executable)).parent.parent))
+def python_paths(*, import_path: bool = False) -> list[Path]:
+    """What this interpreter needs inside a sandbox to import what it imports here.
+
+    :param import_path: the folders to put on the trial interpreter's ``sys.path`` (every folder on
+        this one's), instead of the paths to show: its prefixes, standard library and
+        site-packages whole, and of any other folder on ``sys.path`` (an editable install's
+        project root) only the packages and modules in it, not its tests, data or runs.
+    """
+    if import_path:
+        return [Path(p).absolute() for p in sys.path if p and Path(p).is_dir()]
+    whole: list[str] = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    whole.append(str(Path(os.path.realpath(sys.executable)).parent.parent))
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         with contextlib.suppress(KeyError):
-            paths.append(sysconfig.get_paths()[key])
-    paths.extend(p for p in sys.path if p)
+            whole.append(sysconfig.get_paths()[key])
+    wholes = [Path(p).absolute() for p in whole]
+    picked: list[Path] = list(wholes)
+    for entry in filter(None, sys.path):
+        path = Path(entry).absolute()
+        if path.is_file() or any(path.is_relative_to(w) for w in wholes):
+            picked.append(path)
+        elif path.is_dir():
+            picked.extend(_importables(path))
     out: list[Path] = []
-    for p in paths:
-        path = Path(p)
-        if path.is_dir() or path.is_file():
-            out.append(path.absolute())
+    for path in picked:
+        if path.exists():
+            out.append(path)
             real = Path(os.path.realpath(path))
-            if real != path.absolute():
+            if real != path:
                 out.append(real)
     return out
+
+
+def _importables(folder: Path) -> list[Path]:
+    """The packages and modules directly in ``folder`` (what importing from it can reach)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for child in folder.iterdir():
+            if child.name.startswith("."):
+                continue
+            if (child.is_dir() and (child / "__init__.py").is_file()) or (
+                child.is_file() and child.suffix in (".py", ".so", ".pyd")
+            ):
+                found.append(child)
+    return found
 
 
 def is_exposable(path: Path) -> bool:
@@ -180,7 +215,7 @@ class HostLayout:
         read_only, links = [], []
         for entry in sorted(os.scandir("/"), key=lambda e: e.name):
             name = entry.name
-            if name in PRIVATE_TOPLEVEL or name in _SPECIAL:
+            if name not in SYSTEM_TOPLEVEL:
                 continue
             if entry.is_symlink():
                 links.append((name, os.readlink(entry.path)))

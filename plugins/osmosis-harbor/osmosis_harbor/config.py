@@ -9,16 +9,11 @@ plugin's own generic task, each rollout in a fresh bubblewrap sandbox. A complet
     # dataset_dir = "tasks"           # dataset mode: a local dataset, one Harbor task folder per task
     # task_key = "task"               # dataset mode: the row key that names the task
     # code_dir = "rollouts/my-rollout"   # the user code mounted into trials (default: the rollout folder)
-    # workflow = "main:MyWorkflow"    # override the rollout's workflow (class name or import path)
-    # grader = "main:MyGrader"        # override the grader ("none" for no grading)
     # grade_on_host = false           # true: grade in this process (faster, not sandboxed)
     n_concurrent = 8                  # trials at once (Harbor's TrialQueue); default: run.concurrency
     max_retries = 0                   # Harbor retries of a trial that failed in its machinery
     keep_successful_trials = false    # failed trials are always kept, for debugging
     # trials_dir = "runs/harbor-trials"  # default: <run folder>/harbor-trials
-
-    [backend.harbor.workflow_config]  # fields of the workflow's config (as [rollout.workflow_config])
-    max_turns = 4
 
     [backend.harbor.environment]      # where trials run
     type = "bwrap"                    # the plugin's sandbox; or Harbor's "docker", "podman", "daytona", ...
@@ -28,7 +23,10 @@ plugin's own generic task, each rollout in a fresh bubblewrap sandbox. A complet
     [backend.harbor.sandbox]          # the bwrap sandbox's own limits
     memory_mb = 4096                  # per trial; default: the task's [environment].memory_mb, else 4096
     max_processes = 1024
-    hide_paths = ["/srv/data"]        # more host paths the sandbox must not see
+    hide_paths = ["/srv/data"]        # host paths the sandbox must not see even where it shows their folder
+    expose_paths = ["/opt/tools"]     # host paths it may see (read-only) beyond the system folders
+
+Which workflow and grader run, and their settings, are the run's (``[rollout]``), as on every backend.
 
 >>> from osmosis_core.config import structure_table
 >>> cfg = structure_table({"n_concurrent": 2, "sandbox": {"memory_mb": 512}}, HarborBackendConfig, "$", "doc")
@@ -96,9 +94,10 @@ class SandboxSection:
     max_processes: int | None = attrs.field(default=DEFAULT_MAX_PROCESSES, validator=_positive_or_none)
     """Processes and threads of a trial's commands; None for no limit."""
     hide_paths: list[str] = attrs.field(factory=list)
-    """More host paths to hide (an empty folder is shown in their place)."""
+    """More host paths to hide (an empty folder is shown in their place) where a shown folder holds them."""
     expose_paths: list[str] = attrs.field(factory=list)
-    """Host paths to show read-only even inside hidden places (e.g. a tool under /root)."""
+    """Host paths to show read-only beyond the system folders, this Python and the rollout code
+    (e.g. a tool under /opt); a trial sees nothing else of the host."""
     bwrap: str | None = None
     """The bubblewrap executable; default ``bwrap`` on PATH."""
 
@@ -147,14 +146,6 @@ class HarborBackendConfig:
     """Dataset mode: the row key naming the task (a folder under ``dataset_dir``, or a path)."""
     code_dir: str | None = None
     """The rollout code made visible in trials (default: the rollout folder)."""
-    workflow: str | None = None
-    """Run this workflow instead of the rollout's: a class in the entrypoint or ``pkg.mod:Class``."""
-    workflow_config: dict[str, Any] = attrs.field(factory=dict)
-    """Fields of the workflow config, applied over the rollout's."""
-    grader: str | None = None
-    """Grade with this grader instead of the rollout's (template mode); ``"none"`` for none."""
-    grader_config: dict[str, Any] = attrs.field(factory=dict)
-    """Fields of the grader config, applied over the rollout's."""
     grade_on_host: bool = False
     """Template mode: run the grader in this process (as the trial's Harbor verifier) instead of
     inside the trial. Faster (no second interpreter per rollout), but the grader is not sandboxed:

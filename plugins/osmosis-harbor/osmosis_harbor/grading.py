@@ -11,9 +11,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from osmosis_core.local import LocalBackend
-from osmosis_core.records import ExecutionRequest, ExecutionResult, RolloutSample
-from osmosis_core.workflow import AgentWorkflow, AgentWorkflowContext, Grader, GraderConfig
+from osmosis_core import (
+    AgentWorkflow,
+    AgentWorkflowContext,
+    ExecutionRequest,
+    ExecutionResult,
+    Grader,
+    GraderConfig,
+    LocalBackend,
+    RolloutSample,
+)
 
 __all__ = ["grade_sample"]
 
@@ -48,5 +55,7 @@ async def grade_sample(
     async def keep(result: ExecutionResult) -> None:
         results.append(result)
 
-    await LocalBackend(_Replay, None, grader, grader_config, max_concurrent=1).execute(request, keep, keep)
+    # the backend decided this rollout is graded: a row without a label is the grader's validation_error here
+    backend = LocalBackend(_Replay, None, grader, grader_config, max_concurrent=1, require_labels=True)
+    await backend.execute(request, keep, keep)
     return results[-1]

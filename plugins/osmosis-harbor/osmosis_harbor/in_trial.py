@@ -90,16 +90,15 @@ def _infra(rollout_id: str, stage: str, message: str) -> dict[str, Any]:
 
 
 async def _close_http() -> None:
-    if "osmosis_core.http" in sys.modules:
-        from osmosis_core.http import aclose_shared_client
+    from osmosis_core.plugin import aclose_http
 
-        await aclose_shared_client()
+    await aclose_http()
 
 
 async def _run(request: dict[str, Any]) -> dict[str, Any]:
-    from osmosis_core.local import LocalBackend
-    from osmosis_core.records import ExecutionRequest, ExecutionResult
-    from osmosis_harbor.wire import API_KEY_ENV, load_object_blob, policy_from_json, result_to_json
+    from osmosis_core import ExecutionRequest, ExecutionResult, LocalBackend
+    from osmosis_core.plugin import result_to_json
+    from osmosis_harbor.wire import load_object_blob, policy_from_request
 
     rollout_id = str(request["rollout_id"])
     try:
@@ -117,7 +116,7 @@ async def _run(request: dict[str, Any]) -> dict[str, Any]:
     execution = ExecutionRequest(
         rollout_id=rollout_id,
         prompt=list(request["prompt"]),
-        policy=policy_from_json(request["policy"], os.environ.get(API_KEY_ENV) or None),
+        policy=policy_from_request(request["policy"]),
         metadata=dict(request.get("metadata") or {}),
         agent_timeout_sec=timeout,
     )
@@ -134,9 +133,10 @@ async def _run(request: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _grade(request: dict[str, Any], sample_file: str) -> dict[str, Any]:
-    from osmosis_core.records import ExecutionRequest
+    from osmosis_core import ExecutionRequest
+    from osmosis_core.plugin import result_from_json, result_to_json
     from osmosis_harbor.grading import grade_sample
-    from osmosis_harbor.wire import API_KEY_ENV, load_object_blob, policy_from_json, result_from_json, result_to_json
+    from osmosis_harbor.wire import load_object_blob, policy_from_request
 
     rollout_id = str(request["rollout_id"])
     try:
@@ -154,7 +154,7 @@ async def _grade(request: dict[str, Any], sample_file: str) -> dict[str, Any]:
     execution = ExecutionRequest(
         rollout_id=rollout_id,
         prompt=list(request["prompt"]),
-        policy=policy_from_json(request["policy"], os.environ.get(API_KEY_ENV) or None),
+        policy=policy_from_request(request["policy"]),
         label=request.get("label"),
         metadata=dict(request.get("metadata") or {}),
         grader_timeout_sec=float(timeout) if timeout else None,

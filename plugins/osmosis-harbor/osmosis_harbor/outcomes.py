@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from osmosis_core.records import ErrorCategory, ErrorInfo, ExecutionResult, ExecutionStage, ExecutionStatus
+from osmosis_core import ErrorCategory, ErrorInfo, ExecutionResult, ExecutionStage, ExecutionStatus
 
 __all__ = ["NO_REWARD_ERRORS", "failure", "grader_file_result", "pick_reward", "trial_error"]
 
@@ -68,7 +68,7 @@ def failure(
 
 def grader_file_result(verifier_dir: Path, nonce: str) -> ExecutionResult | None:
     """The grader's own result (``osmosis-grader.json``), if the grader runner of this trial wrote it."""
-    from osmosis_harbor.wire import result_from_json
+    from osmosis_core.plugin import result_from_json
 
     path = verifier_dir / "osmosis-grader.json"
     try:

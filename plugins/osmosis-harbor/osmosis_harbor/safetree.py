@@ -192,6 +192,21 @@ class SafeTree:
                     finally:
                         os.close(src)
 
+    def discard(self, parts: Sequence[str]) -> None:
+        """Delete ``root/parts`` (a folder with everything in it, a file or a symlink), following no symlink."""
+        if not parts:
+            raise ValueError("refusing to discard the whole tree; use remove()")
+        try:
+            with self._dir(parts[:-1], create=False) as fd:
+                _check_part(parts[-1])
+                st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(parts[-1], dir_fd=fd)
+                else:
+                    os.unlink(parts[-1], dir_fd=fd)
+        except FileNotFoundError:
+            pass
+
     def remove(self) -> None:
         """Delete the whole tree (``shutil.rmtree`` never follows symlinks)."""
         shutil.rmtree(self.root, ignore_errors=True)

@@ -20,6 +20,15 @@ Constructor keywords (``EnvironmentConfig.kwargs``, ``--ek key=value``):
   comma-separated string from the command line);
 * ``bwrap``: the bubblewrap executable.
 
+**The verifier's phase.** Harbor starts verifying by uploading the task's tests to ``/tests``. From
+then on: ``/tests`` holds only what was uploaded (anything the agent left there is removed first);
+every command gets a fresh, empty ``HOME`` the agent never saw, and ``PYTHONNOUSERSITE=1``,
+``PYTHONSAFEPATH=1`` and ``PYTHONDONTWRITEBYTECODE=1``, so no interpreter the verifier starts
+(``/usr/bin/python3`` included) runs a ``.pth``, ``usercustomize`` or module the agent planted in a
+user site folder or in the working folder; and commands run from ``/tests`` unless told otherwise.
+A verifier that means to import the agent's code says so (``PYTHONPATH=/app`` in its
+``tests/test.sh``). The agent's processes are gone by then (each command is its own sandbox).
+
 Limits: a task's Dockerfile is not built (the host's installed tools are the image); every command
 runs as the user running osmosis, without capabilities, whatever ``user`` asks; background
 processes do not survive their command; ``network_mode = "allowlist"`` is refused;
@@ -60,6 +69,9 @@ ENVIRONMENT_TYPE = "osmosis-bwrap"
 
 _BUILD_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml", ".dockerignore"})
 _LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
+_TESTS = "/tests"
+_VERIFIER_ENV = {"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+"""What every command of the verifier's phase gets: no interpreter reads what the agent could write."""
 
 
 class BubblewrapEnvironment(BaseEnvironment):
@@ -90,6 +102,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._root = Path(trial_paths.trial_dir) / "sandbox" / role
         self._tree = SafeTree(self._root)
         self._sandbox: Sandbox | None = None
+        self._verifier_home: str | None = None
+        """Set when the verifier's phase began (see the module docstring)."""
         super().__init__(
             environment_dir, environment_name, session_id, trial_paths, task_env_config, logger=logger, **kwargs
         )
@@ -180,6 +194,9 @@ class BubblewrapEnvironment(BaseEnvironment):
     ) -> ExecResult:
         merged = self._merge_env(env) or {}
         folder = cwd or self.workdir
+        if self._verifier_home is not None:
+            merged = {**merged, "HOME": self._verifier_home, **_VERIFIER_ENV}
+            folder = cwd or _TESTS
         if not self._tree.exists(_parts(folder)) and not HostLayout.detect().is_host_path(folder):
             self._tree.mkdir(_parts(folder))
         try:
@@ -208,7 +225,25 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._tree.write_file(self._private(target_path, write=True), source_path)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        self._tree.write_tree(self._private(target_dir, write=True), source_dir)
+        parts = self._private(target_dir, write=True)
+        if parts == [_TESTS.strip("/")] and self._verifier_home is None:
+            self._begin_verification()
+        self._tree.write_tree(parts, source_dir)
+
+    @property
+    def verifying(self) -> bool:
+        """True once the verifier's phase began."""
+        return self._verifier_home is not None
+
+    def _begin_verification(self) -> None:
+        """The verifier's phase begins: a ``/tests`` with nothing of the agent's, a fresh ``HOME``."""
+        import secrets
+
+        self._tree.discard([_TESTS.strip("/")])
+        self._tree.mkdir([_TESTS.strip("/")])
+        home = f"/osmosis-verifier-home-{secrets.token_hex(6)}"  # a name the agent could not guess
+        self._tree.mkdir([home.strip("/")], mode=0o700)
+        self._verifier_home = home
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         self._tree.read_file(self._private(source_path, write=False), target_path)

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from osmosis_core.records import ExecutionRequest, ExecutionResult, Message
+from osmosis_core import ExecutionRequest, ExecutionResult, Message
 
 __all__ = ["TICKETS", "ClassRef", "Ticket", "get_ticket"]
 

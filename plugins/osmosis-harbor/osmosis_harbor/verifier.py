@@ -29,10 +29,11 @@ from harbor.models.verifier.result import VerifierResult  # noqa: E402
 from harbor.verifier.base import BaseVerifier  # noqa: E402
 from harbor.verifier.verifier import Verifier  # noqa: E402
 
+from osmosis_core.plugin import policy_to_json  # noqa: E402
 from osmosis_harbor.grading import grade_sample  # noqa: E402
 from osmosis_harbor.in_trial import GRADE_REQUEST_FILE, GRADE_SCRIPT_FILE, RESULT_FILE, bootstrap  # noqa: E402
 from osmosis_harbor.tickets import get_ticket  # noqa: E402
-from osmosis_harbor.wire import API_KEY_ENV, policy_to_json  # noqa: E402
+from osmosis_harbor.wire import secret_env  # noqa: E402
 
 __all__ = [
     "HOST_VERIFIER_IMPORT_PATH",
@@ -80,9 +81,8 @@ class OsmosisGraderVerifier(Verifier):
     def __init__(self, *, ticket: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._ticket = get_ticket(ticket)
-        key = self._ticket.request.policy.api_key
-        if key:  # for graders that call a model; held in memory only, never in the trial's config
-            self.override_env[API_KEY_ENV] = key
+        # for graders that call a model: in memory only, never in the trial's config or files
+        self.override_env.update(secret_env(self._ticket.request.policy))
 
     async def verify(self) -> VerifierResult:
         ticket = self._ticket

@@ -66,9 +66,9 @@ def run_all(backend: Any, requests: list[Any]) -> list[Outcome]:
                     tg.start_soon(one, i)
         finally:
             await backend.aclose()
-            from osmosis_core.http import aclose_shared_client
+            from osmosis_core.http_session import aclose_http
 
-            await aclose_shared_client()
+            await aclose_http()
 
     anyio.run(main)
     return outcomes

@@ -146,3 +146,129 @@ def test_a_rollout_cannot_forge_its_reward(probe, tmp_path):
     time.sleep(0.2)
     assert sandbox_processes(marker) == []  # the rewriter died with the workflow's sandbox
     assert not os.path.exists("/logs/verifier/reward.json")  # and nothing was written on the host
+
+
+FORGE = """import os; open('/logs/verifier/reward.json', 'w').write('{"reward": 1}')"""
+
+
+def test_a_dataset_task_keeps_its_tests_solution_and_reward_from_the_agent(probe, tmp_path):
+    """Dataset mode, no network: the agent can read neither the task's tests nor its solution (nor any
+    host file outside the allow-list), and what it plants cannot run in the verifier's interpreters."""
+    import osmosis_core
+    from osmosis_harbor import HarborBackend, HarborBackendConfig
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS_DIR / "guarded", tasks)
+    task = tasks / "escape"
+    host_secret = Path(tempfile.mkdtemp(prefix="osmosis-harbor-labels-", dir="/var/tmp")) / "labels.txt"
+    host_secret.write_text("hidden labels")
+    repo_file = Path(osmosis_core.__file__).resolve().parent.parent / "pyproject.toml"
+    system_site = "~/.local/lib/python3.{}/site-packages".format
+    escape = [
+        {"read": str(task / "tests" / "test.sh")},
+        {"read": str(task / "solution" / "solve.sh")},
+        {"read": "/tests/test.sh"},
+        {"read": "/solution/solve.sh"},
+        {"read": str(host_secret)},
+        {"read": str(repo_file)},
+        {"list": "/"},
+        {"write": ["/app/answer.txt", "wrong"]},
+        {"write": ["/app/json.py", FORGE + "\nraise SystemExit(0)\n"]},
+        *({"plant": [f"{system_site(minor)}/zz_forge.pth", FORGE + "\n"]} for minor in range(8, 15)),
+        *({"plant": [f"{system_site(minor)}/usercustomize.py", FORGE + "\n"]} for minor in range(8, 15)),
+        {"plant": ["/tests/test.sh", "echo 1 > /logs/verifier/reward.txt\n"]},
+    ]
+    config = HarborBackendConfig(mode="dataset", dataset_dir=str(tasks), keep_successful_trials=True)
+    try:
+        with ScriptedPolicyServer() as server:
+            backend = HarborBackend(
+                probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir=tmp_path
+            )
+            dishonest, honest = run_all(
+                backend,
+                [
+                    request("escape", server.url, label=None, task="escape", probe=escape),
+                    request("honest", server.url, label=None, task="escape",
+                            probe=[{"write": ["/app/answer.txt", "correct"]}]),
+                ],
+            )  # fmt: skip
+    finally:
+        shutil.rmtree(host_secret.parent, ignore_errors=True)
+    seen = _seen(dishonest)
+    tests, solution, tests_in_trial, solution_in_trial, secret, repo, top = seen[1:8]
+    for hidden in (tests, solution, tests_in_trial, solution_in_trial, secret, repo):
+        assert str(hidden).startswith("error:") and "MARKER" not in str(hidden), hidden
+    assert not {"var", "srv", "opt", "media", "mnt"} & set(top), top  # of the host, only the system folders
+    assert (dishonest.final.stage.value, dishonest.final.status.value) == ("grader", "success"), dishonest.final
+    assert dishonest.final.reward == 0.0  # nothing it planted ran in the verifier
+    assert honest.final.reward == 1.0  # and an honest answer still passes
+    [trial] = (tmp_path / "harbor-trials").glob("escape-*")
+    assert "the system interpreter ran clean" in (trial / "verifier" / "test-stdout.txt").read_text()
+
+
+def test_no_secret_reaches_a_trial_folder_or_the_run_folder(tmp_path):
+    """The policy's key and header values travel only in a command's environment: a grep of everything
+    the run and its (kept) trials wrote finds neither."""
+    import subprocess as sp
+    import sys
+
+    from harbor_helpers import HERE
+
+    key, header = "sk-HARBORKEY-" + secrets.token_hex(8), "hdr-VALUE-" + secrets.token_hex(8)
+    shutil.copytree(HERE / "rollouts" / "probe", tmp_path / "rollouts" / "probe")
+    data = tmp_path / "data.jsonl"
+    rows = [
+        {
+            "user_prompt": "q",
+            "ground_truth": "pass",
+            "probe": [{"env_digest": "OSMOSIS_POLICY_API_KEY"}, {"chat": "hi"}],
+        },
+        {"user_prompt": "q", "ground_truth": "pass", "probe": [{"raise": "a failed trial is kept"}]},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with ScriptedPolicyServer(api_key=key) as server:
+        (tmp_path / "run.toml").write_text(
+            f"""
+[rollout]
+path = "rollouts/probe"
+entrypoint = "probe_rollout.py"
+
+[dataset]
+path = "data.jsonl"
+
+[policy]
+base_url = "{server.url}"
+api_key_env = "HARBOR_TEST_KEY"
+
+[policy.headers]
+X-Gateway-Token = "{header}"
+
+[run]
+backend = "harbor"
+
+[backend.harbor]
+keep_successful_trials = true
+"""
+        )
+        env = {**os.environ, "HARBOR_TEST_KEY": key}
+        run = sp.run(
+            [str(Path(sys.executable).parent / "osmosis"), "run", "run.toml", "--output", "out"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert server.requests and all(r.authorized and r.status == 200 for r in server.requests)
+    lines = sorted(
+        (json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()), key=lambda x: x["row"]
+    )
+    assert [x["status"] for x in lines] == ["success", "failure"], run.stderr
+    assert json.loads(lines[0]["sample"]["messages"][-1]["content"])[1] is not None  # the key arrived
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert len([p for p in written if "harbor-trials" in p.parts]) > 10  # both trials were kept
+    leaks = [
+        p
+        for p in written
+        if p.name != "run.toml" and (key.encode() in p.read_bytes() or header.encode() in p.read_bytes())
+    ]
+    assert leaks == []
+    assert key not in run.stdout + run.stderr and header not in run.stdout + run.stderr
+    trials = tmp_path / "out" / "harbor-trials"
+    assert oct(trials.stat().st_mode & 0o777) == "0o700"

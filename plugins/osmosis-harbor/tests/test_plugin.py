@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from harbor_helpers import PROBE_DIR, load, osmosis
+from harbor_helpers import PROBE_DIR, TASKS_DIR, load, osmosis
 
-from osmosis_core.config import structure_table
-from osmosis_core.errors import ConfigError, OsmosisError
+from osmosis_core import ConfigError, OsmosisError
+from osmosis_core.plugin import structure_table
 
 
 def test_entry_module_imports_neither_harbor_nor_litellm():
@@ -61,11 +61,74 @@ def test_a_missing_bubblewrap_is_one_clear_error_that_says_how_to_install_it(tmp
     assert isinstance(info.value, OsmosisError)  # the CLI shows it as one line, exit status 1
 
 
-def test_a_bad_workflow_config_key_in_the_backend_table_names_its_path(tmp_path):
+def test_the_backend_table_cannot_choose_another_workflow_or_grader():
+    """Which workflow and grader run is the run's decision ([rollout]), made once, as on every backend."""
+    from osmosis_harbor import HarborBackendConfig
+
+    for key in ("workflow", "grader", "workflow_config", "grader_config"):
+        with pytest.raises(ConfigError, match=rf"unknown key\(s\): {key} @ \$\.backend\.harbor"):
+            structure_table({key: "x"}, HarborBackendConfig, "$.backend.harbor", "run.toml")
+
+
+# -- osmosis-ai's constructor (the documented keywords, one test each) ---------------------------------
+
+
+def test_classes_and_configs_may_be_import_paths():
+    from osmosis_harbor import HarborBackend
+
+    probe = load(PROBE_DIR, "probe_rollout.py")
+    name = probe.workflow_class.__module__
+    backend = HarborBackend(workflow=f"{name}:ProbeWorkflow", grader=f"{name}:ProbeGrader")
+    assert backend.workflow_class is probe.workflow_class and backend.grader_class is probe.grader_class
+    with pytest.raises(TypeError, match=r"cannot import the workflow 'nowhere:X'"):
+        HarborBackend(workflow="nowhere:X")
+
+
+def test_orchestrator_is_the_given_trial_queue():
+    from harbor.trial.queue import TrialQueue
+
+    from osmosis_harbor import HarborBackend
+
+    probe = load(PROBE_DIR, "probe_rollout.py")
+    queue = TrialQueue(n_concurrent=3)
+    backend = HarborBackend(probe.workflow_class, orchestrator=queue)
+    assert backend.queue is queue and backend.max_concurrency == 3
+
+
+def test_task_dir_user_code_dir_and_cleanup_map_onto_the_config(tmp_path):
     from osmosis_harbor import HarborBackend, HarborBackendConfig
 
     probe = load(PROBE_DIR, "probe_rollout.py")
-    with pytest.raises(ConfigError, match=r"unknown key 'max_turnz' .* @ \$\.backend\.harbor\.workflow_config"):
-        HarborBackend(
-            probe.workflow_class, config=HarborBackendConfig(workflow_config={"max_turnz": 3}), run_dir=tmp_path
-        )
+    task = TASKS_DIR / "nonet"
+    backend = HarborBackend(
+        probe.workflow_class, task_dir=task, user_code_dir=probe.rollout_dir, cleanup_successful_trials=False
+    )
+    assert backend.task_dir == task and backend.code_dir == probe.rollout_dir.resolve()
+    assert backend.config.keep_successful_trials is True
+    assert HarborBackend(probe.workflow_class, cleanup_successful_trials=True).config.keep_successful_trials is False
+    with pytest.raises(ConfigError, match=r"task_dir=.* and config task_dir=.* disagree"):
+        HarborBackend(probe.workflow_class, config=HarborBackendConfig(task_dir=str(tmp_path)), task_dir=task)
+
+
+def test_environment_config_is_used_as_given():
+    from harbor.models.trial.config import EnvironmentConfig
+
+    from osmosis_harbor import HarborBackend
+
+    probe = load(PROBE_DIR, "probe_rollout.py")
+    given = EnvironmentConfig(type="docker", kwargs={"keep_containers": True})
+    backend = HarborBackend(probe.workflow_class, environment_config=given)
+    assert backend._environment_config() == given and backend.python == "python3"
+
+
+def test_prebuild_local_image_is_a_docker_option():
+    from harbor.models.trial.config import EnvironmentConfig
+
+    from osmosis_harbor import HarborBackend
+
+    probe = load(PROBE_DIR, "probe_rollout.py")
+    with pytest.raises(ConfigError, match=r"prebuild_local_image is an option of Harbor's Docker environment"):
+        HarborBackend(probe.workflow_class, prebuild_local_image=True)
+    docker = EnvironmentConfig(type="docker")
+    backend = HarborBackend(probe.workflow_class, environment_config=docker, prebuild_local_image=True)
+    assert backend.config.environment.force_build is True

@@ -69,12 +69,10 @@ def test_results_come_as_local_ones_do_and_failed_trials_are_kept(probe, tmp_pat
     assert error.category.value == "agent_error" and "RuntimeError: boom" in error.message
     trial_dir = Path(error.message.rsplit("logs: ", 1)[1].rstrip(")"))
     assert (trial_dir / "result.json").is_file() and (trial_dir / "agent" / "osmosis-result.json").is_file()
-    # a grader but no label: validation_error, as on the local backend
-    assert unlabelled.final.stage.value == "grader"
-    assert unlabelled.final.error.category.value == "validation_error"
-    assert "no label" in unlabelled.final.error.message
+    # a grader but no label: run and not graded (no verifier), as on the local backend
+    assert [(r.stage.value, r.status.value, r.reward) for r in unlabelled.results] == [("workflow", "success", None)]
     kept = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "harbor-trials").iterdir())
-    assert kept == ["boom", "unlabelled"]  # successful trials are removed, failed ones kept
+    assert kept == ["boom"]  # successful trials are removed, failed ones kept
 
 
 def test_no_grader_means_one_workflow_result_and_keep_successful_trials_keeps_them(probe, tmp_path):
@@ -106,6 +104,7 @@ def test_grading_on_the_host_gives_the_same_rewards_and_errors(probe, tmp_path):
             config=HarborBackendConfig(grade_on_host=True),
             rollout_dir=probe.rollout_dir,
             run_dir=tmp_path,
+            require_labels=True,
         )
         good, bad, unlabelled, forged = run_all(
             backend,
@@ -117,6 +116,7 @@ def test_grading_on_the_host_gives_the_same_rewards_and_errors(probe, tmp_path):
             ],
         )
     assert (good.final.reward, bad.final.reward, forged.final.reward) == (1.0, 0.0, 0.0)
+    # [run] require_labels = true: a row without a label fails, as on the local backend
     assert unlabelled.final.error.category.value == "validation_error"
     assert "no label" in unlabelled.final.error.message
 

@@ -23,23 +23,7 @@ Importing this package (or its ``plugin`` module) does not import the Agents SDK
 below load it on first use.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from osmosis_core.lazy import lazy_exports
+from osmosis_core.plugin import attach_stub
 
 __version__ = "0.1.0"
-
-_EXPORTS: dict[str, str] = {
-    "OsmosisAgent": "osmosis_openai_agents.integration",
-    "OsmosisRolloutModel": "osmosis_openai_agents.integration",
-    "ToolCallWithoutIdError": "osmosis_openai_agents.integration",
-}
-
-__all__ = ["OsmosisAgent", "OsmosisRolloutModel", "ToolCallWithoutIdError", "__version__"]
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
-
-
-if TYPE_CHECKING:
-    from osmosis_openai_agents.integration import OsmosisAgent, OsmosisRolloutModel, ToolCallWithoutIdError
+__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)

@@ -92,9 +92,8 @@ from agents.run import AgentRunner, get_default_agent_runner, set_default_agent_
 from agents.run_config import RunConfig, ToolNotFoundBehavior
 from agents.usage import Usage
 
-from osmosis_core.context import current_rollout_context
-from osmosis_core.openai_client import policy_error, rollout_openai_client
-from osmosis_core.records import RolloutSample
+from osmosis_core import RolloutSample, current_rollout_context
+from osmosis_core.plugin import policy_error, rollout_openai_client
 
 if TYPE_CHECKING:
     from agents.agent_output import AgentOutputSchemaBase

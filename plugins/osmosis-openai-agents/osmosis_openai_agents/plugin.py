@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from osmosis_core.plugins.hookspecs import hookimpl
-from osmosis_core.templates import GUIDES_ROOT, MULTIPLY_DATASET, TemplateSpec
+from osmosis_core import TemplateSpec, hookimpl
+from osmosis_core.plugin import GUIDES_ROOT, MULTIPLY_DATASET
 
 __all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_templates"]
 

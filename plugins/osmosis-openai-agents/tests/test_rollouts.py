@@ -214,9 +214,21 @@ def test_a_5xx_fails_the_rollout_with_policy_error_naming_status_and_endpoint(
     assert outcome.workflow.sample.messages == [{"role": "user", "content": "val1 = 6\nval2 = 7"}]
 
 
+BROKEN_ANSWERS = {
+    "drop_mid_stream": "failed:",  # the connection cut in the middle of the answer
+    "truncate": "",  # a well-formed HTTP answer that stops early: no finish_reason, no [DONE]; half a JSON body
+    "html": "answered 200 with text/html",  # a proxy's page instead of a completion
+    "drop": "Server disconnected",  # no answer at all
+}
+
+
 @pytest.mark.parametrize("streaming", MODES)
-def test_a_dropped_stream_fails_the_rollout_with_policy_error(policy_server: ScriptedPolicyServer, streaming: bool):
-    policy_server.inject(Fault("drop_mid_stream"))
+@pytest.mark.parametrize("fault", sorted(BROKEN_ANSWERS))
+def test_a_broken_answer_fails_the_rollout_with_policy_error(
+    policy_server: ScriptedPolicyServer, streaming: bool, fault: str
+):
+    """Never a success with a partial answer (the SDK alone takes a cut stream for a short, complete answer)."""
+    policy_server.inject(Fault(fault))  # type: ignore[arg-type]
     outcome = run_rollout_sync(
         Workflow,
         policy=_policy(policy_server, SECRET),
@@ -225,8 +237,11 @@ def test_a_dropped_stream_fails_the_rollout_with_policy_error(policy_server: Scr
     )
     error = outcome.workflow.error
     assert error is not None and error.category == "policy_error", error
-    assert policy_server.url in error.message and SECRET not in error.message
-    assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == 1
+    assert policy_server.url in error.message and BROKEN_ANSWERS[fault] in error.message
+    assert SECRET not in error.message
+    if fault == "truncate":
+        assert ("finish_reason" if streaming else "malformed JSON") in error.message
+    assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == 1  # never sent twice
 
 
 def test_an_unreachable_endpoint_is_a_policy_error():

@@ -22,26 +22,7 @@ Public names are imported lazily: importing this package (or its plugin module, 
 ``osmosis`` CLI loads) does not import Strands; the first use of a Strands-backed name does.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from osmosis_core.lazy import lazy_exports
+from osmosis_core.plugin import attach_stub
 
 __version__ = "0.1.0"
-
-_EXPORTS: dict[str, str] = {
-    "OsmosisRolloutModel": "osmosis_strands.model",
-    "OsmosisStrandsAgent": "osmosis_strands.agent",
-    "MalformedToolCall": "osmosis_strands.errors",
-    "TurnLimitExceeded": "osmosis_strands.errors",
-}
-
-__all__ = ["MalformedToolCall", "OsmosisRolloutModel", "OsmosisStrandsAgent", "TurnLimitExceeded", "__version__"]
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
-
-
-if TYPE_CHECKING:
-    from osmosis_strands.agent import OsmosisStrandsAgent
-    from osmosis_strands.errors import MalformedToolCall, TurnLimitExceeded
-    from osmosis_strands.model import OsmosisRolloutModel
+__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)

@@ -38,8 +38,7 @@ from strands.agent.conversation_manager import NullConversationManager
 from strands.hooks import AfterInvocationEvent
 from strands.models.openai import OpenAIModel
 
-from osmosis_core.context import current_rollout_context
-from osmosis_core.records import RolloutSample
+from osmosis_core import RolloutSample, current_rollout_context
 from osmosis_strands.errors import TurnLimitExceeded
 from osmosis_strands.model import OsmosisRolloutModel
 

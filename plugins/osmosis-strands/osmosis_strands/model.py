@@ -39,9 +39,8 @@ from strands.types.exceptions import ContextWindowOverflowException, ModelThrott
 from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
-from osmosis_core.context import RolloutContext, current_rollout_context
-from osmosis_core.errors import PolicyError
-from osmosis_core.openai_client import policy_error, rollout_openai_client
+from osmosis_core import PolicyError, RolloutContext, current_rollout_context
+from osmosis_core.plugin import policy_error, rollout_openai_client
 from osmosis_strands.errors import MalformedToolCall
 
 __all__ = ["OsmosisRolloutModel"]

@@ -168,7 +168,7 @@ def test_one_client_pool_per_loop_and_one_delegate_per_rollout():
                     assert len(entries) == 1
                     delegate = entries[0][3]
                     assert model._delegate() is delegate
-                    view = delegate._custom_client  # the rollout's view of the loop's pooled client
+                    view = delegate._custom_client  # the endpoint's view of the loop's client
                     assert view is not None and delegate.client_args == {}
                     assert view.max_retries == 0
                     model.update_config(params={"temperature": 0.1})
@@ -176,7 +176,8 @@ def test_one_client_pool_per_loop_and_one_delegate_per_rollout():
                     assert model._delegate().config["params"] == {"temperature": 0.1}
                     views.append(view)
                 assert [r.rollout_id for r in server.requests_for(rid)] == [rid, rid]
-            assert views[0] is not views[1] and views[0]._client is views[1]._client
+            # one view per endpoint, shared by its rollouts; each request still carries its own rollout id
+            assert views[0] is views[1]
 
     anyio.run(main)
 
@@ -307,13 +308,25 @@ def test_server_error_is_a_policy_error_naming_status_and_endpoint_not_the_key(p
     assert [m["role"] for m in outcome.workflow.sample.messages] == ["user"]  # the partial history
 
 
+BROKEN_ANSWERS = {
+    "drop_mid_stream": "failed:",  # the connection cut in the middle of the answer
+    "truncate": "",  # a well-formed HTTP answer that stops early: no finish_reason, no [DONE]; half a JSON body
+    "html": "answered 200 with text/html",  # a proxy's page instead of a completion
+    "drop": "Server disconnected",  # no answer at all
+}
+
+
 @pytest.mark.parametrize("stream", [True, False])
-def test_dropped_stream_is_a_policy_error(policy_server, stream):
-    policy_server.inject(Fault("drop_mid_stream"))
+@pytest.mark.parametrize("fault", sorted(BROKEN_ANSWERS))
+def test_a_broken_answer_is_a_policy_error(policy_server, stream, fault):
+    policy_server.inject(Fault(fault))
     outcome = rollout(policy_server, metadata={"agent": {"model": {"stream": stream}}})
     error = outcome.workflow.error
     assert error.category == "policy_error", error
-    assert policy_server.url in error.message and "closed the connection" in error.message
+    assert policy_server.url in error.message and BROKEN_ANSWERS[fault] in error.message
+    if fault == "truncate":
+        assert ("finish_reason" if stream else "malformed JSON") in error.message
+    assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == 1  # never sent twice
 
 
 def test_unreachable_endpoint_is_a_policy_error():

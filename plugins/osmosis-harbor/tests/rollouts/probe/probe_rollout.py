@@ -77,6 +77,10 @@ class ProbeWorkflow(AgentWorkflow):
                 seen.append(hashlib.sha256(value.encode()).hexdigest() if value else None)
             elif kind == "write":
                 seen.append(_try(lambda a=arg: Path(a[0]).write_text(a[1])))
+            elif kind == "plant":  # like write, making the folders on the way (~ is the sandbox's home)
+                path = Path(os.path.expanduser(arg[0]))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                seen.append(_try(lambda p=path, a=arg: p.write_text(a[1])))
             elif kind == "spawn":
                 subprocess.Popen(["sh", "-c", arg], start_new_session=True, stdout=subprocess.DEVNULL)
                 seen.append("spawned")

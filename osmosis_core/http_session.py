@@ -1,0 +1,175 @@
+"""The HTTP clients osmosis keeps per event loop (on aiohttp), and the one way they are closed.
+
+Every HTTP call the core makes (the policy through :func:`osmosis_core.chat_completion`, a judge,
+a result callback) goes through the running loop's one :class:`aiohttp.ClientSession`
+(:func:`client_session`), and the agent integrations' ``AsyncOpenAI`` clients ride on openai's
+own aiohttp transport (:mod:`osmosis_core.openai_client`). Why aiohttp: at a hundred concurrent
+requests httpx's pool spends 3.6 to 10 ms of CPU per request, aiohttp 0.36 ms
+(``bench/http_transport.py``), and it is a maintained library that handles proxies, TLS and the
+edges of HTTP for us.
+
+The session:
+
+* pools keep-alive connections with no cap on their number (the backend's concurrency is the
+  cap), and closes a connection idle for 4 s, before the 5 s after which uvicorn (vLLM, SGLang)
+  closes it, so a request is rarely sent on a connection the server is dropping;
+* never retries a request: a POST that may have reached the server is never sent twice
+  (aiohttp re-sends only idempotent methods, and only on a reused connection that failed);
+* reads ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``NO_PROXY`` (``trust_env``);
+* has no overall timeout: a rollout's own ``agent_timeout_sec`` bounds its calls.
+
+**Closing.** The clients of a loop live until :func:`aclose_http` is awaited on that loop. Whoever
+runs a loop closes them before the loop ends, with ``async with http_scope():`` around the loop's
+work or by awaiting :func:`aclose_http` last. Every loop osmosis runs does (``osmosis run``, the
+worker processes, the runner inside a Harbor trial, :func:`osmosis_core.testing.run_rollout_sync`,
+the rollout server's shutdown), and so does the local backend's ``aclose()``. In your own program::
+
+    import asyncio
+    from osmosis_core.http_session import http_scope
+
+    async def main():
+        async with http_scope():
+            await backend.execute(request, on_workflow_complete, on_grader_complete)
+
+    asyncio.run(main())
+
+A module that keeps its own per-loop client registers how to close it with :func:`on_close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "KEEPALIVE_SEC",
+    "ResponseTooLarge",
+    "aclose_http",
+    "client_session",
+    "http_scope",
+    "on_close",
+    "read_limited",
+]
+
+KEEPALIVE_SEC = 4.0
+"""An idle pooled connection is closed after this long (uvicorn's servers close theirs after 5 s)."""
+
+CONNECT_TIMEOUT_SEC = 30.0
+READ_TIMEOUT_SEC = 600.0
+"""Per-request socket limits: no byte for this long is a failure. A rollout's own timeout is
+usually far shorter."""
+
+
+class ResponseTooLarge(Exception):
+    """A response body exceeded its limit (the body was not read past it)."""
+
+    def __init__(self, limit: int, seen: int | None = None) -> None:
+        self.limit = limit
+        self.seen = seen
+        size = f"{seen} bytes" if seen is not None else "more"
+        super().__init__(f"the response body ({size}) is over the {limit}-byte limit")
+
+
+_Closer = Callable[[], Awaitable[None]]
+
+
+class _LoopClients:
+    __slots__ = ("closers", "session")
+
+    def __init__(self) -> None:
+        self.session: aiohttp.ClientSession | None = None
+        self.closers: list[_Closer] = []
+
+
+_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = weakref.WeakKeyDictionary()
+
+
+def _clients() -> _LoopClients:
+    loop = asyncio.get_running_loop()
+    clients = _loops.get(loop)
+    if clients is None:
+        clients = _loops[loop] = _LoopClients()
+    return clients
+
+
+def client_session() -> aiohttp.ClientSession:
+    """The running loop's shared :class:`aiohttp.ClientSession` (made on first use).
+
+    Do not close it yourself: :func:`aclose_http` does, for the loop's owner.
+
+    :raises RuntimeError: outside a running event loop.
+    """
+    clients = _clients()
+    session = clients.session
+    if session is None or session.closed:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_SEC)
+        session = clients.session = aiohttp.ClientSession(
+            connector=connector,
+            trust_env=True,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SEC, sock_read=READ_TIMEOUT_SEC),
+        )
+    return session
+
+
+def on_close(closer: _Closer) -> None:
+    """Have :func:`aclose_http` of the running loop also await ``closer`` (a per-loop client's close)."""
+    _clients().closers.append(closer)
+
+
+async def aclose_http() -> None:
+    """Close the running loop's HTTP clients (the session and every registered closer). Idempotent."""
+    clients = _loops.pop(asyncio.get_running_loop(), None)
+    if clients is None:
+        return
+    errors: list[BaseException] = []
+    for closer in reversed(clients.closers):
+        try:
+            await closer()
+        except Exception as exc:  # close the rest anyway
+            errors.append(exc)
+    if clients.session is not None and not clients.session.closed:
+        await clients.session.close()
+    if errors:
+        raise errors[0]
+
+
+@asynccontextmanager
+async def http_scope() -> AsyncIterator[None]:
+    """``async with http_scope():``: the loop's HTTP clients are closed when the block ends."""
+    try:
+        yield
+    finally:
+        await aclose_http()
+
+
+async def read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of ``response``, refusing one larger than ``limit`` bytes without reading it all.
+
+    :raises ResponseTooLarge: the declared length, or the bytes received, pass ``limit``.
+    """
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        response.release()
+        raise ResponseTooLarge(limit, declared)
+    if declared is not None:
+        return await response.read()  # aiohttp reads exactly the declared length
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            response.close()  # drop the connection: the rest of the body is never read
+            raise ResponseTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,13 @@
+from osmosis_core.testing.guides import guide_commands as guide_commands
+from osmosis_core.testing.guides import run_guide_commands as run_guide_commands
+from osmosis_core.testing.policy_server import Fault as Fault
+from osmosis_core.testing.policy_server import LoggedRequest as LoggedRequest
+from osmosis_core.testing.policy_server import Reply as Reply
+from osmosis_core.testing.policy_server import ScriptedPolicyServer as ScriptedPolicyServer
+from osmosis_core.testing.policy_server import ToolCall as ToolCall
+from osmosis_core.testing.rollout import RolloutOutcome as RolloutOutcome
+from osmosis_core.testing.rollout import run_rollout as run_rollout
+from osmosis_core.testing.rollout import run_rollout_sync as run_rollout_sync
+from osmosis_core.testing.scripts import calculator as calculator
+from osmosis_core.testing.scripts import echo as echo
+from osmosis_core.testing.stub_process import StubPolicyProcess as StubPolicyProcess

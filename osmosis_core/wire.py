@@ -1,0 +1,217 @@
+"""The JSON forms of the records: one cattrs converter for every file and wire format.
+
+``results.jsonl`` lines, the files that cross a Harbor trial's boundary, and the rollout server's
+results are all written and read by :data:`converter`, so a record means the same everywhere and
+nothing invalid gets in quietly: reading back a result whose reward is not a finite number, whose
+status has no error, or whose category is unknown fails with a message naming the field.
+
+>>> from osmosis_core import ExecutionResult, ExecutionStage, ExecutionStatus, RolloutSample
+>>> r = ExecutionResult("r1", ExecutionStage.WORKFLOW, ExecutionStatus.SUCCESS,
+...                     sample=RolloutSample(messages=[{"role": "user", "content": "hi"}], reward=1))
+>>> result_from_json(result_to_json(r)) == r
+True
+>>> result_from_json({**result_to_json(r), "sample": {"messages": [], "reward": "1.0"}})
+Traceback (most recent call last):
+...
+ValueError: not a result: expected a number, got '1.0' @ $.sample.reward
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError
+
+from osmosis_core.records import (
+    ErrorCategory,
+    ErrorInfo,
+    ExecutionRequest,
+    ExecutionResult,
+    ExecutionStage,
+    ExecutionStatus,
+    Message,
+    PolicyEndpoint,
+    RolloutSample,
+)
+
+__all__ = [
+    "converter",
+    "policy_from_json",
+    "policy_to_json",
+    "register_strict_scalars",
+    "result_from_json",
+    "result_line",
+    "result_to_json",
+    "sample_from_json",
+    "sample_to_json",
+]
+
+
+def register_strict_scalars(conv: cattrs.Converter) -> None:
+    """Structure hooks that refuse coercions: no ``"8"`` for an int, no ``1.5`` or ``True`` for a whole number."""
+
+    def strict(kind: type[Any], wanted: str) -> Any:
+        def hook(value: Any, _type: Any) -> Any:
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                return float(value)
+            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+                raise ValueError(f"expected {wanted}, got {value!r}")
+            return value
+
+        return hook
+
+    for kind, wanted in ((int, "a whole number"), (float, "a number"), (str, "a string"), (bool, "true or false")):
+        conv.register_structure_hook(kind, strict(kind, wanted))
+
+
+for _record in (ErrorInfo, RolloutSample, ExecutionResult, ExecutionRequest, PolicyEndpoint):
+    attrs.resolve_types(_record)  # the records' annotations are strings (postponed): give cattrs the types
+
+converter = cattrs.Converter()
+"""The converter of every record format (unknown keys are ignored, for newer writers)."""
+register_strict_scalars(converter)
+
+
+def _enum(value: Any, type_: type[enum.Enum]) -> enum.Enum:
+    try:
+        return type_(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in type_)
+        raise ValueError(f"expected one of {choices}, got {value!r}") from None
+
+
+for _kind in (ErrorCategory, ExecutionStage, ExecutionStatus):  # str enums: the str hooks would take them
+    converter.register_structure_hook(_kind, _enum)
+    converter.register_unstructure_hook(_kind, lambda member: member.value)
+
+
+def _plain(value: Any, _type: Any = None) -> Any:
+    return value
+
+
+# messages and metrics are the framework's own JSON-ready data: passed through, not walked
+for _passed in (list[Message], dict[str, Any], dict[str, float]):
+    converter.register_unstructure_hook_func(lambda t, passed=_passed: t == passed, _plain)
+
+
+def _messages(value: Any, _type: Any) -> list[Message]:
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise ValueError(f"expected a list of message objects, got {type(value).__name__}")
+    return value
+
+
+def _mapping(value: Any, _type: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+converter.register_structure_hook_func(lambda t: t == list[Message], _messages)
+converter.register_structure_hook_func(lambda t: t == dict[str, Any], _mapping)
+
+
+def _timings(value: Any, _type: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected an object of seconds, got {type(value).__name__}")
+    out = {}
+    for key, seconds in value.items():
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+            raise ValueError(f"expected seconds, got {seconds!r} for {key!r}")
+        out[str(key)] = float(seconds)
+    return out
+
+
+converter.register_structure_hook_func(lambda t: t == dict[str, float], _timings)
+
+
+def _problem(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, KeyError):
+        return "required key missing"
+    if isinstance(exc, ValueError) and str(exc):
+        return str(exc)
+    name = getattr(type_, "__name__", None) or str(type_)
+    return f"expected {name}"
+
+
+def _structure[T](data: Any, type_: type[T], what: str) -> T:
+    try:
+        return converter.structure(data, type_)
+    except ClassValidationError as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path="$", format_exception=_problem))
+        raise ValueError(f"not {what}: {problems}") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"not {what}: {_problem(exc, type_)}") from None
+
+
+def sample_to_json(sample: RolloutSample) -> dict[str, Any]:
+    """A sample as a JSON-ready dict."""
+    data: dict[str, Any] = converter.unstructure(sample)
+    return data
+
+
+def sample_from_json(data: Any) -> RolloutSample:
+    """A sample from its JSON form. :raises ValueError: when it is not a valid one (a bad reward included)."""
+    return _structure(data, RolloutSample, "a sample")
+
+
+def result_to_json(result: ExecutionResult) -> dict[str, Any]:
+    """A stage result as a JSON-ready dict."""
+    data: dict[str, Any] = converter.unstructure(result)
+    return data
+
+
+def result_from_json(data: Any) -> ExecutionResult:
+    """A stage result from its JSON form. :raises ValueError: when it is not a valid one."""
+    return _structure(data, ExecutionResult, "a result")
+
+
+def policy_to_json(policy: PolicyEndpoint) -> dict[str, Any]:
+    """The endpoint without its secrets: the key and the header *values* are left out (header names stay)."""
+    return {
+        "base_url": policy.base_url,
+        "model": policy.model,
+        "header_names": sorted(policy.headers),
+        "max_response_bytes": policy.max_response_bytes,
+    }
+
+
+def policy_from_json(data: Any, api_key: str | None, headers: dict[str, str] | None = None) -> PolicyEndpoint:
+    """The endpoint, with the key and header values the caller got another way (its environment)."""
+    if not isinstance(data, dict) or not isinstance(data.get("base_url"), str):
+        raise ValueError(f"not a policy endpoint: {str(data)[:200]}")
+    limit = data.get("max_response_bytes")
+    return PolicyEndpoint(
+        data["base_url"],
+        str(data.get("model", "default")),
+        api_key,
+        dict(headers or {}),
+        **({"max_response_bytes": int(limit)} if isinstance(limit, int) and not isinstance(limit, bool) else {}),
+    )
+
+
+def result_line(row: int, sample_index: int, result: ExecutionResult) -> dict[str, Any]:
+    """The ``results.jsonl`` record of one finished rollout (the same form ``osmosis serve`` writes)."""
+    data = result_to_json(result)
+    sample = data.pop("sample")
+    return {
+        "row": row,
+        "sample_index": sample_index,
+        "rollout_id": data["rollout_id"],
+        "status": data["status"],
+        "stage": data["stage"],
+        "error": data["error"],
+        "reward": sample["reward"] if sample is not None else None,
+        "metrics": sample["metrics"] if sample is not None else {},
+        "timings": {k: round(v, 6) for k, v in result.timings.items()},
+        "sample": None
+        if sample is None
+        else {
+            "messages": sample["messages"],
+            "system_prompt": sample["system_prompt"],
+            "chat_messages": sample["chat_messages"],
+        },
+    }
