@@ -1,26 +1,35 @@
 """The test matrix. Run it with `scripts/test` (which finds Python >= 3.12 and installs nox and uv).
 
-Sessions:
+Sessions (`nox -l` lists them):
   tests-3.12, tests-3.13   the core alone, on every supported Python installed here
+  faults                    the slow fault tests (process-group SIGTERM in a loop, ...), core alone
   package                   the built wheel installed alone: template apply, run, validate
-  lint                      ruff (lint + format check)
-  types                     mypy --strict on osmosis_core
-  plugin-<name>             the core plus one plugin from plugins/, that plugin's tests
+  lint                      ruff (lint + format check) and import-linter (the layers, the plugin API)
+  types                     mypy --strict on osmosis_core (each plugin session types its plugin)
+  plugin(plugin='<name>')   the core plus one plugin from plugins/: its tests and mypy --strict
+  plugins_all               every plugin installed together: pip check, no name clashes, all their tests
   bench                     the benchmarks in bench/ (not run by default)
+
+Test dependencies come from the `test` dependency group of the core's pyproject.toml and of each
+plugin's. Every session compiles what it installs to bytecode, as pip does for users (uv does not
+by default, and with PYTHONDONTWRITEBYTECODE set every process would compile its imports again).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import nox
 
-nox.needs_version = ">=2024.4.15"
+nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
 nox.options.error_on_missing_interpreters = False
 nox.options.reuse_venv = "yes"
+
+os.environ["UV_COMPILE_BYTECODE"] = "1"
 
 ROOT = Path(__file__).parent
 SUPPORTED = ("3.12", "3.13")
@@ -35,14 +44,36 @@ def _installed(version: str) -> bool:
 
 PYTHONS = [v for v in SUPPORTED if _installed(v)] or [SUPPORTED[0]]
 PLUGINS = sorted(p.name for p in (ROOT / "plugins").glob("osmosis-*") if (p / "pyproject.toml").is_file())
-TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3"]
+
+
+def _group(name: str, project: Path = ROOT) -> list[str]:
+    """A dependency group of a pyproject.toml (the core's, or a plugin folder's)."""
+    return nox.project.dependency_groups(nox.project.load_toml(project / "pyproject.toml"), name)
+
+
+def _package(plugin: str) -> str:
+    return plugin.replace("-", "_")
+
+
+def _compile_sources(session: nox.Session, *paths: str) -> None:
+    """Bytecode for the editable sources too (their imports would otherwise compile in every process)."""
+    session.run("python", "-m", "compileall", "-q", "-j", "0", *paths, silent=True)
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The core's tests on its own (no plugin installed)."""
-    session.install("-e", ".", *TEST_DEPS)
-    session.run("pytest", "tests", *session.posargs)
+    """The core's tests on its own (no plugin installed); the slow fault tests run in `faults`."""
+    session.install("-e", ".", *_group("test"))
+    _compile_sources(session, "osmosis_core")
+    session.run("pytest", "tests", "-m", "not slow", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
+def faults(session: nox.Session) -> None:
+    """The core's slow fault tests: real signals in a loop (they take a minute or more)."""
+    session.install("-e", ".", *_group("test"))
+    _compile_sources(session, "osmosis_core")
+    session.run("pytest", "tests", "-m", "slow", "-s", *session.posargs)
 
 
 @nox.session(python=PYTHONS[0])
@@ -64,28 +95,35 @@ def package(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0])
 def lint(session: nox.Session) -> None:
-    """ruff: lint rules and formatting."""
-    session.install("ruff==0.17.6")
+    """ruff (lint rules, formatting) and import-linter: the core never imports a plugin, the CLI sits
+    above the runner above the author API, and plugins use only the public plugin API."""
+    session.install(*_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    # import-linter reads the sources; the packages need to be findable, not their dependencies
+    session.install("--no-deps", "-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")])
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHONS[0])
 def types(session: nox.Session) -> None:
     """mypy --strict on the core."""
-    session.install("-e", ".", "mypy>=1.11", *TEST_DEPS)
+    session.install("-e", ".", *_group("types"))
     session.run("mypy", "osmosis_core")
 
 
 @nox.session(python=PYTHONS[0])
 @nox.parametrize("plugin", PLUGINS or [None])
 def plugin(session: nox.Session, plugin: str | None) -> None:
-    """The core with one plugin installed alone: discovery, then that plugin's tests."""
+    """The core with one plugin installed alone: discovery, that plugin's tests, mypy --strict on it."""
     if plugin is None:
         session.skip("no plugins in plugins/ yet")
-    session.install("-e", ".", "-e", f"plugins/{plugin}", *TEST_DEPS)
+    folder = ROOT / "plugins" / plugin
+    session.install("-e", ".", "-e", f"plugins/{plugin}", *_group("test"), *_group("test", folder), "mypy>=1.11")
+    _compile_sources(session, "osmosis_core", f"plugins/{plugin}")
     _pip_check(session)
-    session.run("osmosis", "plugins", "--json")
+    session.run("osmosis", "plugins", "--json", silent=True)
+    session.run("mypy", "--strict", f"plugins/{plugin}/{_package(plugin)}")
     session.run("pytest", f"plugins/{plugin}/tests", *session.posargs)
 
 
@@ -94,7 +132,9 @@ def plugins_all(session: nox.Session) -> None:
     """Every plugin installed together: one resolvable environment, no name clashes, all tests."""
     if not PLUGINS:
         session.skip("no plugins in plugins/ yet")
-    session.install("-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")], *TEST_DEPS)
+    tests = [dep for p in PLUGINS for dep in _group("test", ROOT / "plugins" / p)]
+    session.install("-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")], *_group("test"), *tests)
+    _compile_sources(session, "osmosis_core", "plugins")
     _pip_check(session)
     session.run("python", "-c", _NO_CONFLICTS)
     session.run("pytest", *(f"plugins/{p}/tests" for p in PLUGINS), *session.posargs)
@@ -118,6 +158,7 @@ print("plugins:", ", ".join(f"{p.name} ({p.provider})" for p in registry.plugins
 @nox.session(python=PYTHONS[0], default=False)
 def bench(session: nox.Session) -> None:
     """The benchmarks, with every plugin installed: overhead and throughput ratios (printed, not asserted)."""
-    session.install("-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")])
+    session.install("-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")], "httpx")
+    _compile_sources(session, "osmosis_core", "plugins")
     for script in sorted((ROOT / "bench").glob("*.py")):
         session.run("python", str(script), *session.posargs)

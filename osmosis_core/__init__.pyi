@@ -2,27 +2,57 @@
 
 from osmosis_core.backend import (
     BackendSetup as BackendSetup,
+)
+from osmosis_core.backend import (
     BackendSpec as BackendSpec,
+)
+from osmosis_core.backend import (
     ExecutionBackend as ExecutionBackend,
+)
+from osmosis_core.backend import (
     ResultCallback as ResultCallback,
 )
 from osmosis_core.config import structure_table as structure_table
 from osmosis_core.context import (
     ROLLOUT_ID_HEADER as ROLLOUT_ID_HEADER,
+)
+from osmosis_core.context import (
     RolloutContext as RolloutContext,
+)
+from osmosis_core.context import (
     SampleSource as SampleSource,
+)
+from osmosis_core.context import (
     current_rollout_context as current_rollout_context,
+)
+from osmosis_core.context import (
     get_rollout_context as get_rollout_context,
 )
 from osmosis_core.errors import (
     BackendUnavailable as BackendUnavailable,
+)
+from osmosis_core.errors import (
     ConfigError as ConfigError,
+)
+from osmosis_core.errors import (
     DatasetError as DatasetError,
+)
+from osmosis_core.errors import (
     InfraError as InfraError,
+)
+from osmosis_core.errors import (
     OsmosisError as OsmosisError,
+)
+from osmosis_core.errors import (
     PluginError as PluginError,
+)
+from osmosis_core.errors import (
     PolicyError as PolicyError,
+)
+from osmosis_core.errors import (
     RolloutLoadError as RolloutLoadError,
+)
+from osmosis_core.errors import (
     classify_exception as classify_exception,
 )
 from osmosis_core.local import LocalBackend as LocalBackend
@@ -31,14 +61,32 @@ from osmosis_core.policy import chat_completion as chat_completion
 from osmosis_core.policy import chat_completion_response as chat_completion_response
 from osmosis_core.records import (
     ErrorCategory as ErrorCategory,
+)
+from osmosis_core.records import (
     ErrorInfo as ErrorInfo,
+)
+from osmosis_core.records import (
     ExecutionRequest as ExecutionRequest,
+)
+from osmosis_core.records import (
     ExecutionResult as ExecutionResult,
+)
+from osmosis_core.records import (
     ExecutionStage as ExecutionStage,
+)
+from osmosis_core.records import (
     ExecutionStatus as ExecutionStatus,
+)
+from osmosis_core.records import (
     Message as Message,
+)
+from osmosis_core.records import (
     PolicyEndpoint as PolicyEndpoint,
+)
+from osmosis_core.records import (
     RolloutSample as RolloutSample,
+)
+from osmosis_core.records import (
     message_text as message_text,
 )
 from osmosis_core.templates import GraderSpec as GraderSpec
@@ -46,12 +94,26 @@ from osmosis_core.templates import TemplateSpec as TemplateSpec
 from osmosis_core.workers import WorkerPool as WorkerPool
 from osmosis_core.workflow import (
     AgentWorkflow as AgentWorkflow,
+)
+from osmosis_core.workflow import (
     AgentWorkflowConfig as AgentWorkflowConfig,
+)
+from osmosis_core.workflow import (
     AgentWorkflowContext as AgentWorkflowContext,
+)
+from osmosis_core.workflow import (
     ConcurrencyConfig as ConcurrencyConfig,
+)
+from osmosis_core.workflow import (
     Grader as Grader,
+)
+from osmosis_core.workflow import (
     GraderConfig as GraderConfig,
+)
+from osmosis_core.workflow import (
     GraderContext as GraderContext,
+)
+from osmosis_core.workflow import (
     WorkflowOutput as WorkflowOutput,
 )
 

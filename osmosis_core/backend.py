@@ -32,7 +32,14 @@ from typing import Any
 
 import attrs
 
-from osmosis_core.records import ErrorCategory, ErrorInfo, ExecutionRequest, ExecutionResult, ExecutionStage, ExecutionStatus
+from osmosis_core.records import (
+    ErrorCategory,
+    ErrorInfo,
+    ExecutionRequest,
+    ExecutionResult,
+    ExecutionStage,
+    ExecutionStatus,
+)
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
 __all__ = ["BackendSetup", "BackendSpec", "ExecutionBackend", "ResultCallback", "load_object", "report_cancelled"]

@@ -231,7 +231,9 @@ def load_config(path: Path | str) -> RunConfig:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{source}:{line}", [f"not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8"]) from None
+        raise ConfigError(
+            f"{source}:{line}", [f"not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8"]
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

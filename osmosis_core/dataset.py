@@ -117,7 +117,9 @@ def read_dataset(path: Path | str, *, limit: int | None = None) -> list[DatasetR
             try:
                 raw = data.decode("utf-8")
             except UnicodeDecodeError as exc:
-                problems.append(f"{path}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column {exc.start + 1})")
+                problems.append(
+                    f"{path}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column {exc.start + 1})"
+                )
                 continue
             try:
                 obj = json.loads(raw)

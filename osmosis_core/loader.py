@@ -177,7 +177,9 @@ def resolve_object(spec: Any, base: type[Any], *, module: ModuleType | None = No
             elif module is not None and hasattr(module, spec):
                 obj = getattr(module, spec)
             else:
-                where = f"the entrypoint {module.__file__}" if module is not None else "an import path like 'pkg.mod:Class'"
+                where = (
+                    f"the entrypoint {module.__file__}" if module is not None else "an import path like 'pkg.mod:Class'"
+                )
                 raise RolloutLoadError(f"{label} {spec!r} is not defined in {where}")
         except (ImportError, AttributeError, ValueError) as exc:
             raise RolloutLoadError(f"cannot import the {label} {spec!r}: {type(exc).__name__}: {exc}") from None

@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback, report_cancelled
+from osmosis_core.backend import ExecutionBackend, ResultCallback, report_cancelled
 from osmosis_core.context import RolloutContext
 from osmosis_core.errors import RolloutLoadError, error_info
 from osmosis_core.records import (
@@ -117,11 +117,13 @@ class LocalBackend(ExecutionBackend):
             raise TypeError(str(exc)) from None
         self.workflow_class: type[AgentWorkflow[Any]] = workflow_class
         self.workflow_config: AgentWorkflowConfig = (
-            workflow_config if workflow_config is not None else workflow_class.config_type()
+            workflow_config if isinstance(workflow_config, AgentWorkflowConfig) else workflow_class.config_type()
         )
         self.grader_class: type[Grader[Any]] | None = grader_class
         self.grader_config: GraderConfig | None = (
-            grader_config if grader_config is not None else (grader_class.config_type() if grader_class else None)
+            grader_config
+            if isinstance(grader_config, GraderConfig)
+            else (grader_class.config_type() if grader_class else None)
         )
         self.require_labels = require_labels
         self._limit = max_concurrent or self.workflow_config.concurrency.limit
@@ -134,30 +136,6 @@ class LocalBackend(ExecutionBackend):
         self._running = 0
         self._grading = 0
         self._done = 0
-
-    @classmethod
-    def from_setup(cls, setup: BackendSetup) -> ExecutionBackend:
-        """The factory registered for the ``local`` backend (it takes no ``[backend.local]`` settings:
-        ``[run] concurrency`` sets its limit through the workflow config, ``[run] workers`` forks a
-        :class:`~osmosis_core.workers.WorkerPool` of that many processes)."""
-        if setup.workers > 1:
-            from osmosis_core.workers import WorkerPool
-
-            return WorkerPool(
-                setup.workflow_class,
-                setup.workflow_config,
-                setup.grader_class,
-                setup.grader_config,
-                workers=setup.workers,
-                require_labels=setup.require_labels,
-            )
-        return cls(
-            setup.workflow_class,
-            setup.workflow_config,
-            setup.grader_class,
-            setup.grader_config,
-            require_labels=setup.require_labels,
-        )
 
     @property
     def max_concurrency(self) -> int:
@@ -175,9 +153,7 @@ class LocalBackend(ExecutionBackend):
 
     def grades(self, request: ExecutionRequest) -> bool:
         """Whether ``request`` gets a grader stage (see the class docstring)."""
-        return (
-            self.grader_class is not None and request.grade and (request.label is not None or self.require_labels)
-        )
+        return self.grader_class is not None and request.grade and (request.label is not None or self.require_labels)
 
     async def aclose(self) -> None:
         """Close the running loop's HTTP clients (the rollouts' connections to their policies)."""

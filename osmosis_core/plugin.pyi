@@ -31,8 +31,8 @@ from osmosis_core.results import ResultWriter as ResultWriter
 from osmosis_core.run_lock import RunLock as RunLock
 from osmosis_core.runner import build_backend as build_backend
 from osmosis_core.templates import GUIDES_ROOT as GUIDES_ROOT
-from osmosis_core.templates import GraderSpec as GraderSpec
 from osmosis_core.templates import MULTIPLY_DATASET as MULTIPLY_DATASET
+from osmosis_core.templates import GraderSpec as GraderSpec
 from osmosis_core.templates import TemplateSpec as TemplateSpec
 from osmosis_core.wire import policy_from_json as policy_from_json
 from osmosis_core.wire import policy_to_json as policy_to_json

@@ -58,7 +58,9 @@ async def chat_completion_response(
         data["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise PolicyError(
-            clip(f"policy endpoint {url} sent a malformed completion ({type(exc).__name__}): {_text(content)}", secrets),
+            clip(
+                f"policy endpoint {url} sent a malformed completion ({type(exc).__name__}): {_text(content)}", secrets
+            ),
             status=status,
             endpoint=url,
         ) from None

@@ -15,6 +15,7 @@ import attrs
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
+    "RETRYABLE_CATEGORIES",
     "ErrorCategory",
     "ErrorInfo",
     "ExecutionRequest",
@@ -23,7 +24,6 @@ __all__ = [
     "ExecutionStatus",
     "Message",
     "PolicyEndpoint",
-    "RETRYABLE_CATEGORIES",
     "RolloutSample",
     "message_text",
 ]

@@ -10,8 +10,8 @@ import json
 import math
 import os
 from collections import Counter
-from pathlib import Path
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
 import attrs
@@ -51,7 +51,9 @@ def scan_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 line = json.loads(raw)
             except (ValueError, RecursionError) as exc:
                 raise ValueError(f"{path}:{number}: not a JSON line ({type(exc).__name__}: {exc})") from None
-            missing = [key for key in ("row", "sample_index", "status") if not isinstance(line, dict) or key not in line]
+            missing = [
+                key for key in ("row", "sample_index", "status") if not isinstance(line, dict) or key not in line
+            ]
             if missing or not isinstance(line["row"], int) or not isinstance(line["sample_index"], int):
                 what = f"missing {', '.join(missing)}" if missing else "row and sample_index must be whole numbers"
                 raise ValueError(f"{path}:{number}: not a result line ({what})")

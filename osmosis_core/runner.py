@@ -191,7 +191,31 @@ def build_backend(
         workers=config.run.workers,
         require_labels=config.run.require_labels,
     )
-    return spec.resolve_factory()(setup)
+    return _make_backend(spec, setup, registry)
+
+
+def _make_backend(spec: Any, setup: BackendSetup, registry: PluginRegistry) -> ExecutionBackend:
+    """Call a backend spec's factory with ``setup``; a factory that cannot be imported or called so is
+    reported naming the plugin and the factory (not as the user's mistake)."""
+    import inspect
+
+    plugin = registry.provider_of("backend", spec.name)
+    who = f"backend {spec.name!r} of plugin {plugin.name!r} ({plugin.provider})" if plugin else f"backend {spec.name!r}"
+    shown = spec.factory if isinstance(spec.factory, str) else getattr(spec.factory, "__qualname__", repr(spec.factory))
+    try:
+        factory = spec.resolve_factory()
+    except Exception as exc:
+        raise PluginError(f"{who}: cannot import its factory {shown!r}: {type(exc).__name__}: {exc}") from None
+    try:
+        inspect.signature(factory).bind(setup)
+    except TypeError as exc:
+        raise PluginError(f"{who}: its factory {shown!r} cannot be called with a BackendSetup ({exc})") from None
+    except ValueError:  # no signature to check (a builtin): call it and see
+        pass
+    backend = factory(setup)
+    if not isinstance(backend, ExecutionBackend):
+        raise PluginError(f"{who}: its factory {shown!r} returned {type(backend).__name__}, not an ExecutionBackend")
+    return backend
 
 
 def prepare_run(

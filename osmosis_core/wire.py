@@ -94,8 +94,15 @@ def _plain(value: Any, _type: Any = None) -> Any:
 
 
 # messages and metrics are the framework's own JSON-ready data: passed through, not walked
+def _is(expected: Any) -> Any:
+    def check(type_: Any) -> bool:
+        return bool(type_ == expected)
+
+    return check
+
+
 for _passed in (list[Message], dict[str, Any], dict[str, float]):
-    converter.register_unstructure_hook_func(lambda t, passed=_passed: t == passed, _plain)
+    converter.register_unstructure_hook_func(_is(_passed), _plain)
 
 
 def _messages(value: Any, _type: Any) -> list[Message]:
@@ -110,8 +117,8 @@ def _mapping(value: Any, _type: Any) -> dict[str, Any]:
     return value
 
 
-converter.register_structure_hook_func(lambda t: t == list[Message], _messages)
-converter.register_structure_hook_func(lambda t: t == dict[str, Any], _mapping)
+converter.register_structure_hook_func(_is(list[Message]), _messages)
+converter.register_structure_hook_func(_is(dict[str, Any]), _mapping)
 
 
 def _timings(value: Any, _type: Any) -> dict[str, float]:
@@ -125,7 +132,7 @@ def _timings(value: Any, _type: Any) -> dict[str, float]:
     return out
 
 
-converter.register_structure_hook_func(lambda t: t == dict[str, float], _timings)
+converter.register_structure_hook_func(_is(dict[str, float]), _timings)
 
 
 def _problem(exc: BaseException, type_: Any) -> str:

@@ -39,6 +39,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import math
 import os
 import select
@@ -105,14 +106,14 @@ def _zygote_main(ctl: socket.socket, lifeline: int, backend: LocalBackend) -> No
     workers: set[int] = set()
     while True:
         try:
-            ready, _, _ = select.select([ctl, lifeline, wake_read], [], [], 1.0)
+            ready, _, _ = select.select([ctl.fileno(), lifeline, wake_read], [], [], 1.0)
         except InterruptedError:
             ready = []
         if wake_read in ready:
             os.read(wake_read, 512)
         if lifeline in ready and parent_gone(lifeline):
             _exit_now(0)  # the workers see the lifeline too
-        if ctl in ready:
+        if ctl.fileno() in ready:
             try:
                 request = ctl.recv(16)
             except OSError:
@@ -168,7 +169,7 @@ async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None
     sender = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="osmosis-worker-send")
 
     def post(message: tuple[str, Any]) -> None:
-        sender.submit(_send_quietly, conn, ForkingPickler.dumps(message))
+        sender.submit(_send_quietly, conn, bytes(ForkingPickler.dumps(message)))
 
     async def run(request: ExecutionRequest) -> None:
         async def send(result: ExecutionResult) -> None:
@@ -189,7 +190,7 @@ async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None
                 if kind == "run":
                     task = loop.create_task(run(payload))
                     tasks[payload.rollout_id] = task
-                    task.add_done_callback(lambda t, rid=payload.rollout_id: finished(rid, t))
+                    task.add_done_callback(functools.partial(finished, payload.rollout_id))
                 elif kind == "cancel" and payload in tasks:
                     tasks[payload].cancel()
                 elif kind == "stop":
@@ -276,7 +277,12 @@ class WorkerPool(ExecutionBackend):
         if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
             raise RuntimeError("workers > 1 needs a platform that can fork (Linux)")
         template = LocalBackend(
-            workflow, workflow_config, grader, grader_config, max_concurrent=max_concurrent, require_labels=require_labels
+            workflow,
+            workflow_config,
+            grader,
+            grader_config,
+            max_concurrent=max_concurrent,
+            require_labels=require_labels,
         )
         workflow_config, grader_config = template.workflow_config, template.grader_config
         self._limit = template.max_concurrency
@@ -460,7 +466,9 @@ class WorkerPool(ExecutionBackend):
                 message = f"worker process {worker.pid} {how} while running the rollout (in its {pending.stage} stage)"
                 error = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
                 self._release(pending)
-                pending.queue.put_nowait(ExecutionResult(rollout_id, pending.stage, ExecutionStatus.FAILURE, error=error))
+                pending.queue.put_nowait(
+                    ExecutionResult(rollout_id, pending.stage, ExecutionStatus.FAILURE, error=error)
+                )
                 pending.queue.put_nowait(None)
         if not self._closed and self._restarts_left > 0:
             self._restarts_left -= 1
@@ -509,7 +517,9 @@ class WorkerPool(ExecutionBackend):
         try:
             worker = await self._slot()
         except anyio.get_cancelled_exc_class():
-            await report_cancelled(request.rollout_id, ExecutionStage.WORKFLOW, on_workflow_complete, on_grader_complete)
+            await report_cancelled(
+                request.rollout_id, ExecutionStage.WORKFLOW, on_workflow_complete, on_grader_complete
+            )
             raise
         pending = self._pending[request.rollout_id] = _Pending(worker)
         worker.running += 1

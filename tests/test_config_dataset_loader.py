@@ -118,7 +118,9 @@ class EchoPlugin:
     def osmosis_register_backends():
         def make(setup):
             EchoPlugin.seen.append(setup)
-            return LocalBackend.from_setup(setup)
+            from osmosis_core.plugins.builtin import local_backend
+
+            return local_backend(setup)
 
         return [BackendSpec("echo", make, config_type=EchoConfig, description="test backend")]
 

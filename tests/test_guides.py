@@ -14,7 +14,7 @@ def test_multiply_plain_guides_are_filled_in_and_their_commands_run(tmp_path):
     for path in [tmp_path / "AGENTS.md", *(tmp_path / ".agents" / "skills").glob("*/SKILL.md")]:
         text = path.read_text()
         assert "{{" not in text, path
-    commands = [c for _, c in guide_commands(tmp_path)]
+    commands = [c for _, c in guide_commands(tmp_path, unique=True)]
     assert "osmosis validate configs/eval/multiply-plain.toml" in commands
     assert any(c.startswith("osmosis run configs/training/multiply-plain.toml --dataset rollouts/") for c in commands)
     results = run_guide_commands(tmp_path)

@@ -16,6 +16,7 @@ from osmosis_core import (
     ErrorCategory,
     ExecutionRequest,
     ExecutionResult,
+    ExecutionStage,
     ExecutionStatus,
     Grader,
     GraderConfig,
@@ -139,11 +140,36 @@ def test_workflow_and_grader_timeouts_are_separate():
     assert "grader" in results[1].error.message
 
 
-def test_grader_with_unlabelled_row_is_a_validation_error_not_a_skip():
-    results = run_one(LocalBackend(Echo, grader=Exact), request(label=None))
+def test_a_row_without_a_label_runs_ungraded_unless_labels_are_required():
+    """As the reference SDK documents it: the grader runs when a grader and a label are available."""
+    [only] = run_one(LocalBackend(Echo, grader=Exact), request(label=None))
+    assert (only.stage, only.status, only.reward) == (ExecutionStage.WORKFLOW, ExecutionStatus.SUCCESS, None)
+    results = run_one(LocalBackend(Echo, grader=Exact, require_labels=True), request(label=None))
     assert results[-1].status is ExecutionStatus.FAILURE
     assert results[-1].error.category is ErrorCategory.VALIDATION_ERROR
     assert "no label" in results[-1].error.message
+    [skipped] = run_one(LocalBackend(Echo, grader=Exact), attrs.evolve(request(), grade=False))
+    assert (skipped.stage, skipped.reward) == (ExecutionStage.WORKFLOW, None)
+
+
+NAMED_CONFIG = AgentWorkflowConfig(name="reached by its import path")
+
+
+def test_classes_and_configs_may_be_import_paths():
+    """osmosis-ai's documented constructor: LocalBackend(workflow="pkg.mod:Class", grader="pkg.mod:Class")."""
+    backend = LocalBackend(
+        workflow="osmosis_core.testing.contract:ContractWorkflow",
+        grader="osmosis_core.testing.contract:ContractGrader",
+        workflow_config=f"{__name__}:NAMED_CONFIG",
+    )
+    assert backend.workflow_class.__name__ == "ContractWorkflow" and backend.grader_class.__name__ == "ContractGrader"
+    assert backend.workflow_config is NAMED_CONFIG
+    with pytest.raises(TypeError, match=r"cannot import the workflow 'osmosis_nowhere:X': ModuleNotFoundError"):
+        LocalBackend(workflow="osmosis_nowhere:X")
+    with pytest.raises(TypeError, match=r"the grader must be a Grader subclass or an import path to one"):
+        LocalBackend(Echo, grader="osmosis_core.testing.contract:ContractWorkflow")
+    with pytest.raises(TypeError, match=r"the workflow_config must be a AgentWorkflowConfig"):
+        LocalBackend(Echo, workflow_config="osmosis_core.testing.contract:ContractWorkflow")
 
 
 def test_grader_that_sets_no_reward_fails():

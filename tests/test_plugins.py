@@ -50,7 +50,7 @@ def _plugin(name: str, **hooks: Any) -> types.ModuleType:
 
 
 def _backends(*names: str) -> Any:
-    return lambda: [BackendSpec(n, "osmosis_core.local:LocalBackend.from_setup") for n in names]
+    return lambda: [BackendSpec(n, "osmosis_core.plugins.builtin:local_backend") for n in names]
 
 
 # -- the core's built-ins --------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def test_builtin_core_plugin_registers_through_the_hooks(osmosis_registry: Plugi
 
     assert "local" in [b.name for b in osmosis_registry.backends()]
     local = osmosis_registry.backend("local")
-    assert local.factory == "osmosis_core.local:LocalBackend.from_setup"
+    assert local.factory == "osmosis_core.plugins.builtin:local_backend"
     assert callable(local.resolve_factory())
     assert local.resolve_config_type() is None  # local takes no [backend.local] settings
     assert local.description
@@ -99,7 +99,7 @@ class EchoPlugin:
     @staticmethod
     @hookimpl
     def osmosis_register_backends() -> list[BackendSpec]:
-        return [BackendSpec("echo", "osmosis_core.local:LocalBackend.from_setup", description="Echoes.")]
+        return [BackendSpec("echo", "osmosis_core.plugins.builtin:local_backend", description="Echoes.")]
 
     @staticmethod
     @hookimpl
@@ -282,35 +282,97 @@ def test_conflict_names_the_distribution_of_the_active_plugin(osmosis_registry: 
     assert osmosis_registry.conflicts() == ["backend 'dup' is provided by: same (dist-a), c (dist-c)"]
 
 
-def test_plugin_raising_in_a_hook_is_reported_and_skipped(
+def test_plugin_raising_in_a_hook_is_reported_as_failed_and_skipped(
     osmosis_registry: PluginRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     def explode() -> list[BackendSpec]:
         raise RuntimeError("boom in backends")
 
     def explode_commands(cli: click.Group) -> None:
+        cli.add_command(click.Command("half-added"))
         raise RuntimeError("boom in commands")
 
     def good_commands(cli: click.Group) -> None:
         cli.add_command(click.Command("good-cmd", callback=lambda: click.echo("good")))
 
-    osmosis_registry.register(
-        _plugin("bad", osmosis_register_backends=explode, osmosis_register_commands=explode_commands), "bad"
-    )
-    osmosis_registry.register(
-        _plugin("good", osmosis_register_backends=_backends("good"), osmosis_register_commands=good_commands),
-        "good",
-    )
     with caplog.at_level(logging.WARNING, logger="osmosis.plugins"):
+        bad = osmosis_registry.register(_plugin("bad", osmosis_register_backends=explode), "bad")
+        noisy = osmosis_registry.register(_plugin("noisy", osmosis_register_commands=explode_commands), "noisy")
+        good = osmosis_registry.register(
+            _plugin("good", osmosis_register_backends=_backends("good"), osmosis_register_commands=good_commands),
+            "good",
+        )
         names = [b.name for b in osmosis_registry.backends()]
         group = click.Group("osmosis")
         osmosis_registry.add_commands(group)
     assert names == ["good", "local"]
-    assert list(group.commands) == ["good-cmd"]
+    assert list(group.commands) == ["good-cmd"]  # nothing half-added by the failing plugin
+    records = {p.name: p for p in osmosis_registry.plugins}
+    assert (bad.status, records["bad"].status) == ("failed", "failed")
+    assert records["bad"].error == "osmosis_register_backends failed: RuntimeError: boom in backends"
+    assert records["noisy"].status == "failed" and "boom in commands" in (records["noisy"].error or "")
+    assert good.status == "active"
+    assert records["good"].provides == {"backends": ("good",), "commands": ("good-cmd",)}
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("'bad'" in m and "osmosis_register_backends" in m and "boom in backends" in m for m in messages)
-    assert any("'bad'" in m and "boom in commands" in m for m in messages)
+    assert any("'noisy'" in m and "boom in commands" in m for m in messages)
     assert CliRunner().invoke(group, ["good-cmd"]).output == "good\n"
+
+
+@pytest.mark.parametrize(
+    ("returned", "problem"),
+    [
+        ("local", "must return a list of BackendSpec, got str"),
+        ([{"name": "x"}], "must return a list of BackendSpec, got an item {'name': 'x'}"),
+        ([BackendSpec("", "a.b:C")], "returned a BackendSpec without a name"),
+        ([BackendSpec("x", 42)], "backend 'x' has a factory that is neither callable nor an import path: 42"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_malformed_registration_fails_the_plugin(
+    osmosis_registry: PluginRegistry, returned: Any, problem: str
+) -> None:
+    info = osmosis_registry.register(_plugin("odd", osmosis_register_backends=lambda: returned), "odd")
+    assert info.status == "failed" and problem in (info.error or ""), info.error
+    assert [b.name for b in osmosis_registry.backends()] == ["local"]
+    assert info.to_json()["status"] == "failed"
+
+
+def test_a_backend_factory_that_cannot_take_a_setup_names_the_plugin_and_the_factory(
+    osmosis_registry: PluginRegistry, tmp_path: Path
+) -> None:
+    from osmosis_core.config import config_from_dict
+    from osmosis_core.loader import load_rollout
+    from osmosis_core.runner import build_backend
+
+    def no_arguments() -> None:
+        return None
+
+    osmosis_registry.register(
+        _plugin(
+            "factories",
+            osmosis_register_backends=lambda: [
+                BackendSpec("wrong-signature", no_arguments),
+                BackendSpec("missing", "osmosis_nowhere.backend:Backend"),
+                BackendSpec("not-a-backend", lambda setup: object()),
+            ],
+        ),
+        "factories",
+        distribution="osmosis-factories",
+    )
+    rollout_dir = Path(__file__).resolve().parent.parent / "rollouts" / "multiply-plain"
+    for name, message in (
+        (
+            "wrong-signature",
+            "its factory 'test_a_backend_factory_that_cannot_take_a_setup_names_the_plugin_and_the_factory.<locals>.no_arguments' cannot be called with a BackendSetup",
+        ),
+        ("missing", "cannot import its factory 'osmosis_nowhere.backend:Backend': ModuleNotFoundError"),
+        ("not-a-backend", "returned object, not an ExecutionBackend"),
+    ):
+        config = config_from_dict({"rollout": {"path": str(rollout_dir)}, "run": {"backend": name}}, root=tmp_path)
+        with pytest.raises(PluginError) as info:
+            build_backend(config, load_rollout(config, osmosis_registry), osmosis_registry, None)
+        assert f"backend {name!r} of plugin 'factories' (osmosis-factories)" in str(info.value)
+        assert message in str(info.value)
 
 
 # -- a fake installed distribution (real entry points) ---------------------------------------------
@@ -326,7 +388,7 @@ from osmosis_core.plugins.hookspecs import hookimpl
 
 @hookimpl
 def osmosis_register_backends():
-    return [BackendSpec("fake", "osmosis_core.local:LocalBackend.from_setup",
+    return [BackendSpec("fake", "osmosis_core.plugins.builtin:local_backend",
                         description="A fake backend from osmosis-fake.")]
 
 
@@ -542,10 +604,11 @@ def test_cli_plugins_table_with_fake_distribution(fake_site: Path) -> None:
     proc = _osmosis("plugins", pythonpath=fake_site)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS"]
-    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert lines[0].split() == ["NAME", "DISTRIBUTION", "VERSION", "STATUS", "PROVIDES"]
+    rows = {line.split()[0]: line.split(maxsplit=4) for line in lines[1:]}
     assert rows["core"][1:4] == ["osmosis-core", osmosis_core.__version__, "active"]
-    assert rows["fake"] == ["fake", "osmosis-fake", "1.2.3", "active", "backends,commands"]
+    assert rows["core"][4] == "backends local; templates multiply-plain"
+    assert rows["fake"] == ["fake", "osmosis-fake", "1.2.3", "active", "backends fake; commands fake-hello"]
     assert rows["broken"] == ["broken", "osmosis-fake", "1.2.3", "failed", "-"]
     assert "broken: ImportError: osmosis_broken_plugin needs the frobnicator package" in proc.stderr
 

@@ -628,3 +628,57 @@ def test_cli_refuses_non_loopback_without_key() -> None:
     assert proc.returncode != 0
     assert "non-loopback" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_fault_truncate_html_and_oversize(srv: ScriptedPolicyServer, client: httpx.Client) -> None:
+    body = {"messages": [user("12 * 7")]}
+    srv.inject(Fault("truncate"), times=2)
+    cut = chat(client, srv, body)  # a JSON body cut in half, with a correct length
+    assert cut.status_code == 200 and len(cut.content) > 20
+    with pytest.raises(ValueError):
+        json.loads(cut.content)
+    with client.stream("POST", srv.url + "/chat/completions", json={**body, "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line]  # a clean end: no finish_reason, no [DONE]
+    chunks = sse_chunks("\n".join(lines))
+    assert chunks and "[DONE]" not in chunks and assemble(chunks)["finish_reason"] is None
+    srv.inject(Fault("html"))
+    page = chat(client, srv, body)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    srv.inject(Fault("oversize", size=3 << 20))
+    big = chat(client, srv, body)
+    assert big.status_code == 200 and "content-length" not in big.headers and len(big.content) > 3 << 20
+    assert json.loads(big.content)["choices"][0]["message"]["content"] == "a" * (3 << 20)
+    assert [r.fault for r in srv.requests] == ["truncate", "truncate", "html", "oversize"]
+
+
+def test_the_stand_in_of_a_killed_run_exits_too(tmp_path: Path) -> None:
+    """kill -9 of `osmosis run --stub-policy` (or of a test that hit its timeout): the stand-in server
+    sees its standard input close and stops; nothing is left running."""
+    import shutil
+
+    workspace = tmp_path / "ws"
+    shutil.copytree(REPO / "rollouts" / "multiply-plain", workspace / "rollouts" / "multiply-plain")
+    (workspace / "configs" / "eval").mkdir(parents=True)
+    shutil.copy(REPO / "configs" / "eval" / "multiply-plain.toml", workspace / "configs" / "eval")
+    exe = Path(sys.executable).parent / "osmosis"
+    proc = subprocess.Popen(
+        [str(exe), "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--stub-latency", "1"],
+        cwd=workspace, env=_cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    stub: list[str] = []
+    while time.monotonic() < deadline and not stub:
+        stub = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "policy_server"], capture_output=True,
+                              text=True).stdout.split()  # fmt: skip
+        time.sleep(0.1)
+    assert stub, "the stand-in server never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{stub[0]}").exists():
+        status = Path(f"/proc/{stub[0]}/status").read_text() if Path(f"/proc/{stub[0]}").exists() else ""
+        if "zombie" in status:
+            break
+        time.sleep(0.05)
+    alive = Path(f"/proc/{stub[0]}").exists() and "zombie" not in Path(f"/proc/{stub[0]}/status").read_text()
+    assert not alive, "the stand-in server outlived its run"

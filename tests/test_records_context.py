@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import asyncio
 import math
 
@@ -141,12 +143,18 @@ def test_last_text_flattens_content_parts():
     assert ErrorInfo(ErrorCategory.TIMEOUT, "x").category.value == "timeout"
 
 
-def test_public_names_are_exported_for_type_checkers():
+def test_public_names_are_written_once_and_all_resolve():
+    """Each package's public names come from its .pyi stub alone (what type checkers read), and every
+    one of them imports."""
     import osmosis_core
+    import osmosis_core.plugin
     import osmosis_core.testing
+    from osmosis_core.lazy import stub_exports
 
-    for module in (osmosis_core, osmosis_core.testing):
-        table = module._EXPORTS
-        assert sorted(set(module.__all__) - {"__version__"}) == sorted(table)
+    for module in (osmosis_core, osmosis_core.plugin, osmosis_core.testing):
+        stub = Path(module.__file__).with_suffix(".pyi")
+        table = stub_exports(stub, module.__name__)
+        assert module.__all__ == sorted(table)
         for name in table:
-            assert getattr(module, name) is not None
+            assert getattr(module, name) is not None, (module.__name__, name)
+        assert set(module.__all__) <= set(dir(module))

@@ -1,4 +1,4 @@
-"""The local backend over worker processes (`[run] workers`, `--workers`): same results, real processes, real signals."""
+"""The local backend over worker processes (`[run] workers`, `--workers`): same results, real processes and signals."""
 
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ class Sleeps(AgentWorkflow):
 def requests(url: str, n: int, **metadata) -> list[ExecutionRequest]:
     policy = PolicyEndpoint(url, "m")
     return [
-        ExecutionRequest(f"w{i}", [{"role": "user", "content": f"{i} * 3"}], policy, label=str(i * 3), metadata=metadata)
+        ExecutionRequest(
+            f"w{i}", [{"role": "user", "content": f"{i} * 3"}], policy, label=str(i * 3), metadata=metadata
+        )
         for i in range(n)
     ]
 
@@ -194,7 +196,11 @@ def test_a_dead_worker_fails_only_its_running_rollouts_and_is_replaced(stub):
     assert len(results) == 20 and len(lost) == 2  # only the two it was running
     assert all(r.error.category is ErrorCategory.INFRA_ERROR for r in lost)
     assert all(f"worker process {first} was killed by SIGKILL" in r.error.message for r in lost)
-    assert health["restarts"] == 1 and health["status"] == "ok" and first not in [w["pid"] for w in health["workers"] if w["alive"]]
+    assert (
+        health["restarts"] == 1
+        and health["status"] == "ok"
+        and first not in [w["pid"] for w in health["workers"] if w["alive"]]
+    )
 
 
 def test_when_no_worker_can_be_replaced_waiting_rollouts_are_not_run_and_say_so(stub):
@@ -270,9 +276,19 @@ def test_killing_every_worker_writes_off_only_what_they_were_running(workspace, 
     """kill -9 of both workers mid-run: at most their in-flight rollouts fail; the run goes on and finishes."""
     data = _dataset(workspace / "big.jsonl", 300)
     with ScriptedPolicyServer(latency=0.3) as server:
-        args = [osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--dataset", str(data)]
+        args = [
+            osmosis_exe,
+            "run",
+            "configs/eval/multiply-plain.toml",
+            "--policy-url",
+            server.url,
+            "--dataset",
+            str(data),
+        ]
         args += ["--workers", "2", "--concurrency", "16", "--output", "out"]
-        proc = subprocess.Popen(args, cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            args, cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         results = workspace / "out" / "results.jsonl"
         _wait_for_lines(results, 20)
         [zygote] = [p for p in children(proc.pid)]
@@ -288,16 +304,28 @@ def test_killing_every_worker_writes_off_only_what_they_were_running(workspace, 
     assert proc.returncode == 0, err
     assert len(lines) == 300 and len(pairs) == 300
     assert 1 <= len(failed) <= 16
-    assert all(x["error"]["category"] == "infra_error" and "was killed by SIGKILL" in x["error"]["message"] for x in failed)
+    assert all(
+        x["error"]["category"] == "infra_error" and "was killed by SIGKILL" in x["error"]["message"] for x in failed
+    )
 
 
 def test_a_killed_run_leaves_no_worker_calling_the_policy(workspace, osmosis_exe, clean_env):
     """kill -9 of `osmosis run --workers 2`: its zygote and workers see the lifeline break and exit."""
     data = _dataset(workspace / "big.jsonl", 500)
     with ScriptedPolicyServer(latency=0.2) as server:
-        args = [osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--dataset", str(data)]
+        args = [
+            osmosis_exe,
+            "run",
+            "configs/eval/multiply-plain.toml",
+            "--policy-url",
+            server.url,
+            "--dataset",
+            str(data),
+        ]
         args += ["--workers", "2", "--concurrency", "8", "--output", "out"]
-        proc = subprocess.Popen(args, cwd=workspace, env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            args, cwd=workspace, env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         _wait_for_lines(workspace / "out" / "results.jsonl", 5)
         started = descendants(proc.pid)
         assert len(started) == 3  # the zygote and two workers
@@ -320,15 +348,28 @@ def test_sigterm_to_the_process_group_never_hangs_and_loses_nothing(workspace, o
     data = _dataset(workspace / "big.jsonl", 400)
     rounds = 0
     with ScriptedPolicyServer(latency=0.05) as server:
-        args = [osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--dataset", str(data)]
+        args = [
+            osmosis_exe,
+            "run",
+            "configs/eval/multiply-plain.toml",
+            "--policy-url",
+            server.url,
+            "--dataset",
+            str(data),
+        ]
         args += ["--workers", "2", "--concurrency", "16", "--output", "out"]
         results = workspace / "out" / "results.jsonl"
         for attempt in range(20):
             extra = ["--resume"] if attempt else []
             before = len(_lines(results))
             proc = subprocess.Popen(
-                [*args, *extra], cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, start_new_session=True,
+                [*args, *extra],
+                cwd=workspace,
+                env=clean_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
             )
             _wait_for_lines(results, before + 3)
             os.killpg(proc.pid, signal.SIGTERM)

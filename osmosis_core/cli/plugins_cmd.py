@@ -12,7 +12,10 @@ __all__ = ["plugins"]
 @click.command()
 @click.option("json_", "--json", is_flag=True, help="Print JSON (a list of plugin records) instead of a table.")
 def plugins(json_: bool) -> None:
-    """List plugins: name, distribution, version, hooks, status and any load error.
+    """List plugins: name, distribution, version, status, what each provides, and any error.
+
+    A plugin that fails to import, or whose register hook raises or returns something malformed,
+    is listed as failed with the reason, and contributes nothing.
 
     \b
     Examples:
@@ -27,10 +30,10 @@ def plugins(json_: bool) -> None:
     if json_:
         click.echo(json.dumps(records, indent=2))
         return
-    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS")]
+    rows = [("NAME", "DISTRIBUTION", "VERSION", "STATUS", "PROVIDES")]
     for p in registry.plugins:
-        hooks = ",".join(h.removeprefix("osmosis_register_") for h in p.hooks) or "-"
-        rows.append((p.name, p.distribution, p.version or "-", p.status, hooks))
+        provides = "; ".join(f"{kind} {', '.join(names)}" for kind, names in sorted(p.provides.items())) or "-"
+        rows.append((p.name, p.distribution, p.version or "-", p.status, provides))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         click.echo("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])

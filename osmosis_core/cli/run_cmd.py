@@ -95,7 +95,7 @@ def run(
         if unlabeled and plan.rollout.grader_class is not None and not config.run.require_labels:
             err.print(
                 f"[yellow]{unlabeled} of {len(plan.rows)} rows have no label (ground_truth): they run and are not "
-                "graded (counted as ungraded); set [run] require_labels = true to fail them instead[/yellow]"
+                "graded (counted as ungraded); set \\[run] require_labels = true to fail them instead[/yellow]"
             )
         import anyio
 
@@ -110,6 +110,7 @@ def run(
             f"{why}; {outcome.summary.finished} finished results are kept in {outcome.run_dir}; "
             f"finish with: {_resume_command(outcome.run_dir)}",
             soft_wrap=True,
+            markup=False,
         )
         raise click.exceptions.Exit(130)
     if outcome.failing:
@@ -117,6 +118,7 @@ def run(
             f"run failed: {outcome.failing}; results in {outcome.run_dir / 'results.jsonl'}; "
             f"run the failures again with: {_resume_command(outcome.run_dir, retry=True)}",
             soft_wrap=True,
+            markup=False,
         )
         raise click.exceptions.Exit(1)
 

@@ -5,11 +5,37 @@ Built-ins register through the same hooks as every external plugin.
 
 from __future__ import annotations
 
-from osmosis_core.backend import BackendSpec
+from osmosis_core.backend import BackendSetup, BackendSpec, ExecutionBackend
 from osmosis_core.plugins.hookspecs import hookimpl
 from osmosis_core.templates import GUIDES_ROOT, TemplateSpec, examples_root
 
-__all__ = ["osmosis_register_backends", "osmosis_register_templates"]
+__all__ = ["local_backend", "osmosis_register_backends", "osmosis_register_templates"]
+
+
+def local_backend(setup: BackendSetup) -> ExecutionBackend:
+    """The factory of the ``local`` backend. It takes no ``[backend.local]`` settings: ``[run]
+    concurrency`` sets its limit through the workflow config, and ``[run] workers`` > 1 runs it in a
+    :class:`~osmosis_core.workers.WorkerPool` of that many processes."""
+    if setup.workers > 1:
+        from osmosis_core.workers import WorkerPool
+
+        return WorkerPool(
+            setup.workflow_class,
+            setup.workflow_config,
+            setup.grader_class,
+            setup.grader_config,
+            workers=setup.workers,
+            require_labels=setup.require_labels,
+        )
+    from osmosis_core.local import LocalBackend
+
+    return LocalBackend(
+        setup.workflow_class,
+        setup.workflow_config,
+        setup.grader_class,
+        setup.grader_config,
+        require_labels=setup.require_labels,
+    )
 
 
 @hookimpl
@@ -17,7 +43,7 @@ def osmosis_register_backends() -> list[BackendSpec]:
     return [
         BackendSpec(
             "local",
-            "osmosis_core.local:LocalBackend.from_setup",
+            "osmosis_core.plugins.builtin:local_backend",
             description="In-process on this machine's event loop (the default).",
         )
     ]

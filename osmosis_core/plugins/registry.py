@@ -8,7 +8,11 @@ Loading rules (the design's):
 * ``OSMOSIS_DISABLE_PLUGINS=a,b`` skips those names; ``OSMOSIS_LOAD_PLUGINS=a,b`` loads only those
   (set and empty: no external plugin at all);
 * a name (backend, template, grader) that two plugins claim is reported with the distribution
-  of each provider when it is asked for.
+  of each provider when it is asked for;
+* a plugin whose register hook raises, or returns something that is not a list of the hook's
+  records (a ``BackendSpec`` with a name and a factory, ...), is reported as failed with the
+  reason, like one that fails to import, and contributes nothing;
+* ``osmosis plugins`` shows what each plugin provides: its backend, template, grader and command names.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class PluginInfo:
     hooks: tuple[str, ...] = ()
     error: str | None = None
     builtin: bool = False
+    provides: dict[str, tuple[str, ...]] = attrs.field(factory=dict, hash=False)
+    """What it registered, by kind: ``{"backends": ("local",), "templates": (...), ...}``."""
 
     @property
     def provider(self) -> str:
@@ -73,7 +79,41 @@ class PluginInfo:
             "hooks": list(self.hooks),
             "error": self.error,
             "builtin": self.builtin,
+            "provides": {kind: list(names) for kind, names in self.provides.items()},
         }
+
+
+_KINDS: dict[str, tuple[str, str]] = {
+    "osmosis_register_backends": ("backends", "osmosis_core.backend:BackendSpec"),
+    "osmosis_register_templates": ("templates", "osmosis_core.templates:TemplateSpec"),
+    "osmosis_register_graders": ("graders", "osmosis_core.templates:GraderSpec"),
+}
+"""Register hook -> (what ``provides`` calls its records, the record class it must return)."""
+
+
+def _check_records(hook_name: str, items: Any) -> list[Any]:
+    """The records a register hook returned, checked. :raises TypeError: naming what is wrong."""
+    from osmosis_core.backend import load_object
+
+    kind, record_path = _KINDS[hook_name]
+    record = load_object(record_path)
+    if items is None:
+        return []
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise TypeError(f"{hook_name} must return a list of {record.__name__}, got {type(items).__name__}")
+    checked = list(items)
+    for item in checked:
+        if not isinstance(item, record):
+            raise TypeError(f"{hook_name} must return a list of {record.__name__}, got an item {item!r}")
+        if not isinstance(item.name, str) or not item.name.strip():
+            raise TypeError(f"{hook_name} returned a {record.__name__} without a name: {item!r}")
+        factory = getattr(item, "factory", None)
+        if factory is not None and not (callable(factory) or (isinstance(factory, str) and factory.strip())):
+            raise TypeError(
+                f"{hook_name}: {kind[:-1]} {item.name!r} has a factory that is neither callable nor "
+                f"an import path: {factory!r}"
+            )
+    return checked
 
 
 def _names(value: str | None) -> set[str] | None:
@@ -104,7 +144,8 @@ class PluginRegistry:
     def __init__(self, *, load_entrypoints: bool = True, env: dict[str, str] | None = None) -> None:
         self.pm = pluggy.PluginManager(PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
-        self.plugins: list[PluginInfo] = []
+        self._cache: dict[str, Any] = {}
+        self._plugins: list[PluginInfo] = []
         self._info_of: dict[int, PluginInfo] = {}  # id(registered plugin object) -> its record
         environ = os.environ if env is None else env
         self._disabled = _names(environ.get("OSMOSIS_DISABLE_PLUGINS")) or set()
@@ -114,7 +155,6 @@ class PluginRegistry:
             self._load(name, module, "osmosis-core", version, functools.partial(importlib.import_module, module), True)
         if load_entrypoints:
             self._load_entrypoints()
-        self._cache: dict[str, Any] = {}
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -177,13 +217,28 @@ class PluginRegistry:
         builtin: bool = False,
     ) -> PluginInfo:
         info = PluginInfo(name, dist, version, module, status, hooks, error, builtin)
-        self.plugins.append(info)
+        self._plugins.append(info)
         return info
 
+    @property
+    def plugins(self) -> list[PluginInfo]:
+        """Every plugin seen, in load order, with its status, error and what it provides.
+
+        Its register hooks have been called (and checked) by the time this is read.
+        """
+        if "osmosis_register_backends" not in self._cache:
+            self._validate()
+        return self._plugins
+
     def register(self, plugin: object, name: str, *, distribution: str = "(in-process)") -> PluginInfo:
-        """Register an in-process plugin object or module (tests, embedding applications)."""
+        """Register an in-process plugin object or module (tests, embedding applications).
+
+        Its register hooks are called (and checked) now; the record returned says how it went.
+        """
         self._cache.clear()
-        return self._load(name, getattr(plugin, "__name__", name), distribution, "", lambda: plugin, False)
+        info = self._load(name, getattr(plugin, "__name__", name), distribution, "", lambda: plugin, False)
+        self._validate()
+        return self._info_of.get(id(plugin), info)
 
     def check_pending(self) -> None:
         """Fail on a ``@hookimpl`` whose name matches no hook (a misspelt hook)."""
@@ -198,24 +253,57 @@ class PluginRegistry:
     def _collect(self, hook_name: str) -> dict[str, list[_Provided[Any]]]:
         if hook_name in self._cache:
             return self._cache[hook_name]  # type: ignore[no-any-return]
-        found: dict[str, list[_Provided[Any]]] = {}
-        hook = getattr(self.pm.hook, hook_name)
-        for impl in hook.get_hookimpls():
-            info = self._info(impl.plugin)
-            try:
-                items = impl.function() or ()
-                for item in items:
+        self._validate()
+        return self._cache[hook_name]  # type: ignore[no-any-return]
+
+    def _validate(self) -> None:
+        """Call every register hook once: collect the records, and fail the plugins whose hooks misbehave."""
+        results: dict[int, dict[str, list[Any]]] = {}
+        failed: dict[int, str] = {}
+        for hook_name in _KINDS:
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                key = id(impl.plugin)
+                if key in failed:
+                    continue
+                try:
+                    results.setdefault(key, {})[hook_name] = _check_records(hook_name, impl.function())
+                except Exception as exc:
+                    failed[key] = f"{hook_name} failed: {type(exc).__name__}: {exc}"
+        for hook_name, (kind, _record) in _KINDS.items():
+            found: dict[str, list[_Provided[Any]]] = {}
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                key = id(impl.plugin)
+                if key in failed:
+                    continue
+                info = self._info(impl.plugin)
+                for item in results.get(key, {}).get(hook_name, []):
                     found.setdefault(_normalise(item.name), []).append(_Provided(item, info))
-            except Exception as exc:
-                log.warning(
-                    "plugin %r failed in %s and is skipped: %s: %s",
-                    info.name,
-                    hook_name,
-                    type(exc).__name__,
-                    exc,
-                )
-        self._cache[hook_name] = found
-        return found
+            self._cache[hook_name] = found
+        for key, error in failed.items():
+            failing = self._info_of.get(key)
+            if failing is None or failing.status == "failed":
+                continue
+            log.warning(
+                "plugin %r (%s) is skipped: %s (skip it with OSMOSIS_DISABLE_PLUGINS=%s)",
+                failing.name,
+                failing.provider,
+                error,
+                failing.name,
+            )
+            self._update(key, status="failed", error=error)
+        for key, plugin_results in results.items():
+            working = self._info_of.get(key)
+            if working is None or key in failed:
+                continue
+            provides = {_KINDS[h][0]: tuple(sorted(item.name for item in items)) for h, items in plugin_results.items()}
+            self._update(key, provides={**working.provides, **{kind: names for kind, names in provides.items() if names}})
+
+    def _update(self, key: int, **changes: Any) -> None:
+        """Replace a plugin's record (they are frozen) in the list and the index."""
+        old = self._info_of[key]
+        new = attrs.evolve(old, **changes)
+        self._info_of[key] = new
+        self._plugins[self._plugins.index(old)] = new
 
     def _pick(self, hook_name: str, kind: str, name: str) -> Any:
         found = self._collect(hook_name)
@@ -254,6 +342,14 @@ class PluginRegistry:
         """The backend spec called ``name``. :raises PluginError: unknown or claimed twice."""
         return self._pick("osmosis_register_backends", "backend", name)  # type: ignore[no-any-return]
 
+    def provider_of(self, kind: str, name: str) -> PluginInfo | None:
+        """The plugin that registered the ``kind`` (``backend``, ``template``, ``grader``) called ``name``."""
+        hook = {"backend": "osmosis_register_backends", "template": "osmosis_register_templates"}.get(
+            kind, "osmosis_register_graders"
+        )
+        providers = self._collect(hook).get(_normalise(name))
+        return providers[0].plugin if providers else None
+
     def backends(self) -> list[BackendSpec]:
         """Every registered backend spec (first provider of each name)."""
         return self._all("osmosis_register_backends", "backend")
@@ -275,13 +371,27 @@ class PluginRegistry:
         return self._all("osmosis_register_graders", "grader")
 
     def add_commands(self, cli: click.Group) -> None:
-        """Let every plugin add its commands; a plugin that fails here is reported and skipped."""
+        """Let every plugin add its commands; a plugin that fails here is reported and skipped.
+
+        The names each plugin added are recorded (``osmosis plugins`` shows them).
+        """
         for impl in self.pm.hook.osmosis_register_commands.get_hookimpls():
+            key = id(impl.plugin)
+            before = dict(cli.commands)
             try:
                 impl.function(cli)
             except Exception as exc:
+                cli.commands.clear()
+                cli.commands.update(before)  # nothing half-added
                 info = self._info(impl.plugin)
+                error = f"osmosis_register_commands failed: {type(exc).__name__}: {exc}"
                 log.warning("plugin %r failed to add its commands: %s: %s", info.name, type(exc).__name__, exc)
+                if key in self._info_of:
+                    self._update(key, status="failed", error=error)
+                continue
+            added = tuple(sorted(name for name in cli.commands if cli.commands[name] is not before.get(name)))
+            if added and key in self._info_of:
+                self._update(key, provides={**self._info_of[key].provides, "commands": added})
 
 
 _FIRST_PARTY: dict[tuple[str, str], str] = {

@@ -1,3 +1,6 @@
+from osmosis_core.testing.contract import BackendContract as BackendContract
+from osmosis_core.testing.contract import ContractGrader as ContractGrader
+from osmosis_core.testing.contract import ContractWorkflow as ContractWorkflow
 from osmosis_core.testing.guides import guide_commands as guide_commands
 from osmosis_core.testing.guides import run_guide_commands as run_guide_commands
 from osmosis_core.testing.policy_server import Fault as Fault

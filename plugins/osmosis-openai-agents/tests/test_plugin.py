@@ -95,7 +95,7 @@ def test_the_applied_templates_guides_name_commands_that_work(tmp_path):
     [spec] = osmosis_register_templates()
     apply_template(spec, tmp_path)
     assert "{{" not in (tmp_path / ".agents" / "skills" / "prepare-training" / "SKILL.md").read_text()
-    commands = [c for _, c in guide_commands(tmp_path)]
+    commands = [c for _, c in guide_commands(tmp_path, unique=True)]
     assert (
         f"osmosis run configs/training/{TEMPLATE}.toml --dataset data/multiply.jsonl --stub-policy --limit 4"
         in commands

@@ -1,0 +1,177 @@
+"""The run folder under faults: one writer at a time, failures re-run on request, bad files named by line.
+
+Everything runs `osmosis run` as a user does (real subprocesses, real HTTP to the scripted server).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from osmosis_core.runner import _latest_records
+from osmosis_core.testing import Fault, ScriptedPolicyServer
+
+RUN = ["run", "configs/eval/multiply-plain.toml"]
+
+
+def osmosis(exe: str, *args: str, cwd: Path, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_second_writer_of_a_run_folder_is_refused_with_one_line(workspace, osmosis_exe, clean_env):
+    args = [*RUN, "--stub-policy", "--stub-latency", "0.2", "--concurrency", "2", "--output", "out"]
+    first = subprocess.Popen([osmosis_exe, *args], cwd=workspace, env=clean_env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    results = workspace / "out" / "results.jsonl"
+    deadline = time.monotonic() + 30
+    while not (results.exists() and results.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert second.returncode == 1
+    assert "is in use by another osmosis process (pid" in second.stderr and "Traceback" not in second.stderr
+    assert str(first.pid) in second.stderr
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    done = lines(results)
+    assert len(done) == 20 and len({(x["row"], x["sample_index"]) for x in done}) == 20  # no pair twice
+    # the kernel released the lock with the first run: the folder can be resumed (nothing left to do)
+    again = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert again.returncode == 0 and "0 to run" in again.stdout
+
+
+def test_failed_rollouts_are_run_again_on_request_and_counted_once(workspace, osmosis_exe, clean_env):
+    with ScriptedPolicyServer() as server:
+        server.inject(Fault("status", status=503), times=40)  # every call of the first run
+        base = [*RUN, "--policy-url", server.url, "--limit", "6", "--output", "out"]
+        first = osmosis(osmosis_exe, *base, cwd=workspace, env=clean_env)
+        assert first.returncode == 1, first.stderr  # every rollout failed: a CI job must see it
+        assert "run failed: every rollout failed (6 of 6: policy_error 6)" in first.stderr
+        assert "--retry-failed" in first.stderr
+        server.clear()
+        nothing = osmosis(osmosis_exe, *base, "--retry-failed", "agent_error", cwd=workspace, env=clean_env)
+        assert nothing.returncode == 1 and "0 to run" in nothing.stdout  # only the categories named
+        retried = osmosis(osmosis_exe, *base, "--retry-failed", cwd=workspace, env=clean_env)
+    assert retried.returncode == 0, retried.stderr
+    assert "6 to run, 6 of them again" in retried.stdout
+    records = lines(workspace / "out" / "results.jsonl")
+    assert len(records) == 12  # the earlier records stay readable
+    assert [x["status"] for x in records[:6]] == ["failure"] * 6 and [x["reward"] for x in records[6:]] == [1.0] * 6
+    summary = json.loads((workspace / "out" / "summary.json").read_text())
+    assert summary["finished"] == 6 and summary["failed"] == 0 and summary["mean_reward"] == 1.0  # latest only
+    bad = osmosis(osmosis_exe, *base, "--retry-failed", "policy_eror", cwd=workspace, env=clean_env)
+    assert bad.returncode == 2 and "policy_eror is not an error category" in bad.stderr
+
+
+def test_a_failure_rate_over_the_limit_fails_the_run(workspace, osmosis_exe, clean_env):
+    config = workspace / "configs" / "eval" / "multiply-plain.toml"
+    config.write_text(config.read_text().replace("[run]", "[run]\nmax_failure_rate = 0.25"))
+    with ScriptedPolicyServer() as server:
+        server.inject(Fault("status", status=500), times=2)  # two of the first calls: two rollouts of 4
+        over = osmosis(osmosis_exe, *RUN, "--policy-url", server.url, "--limit", "4", "--concurrency", "1",
+                       "--output", "a", cwd=workspace, env=clean_env)  # fmt: skip
+        server.inject(Fault("status", status=500), times=1)
+        under = osmosis(osmosis_exe, *RUN, "--policy-url", server.url, "--limit", "4", "--concurrency", "1",
+                        "--output", "b", cwd=workspace, env=clean_env)  # fmt: skip
+    assert over.returncode == 1 and "2 of 4 rollouts failed (50.0%, over [run] max_failure_rate 25.0%" in over.stderr
+    assert under.returncode == 0, under.stderr
+
+
+def test_a_damaged_results_line_is_named_by_its_line_number(workspace, osmosis_exe, clean_env):
+    args = [*RUN, "--stub-policy", "--limit", "3", "--output", "out"]
+    assert osmosis(osmosis_exe, *args, cwd=workspace, env=clean_env).returncode == 0
+    results = workspace / "out" / "results.jsonl"
+    kept = results.read_text().splitlines()
+    results.write_text("\n".join([kept[0], '{"rollout_id": "x", "status": "success"}', kept[2]]) + "\n")
+    r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"{results}:2: not a result line (missing row, sample_index)" in r.stderr
+    results.write_text("\n".join([kept[0], kept[1], "{not json"]) + "\n")
+    r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and f"{results}:3: not a JSON line" in r.stderr
+
+
+def test_resume_reads_a_large_results_file_as_a_stream(tmp_path):
+    """A resumed run keeps per pair only what its summary needs, never the samples."""
+    results = tmp_path / "results.jsonl"
+    big = "x" * (2 << 20)
+    with results.open("w") as handle:
+        for row in range(30):  # 60 MB of samples
+            line = {"row": row, "sample_index": 0, "status": "success", "reward": 1.0, "timings": {"workflow": 0.1}}
+            handle.write(json.dumps({**line, "sample": {"messages": [{"role": "assistant", "content": big}]}}) + "\n")
+    tracemalloc.start()
+    latest = _latest_records(results)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(latest) == 30 and all(x["reward"] == 1.0 for x in latest.values())
+    print(f"\nresume over a {results.stat().st_size >> 20} MB results file: peak {peak >> 20} MB traced")
+    assert peak < 20 << 20  # about one line at a time, not the file
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b'{"user_prompt": "caf\xe9"}\n', ":2: not UTF-8 text (byte 0xe9 at column 21)"),
+        (b"[" * 100 + b"]" * 100 + b"\n", ":2: expected a JSON object"),
+        (b'{"user_prompt": "x", "deep": ' + b"[" * 200 + b"]" * 200 + b"}\n", ":2: the row is nested more than 64"),
+        (b'{"user_prompt": "x", "deep": ' + b"[" * 100000 + b"]" * 100000 + b"}\n", ":2: the row is nested too deeply"),
+    ],
+)
+def test_a_bad_dataset_line_is_named_by_its_line(workspace, osmosis_exe, clean_env, content, problem):
+    data = workspace / "bad.jsonl"
+    data.write_bytes(b'{"user_prompt": "1 * 2", "ground_truth": "2"}\n' + content)
+    r = osmosis(osmosis_exe, *RUN, "--stub-policy", "--dataset", "bad.jsonl", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+    assert f"{data}{problem}" in r.stderr
+
+
+def test_a_config_that_is_not_utf8_is_named_by_its_line(workspace, osmosis_exe, clean_env):
+    config = workspace / "configs" / "eval" / "multiply-plain.toml"
+    config.write_bytes(config.read_bytes().replace(b"[run]", b"# caf\xe9\n[run]"))
+    r = osmosis(osmosis_exe, *RUN, "--stub-policy", cwd=workspace, env=clean_env)
+    line = config.read_bytes().split(b"caf")[0].count(b"\n") + 1
+    assert r.returncode == 1 and f"multiply-plain.toml:{line}: invalid config" in r.stderr and "not UTF-8" in r.stderr
+
+
+STRAY_EXITS = """
+class Workflow(MultiplyWorkflow):
+    async def run(self, ctx):
+        import asyncio, sys
+        how = ctx.user_prompt.split()[0]
+        if how == "cancel":
+            raise asyncio.CancelledError()
+        if how == "exit":
+            sys.exit(3)
+        if how == "interrupt":
+            raise KeyboardInterrupt
+        return await super().run(ctx)
+"""
+
+
+def test_a_workflow_that_raises_cancel_exit_or_interrupt_fails_only_its_rollout(workspace, osmosis_exe, clean_env):
+    main = workspace / "rollouts" / "multiply-plain" / "main.py"
+    main.write_text(main.read_text() + STRAY_EXITS)
+    config = workspace / "configs" / "eval" / "multiply-plain.toml"
+    config.write_text(
+        config.read_text().replace('entrypoint = "main.py"', 'entrypoint = "main.py"\nworkflow = "Workflow"')
+    )
+    data = workspace / "stray.jsonl"
+    rows = ["cancel", "exit", "interrupt", "val1 = 2\nval2 = 3"]
+    data.write_text("".join(json.dumps({"user_prompt": r, "ground_truth": "6"}) + "\n" for r in rows))
+    r = osmosis(osmosis_exe, *RUN, "--stub-policy", "--dataset", "stray.jsonl", "--output", "out",
+                cwd=workspace, env=clean_env, timeout=60)  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    records = {x["row"]: x for x in lines(workspace / "out" / "results.jsonl")}
+    assert sorted(records) == [0, 1, 2, 3]  # every rollout is recorded, the run went on
+    assert records[0]["error"]["category"] == "agent_error" and "CancelledError" in records[0]["error"]["message"]
+    assert records[1]["error"]["category"] == "agent_error" and "SystemExit: 3" in records[1]["error"]["message"]
+    assert records[2]["error"]["category"] == "agent_error" and "KeyboardInterrupt" in records[2]["error"]["message"]
+    assert records[3]["status"] == "success" and records[3]["reward"] == 1.0
