@@ -1,13 +1,14 @@
 """`osmosis run` throughput against the scripted server: achieved rollouts/s over the ideal.
 
 Runs the real CLI (`osmosis run --stub-policy --stub-latency L --concurrency C`) over N generated
-rows, twice: a one-call rollout (ideal = C / L) and the multiply-plain example, whose rollouts make
-two calls (ideal = C / (2 L)). The rate is taken from the run's own summary.json (wall time of the
-rollouts, without interpreter start-up).
+rows: a one-call rollout (ideal = C / L) and the multiply-plain example, whose rollouts make two
+calls (ideal = C / (2 L)); then the one-call rollout at a thousand in flight against a 1 s latency
+(ideal 1,000 rollouts/s), where a client that falls apart under concurrency shows. The rate is
+taken from the run's own summary.json (wall time of the rollouts, without interpreter start-up).
 
-    python bench/run_throughput.py [--rows 1000] [--concurrency 100] [--latency 0.1]
+    python bench/run_throughput.py [--rows 1000] [--concurrency 100] [--latency 0.1] [--wide-rows 6000]
 
-Target: at least 0.9 of ideal.
+Target: at least 0.9 of ideal at concurrency 100; the wide run must not fall apart.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def dataset(path: Path, rows: int) -> None:
             handle.write(json.dumps({"user_prompt": f"val1 = {a}\nval2 = {b}", "ground_truth": str(a * b)}) + "\n")
 
 
-def run(rollout: Path, data: Path, out: Path, args: argparse.Namespace) -> dict:
+def run(rollout: Path, data: Path, out: Path, concurrency: int, latency: float) -> dict:
     exe = Path(sys.executable).parent / "osmosis"
     cmd = [
         str(exe),
@@ -43,9 +44,9 @@ def run(rollout: Path, data: Path, out: Path, args: argparse.Namespace) -> dict:
         str(data),
         "--stub-policy",
         "--stub-latency",
-        str(args.latency),
+        str(latency),
         "--concurrency",
-        str(args.concurrency),
+        str(concurrency),
         "--output",
         str(out),
     ]
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--wide-rows", type=int, default=6000, help="rows of the run at concurrency 1000, 1 s")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="osmosis-bench-"))
     try:
@@ -73,13 +75,23 @@ def main() -> None:
             ("one call per rollout", ROOT / "bench" / "one_call", 1),
             ("multiply-plain (2 calls)", ROOT / "rollouts" / "multiply-plain", 2),
         ):
-            summary = run(rollout, data, tmp / name.split()[0], args)
+            summary = run(rollout, data, tmp / name.split()[0], args.concurrency, args.latency)
             assert summary["finished"] == args.rows and summary["failed"] == 0, summary
             rate = summary["finished"] / summary["wall_sec"]
             ideal = args.concurrency / (calls * args.latency)
             print(
                 f"  {name:26s}: {rate:7.1f} rollouts/s, ideal {ideal:6.1f}, ratio {rate / ideal:.3f} "
                 f"(target >= 0.9); mean reward {summary['mean_reward']:.3f}"
+            )
+        if args.wide_rows:
+            wide = tmp / "wide.jsonl"
+            dataset(wide, args.wide_rows)
+            summary = run(ROOT / "bench" / "one_call", wide, tmp / "wide", 1000, 1.0)
+            assert summary["finished"] == args.wide_rows and summary["failed"] == 0, summary
+            rate = summary["finished"] / summary["wall_sec"]
+            print(
+                f"  {'concurrency 1000, 1 s':26s}: {rate:7.1f} rollouts/s, ideal 1000.0, ratio {rate / 1000:.3f} "
+                f"({args.wide_rows} rows)"
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -17,6 +17,7 @@ from osmosis_core.errors import error_info as error_info
 from osmosis_core.errors import redact as redact
 from osmosis_core.http_session import aclose_http as aclose_http
 from osmosis_core.http_session import client_session as client_session
+from osmosis_core.http_session import http_request as http_request
 from osmosis_core.http_session import http_scope as http_scope
 from osmosis_core.http_session import read_limited as read_limited
 from osmosis_core.lazy import attach_stub as attach_stub

@@ -190,8 +190,9 @@ def copy_config[T](config: T) -> T:
     """A per-rollout copy of a config, so a rollout's changes never reach the next one.
 
     attrs instances are copied field by field (immutable values shared, nested attrs copied the
-    same way); anything else is deep-copied, or shallow-copied when it refuses a deep copy (a
-    client object, a lock). Cheaper than ``copy.deepcopy`` on the hot path.
+    same way); anything else is deep-copied, or shallow-copied when it refuses a deep copy, or
+    shared when it refuses both (a client object, a lock, a Strands tool). Cheaper than
+    ``copy.deepcopy`` on the hot path.
     """
     cls = type(config)
     if cls in _SHARED_TYPES or isinstance(config, enum.Enum):
@@ -210,4 +211,7 @@ def copy_config[T](config: T) -> T:
     try:
         return copy.deepcopy(config)
     except Exception:
-        return copy.copy(config)
+        try:
+            return copy.copy(config)
+        except Exception:
+            return config

@@ -263,11 +263,19 @@ def test_validate_checks_everything_and_warns_on_a_declared_missing_dependency(w
     main.write_text("import provided_by_a_declared_dist\n")
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
     assert r.returncode == 0 and "are not all installed" in r.stdout
-    # everything declared is installed: an undeclared import fails
+    # an undeclared missing package: a warning too, naming it and saying to declare it (osmosis-ai's rule)
     pyproject.write_text(pyproject.read_text().replace(', "some-declared-pkg"', ""))
     main.write_text("import undeclared_pkg_xyz\n")
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "undeclared_pkg_xyz" in r.stderr and "declare it in" in r.stderr
+    assert r.returncode == 0 and "warn" in r.stdout
+    assert "undeclared_pkg_xyz" in r.stdout and "declare it in" in r.stdout
+    # osmosis run cannot run without it, and says so in one line
+    r = osmosis(osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--stub-policy", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "needs the package 'undeclared_pkg_xyz'" in r.stderr and "Traceback" not in r.stderr
+    # any other import error still fails validate
+    main.write_text("1 / 0\n")
+    r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "ZeroDivisionError" in r.stderr and "main.py:1" in r.stderr
 
 
 def test_every_command_has_help_with_an_example(osmosis_exe, clean_env, tmp_path):
@@ -356,3 +364,15 @@ def test_policy_header_values_are_secrets_too(workspace, osmosis_exe, clean_env)
 
     policy = PolicyEndpoint("http://x/v1", "m", api_key="k-1", headers={"X-Gateway-Token": "gw-secret-123456"})
     assert "gw-secret-123456" not in repr(policy) and policy.secrets() == ("k-1", "gw-secret-123456")
+
+
+def test_lines_are_not_wrapped_when_the_output_is_not_a_terminal(workspace, osmosis_exe, clean_env):
+    """In a log or CI (no terminal, no COLUMNS) a long line stays one line that tools can grep."""
+    env = {k: v for k, v in clean_env.items() if k not in ("COLUMNS", "LINES")}
+    out = "runs/" + "a-rather-long-folder-name-" * 6 + "end"
+    r = osmosis(osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--limit", "2",
+                "--output", out, cwd=workspace, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    [start] = [line for line in r.stdout.splitlines() if line.startswith("run ")]
+    assert start.endswith("(osmosis-stub)") and str(workspace / out) in start
+    assert any(line.strip().endswith(f"{workspace / out}/results.jsonl │") for line in r.stdout.splitlines())

@@ -125,12 +125,6 @@ def test_every_migrated_config_validates(shared_ws, osmosis_exe, clean_env, conf
 
 
 @pytest.mark.skipif(not installed("osmosis_harbor"), reason="osmosis-harbor is not installed")
-@pytest.mark.xfail(
-    strict=True,
-    reason="osmosis-harbor pickles the workflow config into each trial, and osmosis-ai's harbor template keeps "
-    "its Strands @tool objects in that config (unpicklable); osmosis-harbor needs to send module-level configs "
-    "by reference",
-)
 def test_harbor_configs_validate(shared_ws, osmosis_exe, clean_env):
     for config in HARBOR_CONFIGS:
         r = osmosis(osmosis_exe, "validate", config, cwd=shared_ws, env=clean_env)
@@ -189,11 +183,6 @@ def test_openai_agents_rollout_runs_without_its_memory_session(shared_ws, osmosi
 
 
 @pytest.mark.skipif(not installed("osmosis_strands"), reason="osmosis-strands is not installed")
-@pytest.mark.xfail(
-    strict=True,
-    reason="osmosis-strands does not accept chat-shaped messages (OsmosisStrandsAgent(messages=ctx.prompt), "
-    "plain-string contents and a system message), which osmosis-ai's integration converted",
-)
 def test_strands_rollout_runs(shared_ws, osmosis_exe, clean_env):
     r = osmosis(
         osmosis_exe,

@@ -175,3 +175,55 @@ def test_a_workflow_that_raises_cancel_exit_or_interrupt_fails_only_its_rollout(
     assert records[1]["error"]["category"] == "agent_error" and "SystemExit: 3" in records[1]["error"]["message"]
     assert records[2]["error"]["category"] == "agent_error" and "KeyboardInterrupt" in records[2]["error"]["message"]
     assert records[3]["status"] == "success" and records[3]["reward"] == 1.0
+
+
+def test_a_backend_that_gives_out_stops_the_run_resumably(workspace, osmosis_registry):
+    """`BackendUnavailable` from execute: that rollout never ran, so nothing is recorded for it; the run
+    stops (what is in flight is cancelled, not recorded) and `--resume` finishes exactly the rest."""
+    import anyio
+
+    from osmosis_core import BackendSpec, ExecutionBackend, hookimpl
+    from osmosis_core.config import load_config
+    from osmosis_core.errors import BackendUnavailable
+    from osmosis_core.plugins.builtin import local_backend
+    from osmosis_core.runner import execute_run, prepare_run
+    from osmosis_core.testing import StubPolicyProcess
+
+    class GivesOut(ExecutionBackend):
+        """The local backend until its fifth rollout, then gone for good (a cluster lost)."""
+
+        started = 0
+
+        def __init__(self, setup):
+            self.inner = local_backend(setup)
+
+        async def execute(self, request, on_workflow_complete, on_grader_complete=None):
+            GivesOut.started += 1
+            if GivesOut.started > 5:
+                raise BackendUnavailable("the cluster is gone")
+            await self.inner.execute(request, on_workflow_complete, on_grader_complete)
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def osmosis_register_backends():
+            return [BackendSpec("gives-out", GivesOut)]
+
+    osmosis_registry.register(Plugin, "gives-out")
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    config.run.backend, config.run.output, config.run.concurrency = "gives-out", str(workspace / "out"), 1
+    with StubPolicyProcess() as stub:
+        from osmosis_core import PolicyEndpoint
+
+        policy = PolicyEndpoint(stub.url, "m")
+        plan = prepare_run(config, policy_override=policy, registry=osmosis_registry)
+        outcome = anyio.run(execute_run, plan)
+        assert outcome.stopped == "the cluster is gone" and not outcome.interrupted
+        done = outcome.summary.finished  # the fifth may have been in flight, then cancelled: not recorded
+        assert 4 <= done <= 5 and outcome.summary.interrupted
+        config.run.backend = "local"
+        again = prepare_run(config, resume=True, policy_override=policy, registry=osmosis_registry)
+        assert len(again.pending) == 20 - done
+        final = anyio.run(execute_run, again)
+    records = lines(workspace / "out" / "results.jsonl")
+    assert final.summary.finished == 20 and len(records) == 20 and all(x["status"] == "success" for x in records)

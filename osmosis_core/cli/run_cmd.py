@@ -49,8 +49,9 @@ def run(
     result; --resume then runs exactly what is missing, and --retry-failed what failed for a reason
     a second attempt may not repeat. Only one osmosis process writes a run folder at a time.
 
-    Exit status: 0 when the run completed; 1 on an error, when every rollout failed, or when more
-    than [run] max_failure_rate did; 130 when interrupted (or stopped because its backend gave out).
+    Exit status: 0 when the run completed; 1 on an error, when every rollout failed, when more than
+    [run] max_failure_rate did, or when the backend gave out before the end (resumable); 130 when
+    interrupted.
 
     \b
     Examples:
@@ -112,7 +113,7 @@ def run(
             soft_wrap=True,
             markup=False,
         )
-        raise click.exceptions.Exit(130)
+        raise click.exceptions.Exit(1 if outcome.stopped else 130)
     if outcome.failing:
         err.print(
             f"run failed: {outcome.failing}; results in {outcome.run_dir / 'results.jsonl'}; "

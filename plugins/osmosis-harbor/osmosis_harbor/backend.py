@@ -297,8 +297,10 @@ class HarborBackend(ExecutionBackend):
         self._queue.add_hook(TrialEvent.START, self._on_trial_start)
         self._by_trial: dict[str, Ticket] = {}
         try:
-            self._workflow_blob = dump_object(self.workflow_config)
-            self._grader_blob = dump_object(self.grader_config) if self.grader_config is not None else None
+            self._workflow_blob = dump_object(self.workflow_config, self.code_dir)
+            self._grader_blob = (
+                dump_object(self.grader_config, self.code_dir) if self.grader_config is not None else None
+            )
         except Exception as exc:
             raise ConfigError(
                 _SOURCE,

@@ -17,10 +17,15 @@ trial reads them back (:func:`policy_from_request`).
 from __future__ import annotations
 
 import base64
+import importlib
+import io
 import json
 import os
 import pickle
+import sys
 from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from osmosis_core import PolicyEndpoint
@@ -51,14 +56,56 @@ def policy_from_request(data: Any, environ: Mapping[str, str] = os.environ) -> P
     return policy_from_json(data, environ.get(API_KEY_ENV) or None, headers)
 
 
-def dump_object(obj: Any) -> str:
+_PLAIN = (str, bytes, int, float, complex, bool, type(None), tuple, frozenset)
+
+
+def _module_globals(modules: list[ModuleType]) -> dict[int, tuple[str, str]]:
+    """id(object) -> (module, name) for the module-level objects of ``modules`` (not plain values)."""
+    found: dict[int, tuple[str, str]] = {}
+    for module in modules:
+        for name, value in vars(module).items():
+            if not name.startswith("__") and not isinstance(value, (*_PLAIN, ModuleType)):
+                found.setdefault(id(value), (module.__name__, name))
+    return found
+
+
+class _ConfigPickler(pickle.Pickler):
+    """Pickles the rollout's module-level objects it meets (a Strands ``@tool``, a client, a nested
+    config) by reference, as ``(module, name)``: the trial imports the same code, and such objects are
+    often not picklable by value."""
+
+    def __init__(self, file: io.BytesIO, refs: dict[int, tuple[str, str]]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._refs = refs
+
+    def persistent_id(self, obj: Any) -> tuple[str, str] | None:
+        return self._refs.get(id(obj))
+
+
+class _ConfigUnpickler(pickle.Unpickler):
+    def persistent_load(self, pid: Any) -> Any:
+        module, name = pid
+        return getattr(importlib.import_module(module), name)
+
+
+def dump_object(obj: Any, code_dir: Path | None = None) -> str:
     """A config object as base64 pickle (it may be any attrs class of the rollout's own code).
 
+    Objects defined at module level in the rollout's code (``code_dir``) travel by reference.
     Only the host writes these and only the trial reads them, with the same code on its path.
     """
-    return base64.b64encode(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+    modules = []
+    if code_dir is not None:
+        root = Path(code_dir).resolve()
+        for module in list(sys.modules.values()):
+            file = getattr(module, "__file__", None)
+            if file and Path(file).resolve().is_relative_to(root):
+                modules.append(module)
+    buffer = io.BytesIO()
+    _ConfigPickler(buffer, _module_globals(modules)).dump(obj)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def load_object_blob(blob: str) -> Any:
-    """The object :func:`dump_object` wrote."""
-    return pickle.loads(base64.b64decode(blob))  # the host wrote it for this trial (see dump_object)
+    """The object :func:`dump_object` wrote (its references imported from the rollout's code)."""
+    return _ConfigUnpickler(io.BytesIO(base64.b64decode(blob))).load()  # the host wrote it for this trial

@@ -191,3 +191,16 @@ def test_harbors_own_environments_pass_through_unchanged(probe, tmp_path):
     environment = json.loads((trial / "config.json").read_text())["environment"]
     assert (environment["type"], environment.get("import_path")) == ("podman", None)
     assert environment["kwargs"] == {"keep_containers": False}
+
+
+def test_a_config_holding_unpicklable_module_objects_reaches_the_trial_by_reference(tmp_path):
+    from harbor_helpers import HERE, load
+
+    from osmosis_harbor import HarborBackend
+
+    rollout = load(HERE / "rollouts" / "by_reference", "by_reference.py")
+    with ScriptedPolicyServer() as server:
+        backend = HarborBackend(rollout.workflow_class, rollout.workflow_config, rollout_dir=rollout.rollout_dir)
+        [out] = run_all(backend, [request("by-ref", server.url)])
+    assert out.final.status.value == "success", out.final.error
+    assert out.final.sample.messages[-1]["content"] == "same objects: True"

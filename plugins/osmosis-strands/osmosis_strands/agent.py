@@ -40,6 +40,7 @@ from strands.models.openai import OpenAIModel
 
 from osmosis_core import RolloutSample, current_rollout_context
 from osmosis_strands.errors import TurnLimitExceeded
+from osmosis_strands.messages import strands_messages
 from osmosis_strands.model import OsmosisRolloutModel
 
 __all__ = ["DEFAULT_MAX_TURNS", "OsmosisStrandsAgent"]
@@ -63,6 +64,9 @@ class OsmosisStrandsAgent(Agent):
     :param record_sample: register this agent's history as the rollout's sample. Default: when
         the model is an :class:`OsmosisRolloutModel`. Pass ``False`` for helper agents when one
         rollout runs several (a rollout has one sample).
+    :param messages: the history to start from, in Strands' shape or in the chat-completions shape
+        of ``ctx.prompt`` (converted: :func:`osmosis_strands.messages.strands_messages`; a system
+        message becomes ``system_prompt`` unless one is given).
 
     Every other argument is ``strands.Agent``'s.
     """
@@ -85,6 +89,12 @@ class OsmosisStrandsAgent(Agent):
             )
         if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
             raise ValueError(f"max_turns must be a whole number >= 1 or None, got {max_turns!r}")
+        if kwargs.get("messages"):
+            # the rollout's prompt as it comes (chat-completions shape) is taken too, as osmosis-ai did
+            history, system = strands_messages(kwargs["messages"])
+            kwargs["messages"] = history
+            if system is not None and kwargs.get("system_prompt") is None:
+                kwargs["system_prompt"] = system
         kwargs.setdefault("callback_handler", None)
         if "conversation_manager" not in kwargs and "context_manager" not in kwargs:
             kwargs["conversation_manager"] = NullConversationManager()

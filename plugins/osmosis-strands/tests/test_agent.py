@@ -514,3 +514,51 @@ def test_sample_is_json_ready_with_bytes_as_base64():
     assert sample.chat_messages[1]["content"][1]["type"] == "image_url"
     assert sample.last_text() == "a picture" and sample.system_prompt == "look"
     assert sample.metrics == {"turns": 0}
+
+
+class PromptAsHistory(AgentWorkflow):
+    """osmosis-ai's documented use: the rollout's (chat-shaped) prompt handed to the agent as its history."""
+
+    async def run(self, ctx: AgentWorkflowContext) -> None:
+        await OsmosisStrandsAgent(messages=ctx.prompt, tools=[multiply]).invoke_async()
+
+
+def test_the_chat_shaped_prompt_is_taken_as_the_agents_history(policy_server):
+    outcome = run_rollout_sync(
+        PromptAsHistory,
+        MultiplyGrader,
+        policy=policy_server,
+        system_prompt="Use the tool; answer as #### <n>.",
+        user_prompt="val1 = 6\nval2 = 7",
+        label="42",
+    )
+    assert outcome.error is None and outcome.reward == 1.0
+    assert outcome.sample.system_prompt == "Use the tool; answer as #### <n>."
+    assert outcome.sample.messages[0]["content"] == [{"text": "val1 = 6\nval2 = 7"}]
+    sent = policy_server.requests_for(outcome.workflow.rollout_id)[0].body["messages"]
+    assert sent[0] == {"role": "system", "content": "Use the tool; answer as #### <n>."}
+
+
+def test_chat_messages_become_strands_blocks_or_a_clear_error():
+    from osmosis_strands.messages import strands_messages
+
+    history, system = strands_messages(
+        [
+            {"role": "user", "content": [{"type": "text", "text": "2 * 3"}]},
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c1", "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "6"},
+            {"role": "assistant", "content": [{"text": "#### 6"}]},  # already Strands' shape
+        ]
+    )
+    assert system is None
+    assert history[1]["content"] == [{"toolUse": {"toolUseId": "c1", "name": "multiply", "input": {"a": 2, "b": 3}}}]
+    assert history[2] == {
+        "role": "user",
+        "content": [{"toolResult": {"toolUseId": "c1", "status": "success", "content": [{"text": "6"}]}}],
+    }
+    assert history[3]["content"] == [{"text": "#### 6"}]
+    with pytest.raises(ValueError, match=r"messages\[0\]: a 'developer' message has no Strands form"):
+        strands_messages([{"role": "developer", "content": "x"}])
