@@ -50,7 +50,7 @@ from typing import Any
 
 import attrs
 import cattrs
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.errors import BaseValidationError, CattrsError, ForbiddenExtraKeysError
 
 from osmosis_core.errors import ConfigError
 from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
@@ -175,6 +175,30 @@ _converter.register_unstructure_hook(Path, str)
 register_strict_scalars(_converter)
 
 
+def _list_like(type_: Any) -> bool:
+    origin = getattr(type_, "__origin__", None)
+    args = getattr(type_, "__args__", ())
+    return origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis)
+
+
+def _refusing_strings(type_: Any) -> Any:
+    """A list (or ``tuple[X, ...]``) field given a string: an error, not a list of its characters."""
+    from cattrs.cols import homogenous_tuple_structure_factory, list_structure_factory
+
+    factory = list_structure_factory if type_.__origin__ is list else homogenous_tuple_structure_factory
+    base = factory(type_, _converter)
+
+    def structure(value: Any, type_: Any) -> Any:
+        if isinstance(value, (str, bytes)):
+            raise ValueError(f"expected a list, got the string {value!r}")
+        return base(value, type_)
+
+    return structure
+
+
+_converter.register_structure_hook_factory(_list_like, _refusing_strings)
+
+
 def _format_error(exc: BaseException, type_: Any) -> str:
     if isinstance(exc, ForbiddenExtraKeysError):
         keys = ", ".join(sorted(exc.extra_fields))
@@ -200,7 +224,7 @@ def structure_table[T](data: Any, type_: type[T], path: str, source: str) -> T:
     """
     try:
         return _converter.structure(data, type_)
-    except (ClassValidationError, ValueError, TypeError, KeyError) as exc:
+    except (BaseValidationError, CattrsError, ValueError, TypeError, KeyError) as exc:
         raise ConfigError(source, _problems(exc, path)) from None
 
 

@@ -234,7 +234,8 @@ def apply_config_table(base: Any, table: dict[str, Any], path: str, source: str)
     try:
         return attrs.evolve(base, **changes)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(source, [f"{exc} @ {path}"]) from None
+        message = str(exc)  # a nested config's own message may name its path already
+        raise ConfigError(source, [message if " @ $" in message else f"{message} @ {path}"]) from None
 
 
 def load_rollout(config: RunConfig, registry: PluginRegistry | None = None) -> LoadedRollout:

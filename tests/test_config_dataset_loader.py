@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Literal
 
 import attrs
 import pytest
@@ -293,7 +294,7 @@ def test_grader_choice(tmp_path):
         load_rollout(rollout_config(tmp_path, graders))
     assert load_rollout(rollout_config(tmp_path, graders, 'grader = "G2"\n')).grader_class.__name__ == "G2"
     assert load_rollout(rollout_config(tmp_path, graders, 'grader = "none"\n')).grader_class is None
-    with pytest.raises(RolloutLoadError, match=r"unknown grader 'exact-match'; known graders: none"):
+    with pytest.raises(RolloutLoadError, match=r"unknown grader 'exact-match' \(it comes with osmosis-graders: pip install osmosis-graders\); known graders: none"):
         load_rollout(rollout_config(tmp_path, graders, 'grader = "exact-match"\n'), _registry())
 
 
@@ -318,3 +319,25 @@ def test_a_missing_first_party_plugin_says_what_to_install(workspace):
     config.run.backend = "harbor"
     with pytest.raises(ConfigError, match=r"unknown backend 'harbor' \(it comes with osmosis-harbor: pip install"):
         build_backend(config, load_rollout(config), _registry(), None)
+
+
+def test_list_and_literal_settings_are_refused_with_their_path_not_mangled():
+    """A string for a list is not a list of its characters; a bad element or a value outside a Literal
+    is a config error with its key path, not a raw cattrs exception."""
+    from osmosis_core.config import structure_table
+
+    @attrs.define(kw_only=True)
+    class Settings:
+        extractors: list[str] = attrs.field(factory=list)
+        mode: Literal["mean", "majority"] = "mean"
+
+    cases = {
+        "extractors = 'boxed'": ({"extractors": "boxed"}, "expected a list, got the string 'boxed' @ $.g.extractors"),
+        "a number in the list": ({"extractors": ["boxed", 1]}, "expected a string, got 1 @ $.g.extractors[1]"),
+        "outside the Literal": ({"mode": "median"}, "@ $.g.mode"),
+    }
+    for data, expected in cases.values():
+        with pytest.raises(ConfigError) as info:
+            structure_table(data, Settings, "$.g", "run.toml")
+        assert expected in str(info.value), str(info.value)
+    assert structure_table({"extractors": ["boxed"], "mode": "majority"}, Settings, "$.g", "x").extractors == ["boxed"]

@@ -396,6 +396,12 @@ class PluginRegistry:
 
 _FIRST_PARTY: dict[tuple[str, str], str] = {
     ("backend", "harbor"): "osmosis-harbor",
+    ("backend", "ray"): "osmosis-ray",
+    **{
+        ("grader", name): "osmosis-graders"
+        for name in ("contains", "exact-match", "json-match", "llm-judge", "math", "numeric", "regex", "weighted")
+    },
+    ("template", "multiply-graders"): "osmosis-graders",
     ("template", "multiply-local-strands"): "osmosis-strands",
     ("template", "multiply-local-openai"): "osmosis-openai-agents",
     ("template", "multiply-harbor-strands"): "osmosis-harbor",

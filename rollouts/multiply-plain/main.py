@@ -6,7 +6,9 @@ calls it, and stops at the first answer without a tool call. The sample is the f
 history. The grader gives 1.0 when the last message ends with ``#### <number>`` equal to the
 row's ``ground_truth``.
 
-Run it:  osmosis run configs/eval/multiply-plain.toml --stub-policy
+Run it with the run config that names this folder (``osmosis run configs/eval/multiply-plain.toml
+--stub-policy``); a run config may also name a registered grader (``grader = "exact-match"``, from
+osmosis-graders) instead of ``MultiplyGrader``.
 """
 
 from __future__ import annotations

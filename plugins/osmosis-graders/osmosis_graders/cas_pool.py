@@ -1,0 +1,358 @@
+"""A small pool of CAS worker processes with a hard time limit per expression.
+
+Why processes, and why this shape (the ``math`` grader's design; ``bench/graders.py`` measures it):
+
+* Graders run on the rollout's event loop. sympy work is CPU-bound and can run for minutes
+  (``9^{9^{9^{9}}}`` spins in C inside one bignum power), so it must not run on the loop.
+* A thread cannot be killed, and math-verify's own timeout is ``signal.alarm``, which works only
+  in the main thread and would interrupt whatever the loop was doing. So the CAS runs in child
+  processes (``python -m osmosis_graders.cas_worker``), one job at a time each, and a job that
+  outlives its limit plus a grace has its process killed (SIGKILL) and replaced.
+* Inside the worker a ``SIGALRM`` at the limit ends pure-Python work softly (the worker answers
+  ``timeout`` and lives on), so the expensive respawn (importing sympy takes ~2 s) is needed only
+  for work the signal cannot interrupt.
+* The loop talks to a worker over pipes with ``loop.add_reader``: no thread per job, and the
+  pool is not tied to one event loop (``osmosis run`` has one, tests have many): an idle worker
+  can serve any loop of the process. Each loop has its own semaphore of ``size`` slots.
+* Not :class:`concurrent.futures.ProcessPoolExecutor`: it cannot kill one stuck worker without
+  breaking the whole pool (``BrokenProcessPool`` for every job in flight).
+
+Workers are started on first use (a grading that needs the CAS waits for one to be ready; the
+start-up does not count against the per-expression limit), live as long as the process, and are
+killed at exit; each also exits when its standard input closes and (Linux) when its parent dies.
+After a ``fork`` the child starts with an empty pool of its own.
+
+>>> import asyncio
+>>> asyncio.run(cas_check("\\\\frac{1}{2}", "0.5", limit=5.0)).outcome   # doctest: +SKIP
+'equal'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+import weakref
+from typing import Any, Final
+
+import attrs
+
+__all__ = ["CasResult", "CasUnavailable", "cas_check", "cas_pool", "default_workers"]
+
+STARTUP_SEC: Final = 120.0
+"""How long a new worker may take to import math-verify (the grader's own timeout usually ends it first)."""
+GRACE_SEC: Final = 0.5
+"""Past the per-expression limit, how long the worker gets to answer ``timeout`` itself before it is killed."""
+
+
+def default_workers() -> int:
+    """Worker processes per pool when the config does not say: the machine's cores, at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@attrs.frozen
+class CasResult:
+    """How one CAS job ended.
+
+    :ivar outcome: ``equal``, ``different``, ``unparsed``, ``timeout``, ``error`` (math-verify
+        raised), or ``crashed`` (the worker died).
+    :ivar detail: a few words on an unusual outcome (which side was unparsed, the error).
+    """
+
+    outcome: str
+    detail: str | None = None
+
+
+class CasUnavailable(RuntimeError):
+    """A CAS worker cannot start (math-verify is missing or broken in this environment)."""
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class _Worker:
+    """One child process and its pipes."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "osmosis_graders.cas_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin = self.proc.stdin.fileno()
+        self.stdout = self.proc.stdout.fileno()
+        os.set_blocking(self.stdout, False)
+        self.buffer = b""
+        self.ready = False
+        self.dead = False
+
+    async def _line(self, deadline: float) -> bytes | None:
+        """The next line the worker writes, or None at end-of-file. :raises TimeoutError: past ``deadline``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            newline = self.buffer.find(b"\n")
+            if newline >= 0:
+                line, self.buffer = self.buffer[:newline], self.buffer[newline + 1 :]
+                return line
+            # wait until readable first: the answer is never there yet right after a job was sent
+            waiter: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(self.stdout, _wake, waiter)
+            timer = loop.call_at(deadline, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                loop.remove_reader(self.stdout)
+            try:
+                chunk = os.read(self.stdout, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return None
+            self.buffer += chunk
+
+    async def start(self) -> None:
+        """Wait for ``ready``. :raises CasUnavailable: the worker reported a fatal error or died."""
+        if self.ready:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            line = await self._line(loop.time() + STARTUP_SEC)
+        except TimeoutError:
+            raise CasUnavailable(f"a CAS worker did not start within {STARTUP_SEC:g} s") from None
+        doc = _doc(line)
+        if doc.get("ready") is not True:
+            reason = doc.get("fatal") or f"it exited with status {self.proc.poll()}"
+            raise CasUnavailable(f"a CAS worker could not start: {reason}")
+        self.ready = True
+
+    async def run(self, job: dict[str, Any], limit: float) -> CasResult:
+        """Send ``job``, return its result; kill the process when it does not answer in time."""
+        if not self.ready:
+            await self.start()
+        data = json.dumps(job).encode() + b"\n"
+        try:
+            while data:
+                data = data[os.write(self.stdin, data) :]
+        except OSError as exc:  # a broken pipe: the worker is gone
+            return CasResult("crashed", f"the CAS worker is gone ({type(exc).__name__})")
+        loop = asyncio.get_running_loop()
+        try:
+            line = await self._line(loop.time() + limit + GRACE_SEC)
+        except TimeoutError:
+            self.kill()
+            return CasResult("timeout", f"killed after {limit + GRACE_SEC:g} s")
+        if line is None:
+            self.kill()
+            return CasResult("crashed", f"the CAS worker exited (status {self.proc.poll()})")
+        doc = _doc(line)
+        return CasResult(str(doc.get("outcome", "error")), doc.get("detail"))
+
+    def kill(self) -> None:
+        """Kill the process and close its pipes (it is reaped later, without blocking the loop)."""
+        if self.dead:
+            return
+        self.dead = True
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+
+
+def _doc(line: bytes | None) -> dict[str, Any]:
+    if line is None:
+        return {}
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return {"outcome": "error", "detail": f"bad worker line: {line[:100]!r}"}
+    return doc if isinstance(doc, dict) else {}
+
+
+class CasPool:
+    """The process's CAS workers (see the module docstring). Use :func:`cas_pool` for the shared one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._live: set[_Worker] = set()
+        self._dying: list[_Worker] = []
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, asyncio.Semaphore]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._keep = 1
+        self.started = 0
+        """Worker processes started so far (a test or the bench reads it)."""
+        self.killed = 0
+        """Worker processes killed for overrunning a job (or at a cancelled job)."""
+
+    def _semaphore(self, size: int) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        held = self._slots.get(loop)
+        if held is None or held[0] != size:
+            held = self._slots[loop] = (size, asyncio.Semaphore(size))
+        return held[1]
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            self._reap()
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.proc.poll() is None:
+                    return worker
+                self._retire(worker)
+        return self._spawn()
+
+    def _spawn(self) -> _Worker:
+        worker = _Worker()
+        with self._lock:
+            self._live.add(worker)
+            self.started += 1
+        return worker
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            if not worker.dead and len(self._idle) < self._keep:
+                self._idle.append(worker)
+                return
+            self._retire(worker)
+
+    def _retire(self, worker: _Worker) -> None:
+        worker.kill()
+        self._live.discard(worker)
+        self._dying.append(worker)
+
+    def _reap(self) -> None:
+        self._dying = [w for w in self._dying if w.proc.poll() is None]
+
+    async def check(
+        self, gold: str, answer: str, *, limit: float, workers: int | None = None, **options: Any
+    ) -> CasResult:
+        """Whether ``answer`` is equivalent to ``gold`` by math-verify, within ``limit`` seconds.
+
+        :param workers: this loop's concurrency (processes); default :func:`default_workers`.
+        :param options: ``float_rounding``, ``numeric_precision``, ``strict``, ``allow_set_relation_comp``.
+        :raises CasUnavailable: no worker can start.
+        """
+        size = workers or default_workers()
+        self._keep = max(self._keep, size)
+        async with self._semaphore(size):
+            worker = self._take()
+            try:
+                result = await worker.run({"gold": gold, "answer": answer, "limit": limit, **options}, limit)
+            except BaseException:
+                with self._lock:
+                    if worker.ready:
+                        self.killed += 1
+                    self._retire(worker)  # mid-job or not started: never reused
+                raise
+            if worker.dead:
+                with self._lock:
+                    self.killed += 1
+            self._give_back(worker)
+            return result
+
+    async def warm_up(self, workers: int | None = None) -> None:
+        """Start ``workers`` processes now and wait until they are ready (so the first gradings do not wait)."""
+        size = workers or default_workers()
+        self._keep = max(self._keep, size)
+        with self._lock:
+            missing = size - len(self._idle)
+        new = [self._spawn() for _ in range(max(0, missing))]
+        try:
+            await asyncio.gather(*(w.start() for w in new))
+        except BaseException:
+            with self._lock:
+                for worker in new:
+                    self._retire(worker)
+            raise
+        for worker in new:
+            self._give_back(worker)
+
+    def shutdown(self) -> None:
+        """Kill every worker and wait for them (at exit, and in tests)."""
+        with self._lock:
+            for worker in list(self._live):
+                self._retire(worker)
+            self._idle.clear()
+            dying, self._dying = self._dying, []
+        for worker in dying:
+            try:
+                worker.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's workers without touching them (close our copies of their pipes)."""
+        for worker in self._live | set(self._idle):
+            for fd in (worker.stdin, worker.stdout):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            worker.dead = True
+        _orphans.extend(self._live)  # keep the Popen objects alive: they are the parent's to reap
+        self._live.clear()
+        self._idle.clear()
+        self._dying.clear()
+
+    def pids(self) -> list[int]:
+        """The process ids of the live workers, idle ones last (the next one used is the last)."""
+        with self._lock:
+            busy = [w.proc.pid for w in self._live if w not in self._idle]
+            return busy + [w.proc.pid for w in self._idle]
+
+    def stats(self) -> dict[str, int]:
+        """``live``, ``idle``, ``started``, ``killed``: counts for tests and the bench."""
+        with self._lock:
+            return {"live": len(self._live), "idle": len(self._idle), "started": self.started, "killed": self.killed}
+
+
+_orphans: list[_Worker] = []
+_pool: CasPool | None = None
+_pool_lock = threading.Lock()
+
+
+def cas_pool() -> CasPool:
+    """The process's shared pool (made on first use; shut down at exit)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = CasPool()
+            atexit.register(_pool.shutdown)
+        return _pool
+
+
+def _after_fork() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.forget()
+        _pool = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+async def cas_check(gold: str, answer: str, *, limit: float, workers: int | None = None, **options: Any) -> CasResult:
+    """:meth:`CasPool.check` on the shared pool."""
+    return await cas_pool().check(gold, answer, limit=limit, workers=workers, **options)
