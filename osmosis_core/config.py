@@ -132,6 +132,8 @@ class RunConfig:
     policy: PolicySection = attrs.field(factory=PolicySection)
     run: RunSection = attrs.field(factory=RunSection)
     backend: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    server: dict[str, Any] = attrs.field(factory=dict)
+    """``[server]``: the settings of ``osmosis serve`` (read by the osmosis-server plugin, which checks them)."""
     source: Path | None = attrs.field(default=None, eq=False)
     """The file it was read from (None when built in code)."""
     root: Path = attrs.field(factory=Path.cwd, eq=False)
@@ -309,6 +311,8 @@ def check_config(config: RunConfig) -> list[str]:
     for name, table in config.backend.items():
         if not isinstance(table, dict):
             problems.append(f"must be a table @ $.backend.{name}")
+    if not isinstance(config.server, dict):
+        problems.append("must be a table @ $.server")
     return problems
 
 

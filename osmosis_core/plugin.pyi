@@ -28,7 +28,9 @@ from osmosis_core.openai_client import policy_error as policy_error
 from osmosis_core.openai_client import rollout_openai_client as rollout_openai_client
 from osmosis_core.plugins.hookspecs import hookimpl as hookimpl
 from osmosis_core.plugins.registry import get_registry as get_registry
+from osmosis_core.results import ResultStats as ResultStats
 from osmosis_core.results import ResultWriter as ResultWriter
+from osmosis_core.results import Summary as Summary
 from osmosis_core.run_lock import RunLock as RunLock
 from osmosis_core.runner import build_backend as build_backend
 from osmosis_core.templates import GUIDES_ROOT as GUIDES_ROOT

@@ -82,20 +82,23 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 class ResultWriter:
     """Appends result lines to ``results.jsonl``, flushing each one to the OS at once.
 
-    :param secrets: values no line may hold (the policy's key and header values): every string in
-        a line is redacted before it is written, the sample's messages included.
+    :param secrets: values no line may hold (the policy's key and header values). A line whose
+        text holds one (raw, or as JSON writes it) has every string redacted before it is
+        written, the sample's messages included; a line that holds none is written as encoded.
     """
 
     def __init__(self, path: Path, secrets: Iterable[str | None] = ()) -> None:
         self.path = path
-        self._secrets = tuple(s for s in secrets if s and len(s) >= 4)
+        self._secrets = _usable(secrets)
         self._handle: IO[str] = path.open("a", encoding="utf-8")
 
-    def write(self, line: dict[str, Any]) -> None:
-        """Append one line and flush it."""
-        if self._secrets:
-            line = _redacted(line, self._secrets)
-        self._handle.write(json.dumps(line, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n")
+    def write(self, line: dict[str, Any], secrets: Iterable[str | None] = ()) -> None:
+        """Append one line and flush it; ``secrets`` are this line's own (a request's key), on top of the writer's."""
+        own = self._secrets + _usable(secrets) if secrets else self._secrets
+        text = _encode(line)
+        if own and any(secret in text or _escaped(secret) in text for secret in own):
+            text = _encode(_redacted(line, own))
+        self._handle.write(text + "\n")
         self._handle.flush()
 
     def close(self) -> None:
@@ -104,6 +107,18 @@ class ResultWriter:
             self._handle.flush()
             os.fsync(self._handle.fileno())
             self._handle.close()
+
+
+def _usable(secrets: Iterable[str | None]) -> tuple[str, ...]:
+    return tuple(s for s in secrets if s and len(s) >= 4)
+
+
+def _encode(line: dict[str, Any]) -> str:
+    return json.dumps(line, ensure_ascii=False, allow_nan=False, default=_json_default)
+
+
+def _escaped(secret: str) -> str:
+    return json.dumps(secret, ensure_ascii=False)[1:-1]
 
 
 def _redacted(value: Any, secrets: tuple[str, ...]) -> Any:

@@ -30,6 +30,18 @@ def _debug(ctx: click.Context | None) -> bool:
 class OsmosisGroup(click.Group):
     """A group that turns the SDK's errors into one-line messages (exit 1)."""
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        """click's lookup; a command a first-party plugin would bring says what to install."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            from osmosis_core.plugins.registry import first_party_hint
+
+            hint = first_party_hint("command", args[0]) if args else None
+            if hint is None:
+                raise
+            raise click.UsageError(f"`osmosis {args[0]}` comes with {hint}: pip install {hint}", ctx) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         from osmosis_core.errors import OsmosisError
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from osmosis_core.backend import BackendSpec
     from osmosis_core.templates import GraderSpec, TemplateSpec
 
-__all__ = ["BUILTIN_PLUGINS", "PluginInfo", "PluginRegistry", "get_registry", "reset_registry"]
+__all__ = ["BUILTIN_PLUGINS", "PluginInfo", "PluginRegistry", "first_party_hint", "get_registry", "reset_registry"]
 
 log = logging.getLogger("osmosis.plugins")
 
@@ -296,7 +296,9 @@ class PluginRegistry:
             if working is None or key in failed:
                 continue
             provides = {_KINDS[h][0]: tuple(sorted(item.name for item in items)) for h, items in plugin_results.items()}
-            self._update(key, provides={**working.provides, **{kind: names for kind, names in provides.items() if names}})
+            self._update(
+                key, provides={**working.provides, **{kind: names for kind, names in provides.items() if names}}
+            )
 
     def _update(self, key: int, **changes: Any) -> None:
         """Replace a plugin's record (they are frozen) in the list and the index."""
@@ -402,11 +404,17 @@ _FIRST_PARTY: dict[tuple[str, str], str] = {
         for name in ("contains", "exact-match", "json-match", "llm-judge", "math", "numeric", "regex", "weighted")
     },
     ("template", "multiply-graders"): "osmosis-graders",
+    ("command", "serve"): "osmosis-server",
     ("template", "multiply-local-strands"): "osmosis-strands",
     ("template", "multiply-local-openai"): "osmosis-openai-agents",
     ("template", "multiply-harbor-strands"): "osmosis-harbor",
 }
 """Names the project's own plugins provide, to say what to install when one is missing."""
+
+
+def first_party_hint(kind: str, name: str) -> str | None:
+    """The first-party distribution that provides the ``kind`` called ``name`` (to say what to install)."""
+    return _FIRST_PARTY.get((kind, _normalise(name)))
 
 
 def _loader(ep: EntryPoint) -> Callable[[], object]:

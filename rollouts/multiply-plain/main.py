@@ -114,3 +114,15 @@ class MultiplyGrader(Grader):
             return 0.0
         answer = float(match.group(1).replace(",", ""))
         return 1.0 if abs(answer - float(ctx.label)) <= 1e-6 * max(1.0, abs(answer)) else 0.0
+
+
+def __getattr__(name: str) -> object:
+    """``app``: this rollout as a rollout server for a trainer (``pip install osmosis-server``, then
+    ``uvicorn main:app`` from this folder). Made on first use, so ``osmosis run`` never needs it."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from osmosis_core import LocalBackend
+    from osmosis_server import create_app
+
+    app = globals()["app"] = create_app(LocalBackend(MultiplyWorkflow, grader=MultiplyGrader))
+    return app

@@ -1,0 +1,306 @@
+"""The OpenAPI 3.1 document of the rollout server (served at ``/openapi.json``).
+
+It is written out here rather than generated, and a test keeps it true: every route of the app is
+in it with its method, every status a route answers is listed under that route, and the submit
+body's properties are exactly the fields :func:`osmosis_server.protocol.parse_submit` reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from osmosis_server.protocol import LEASE_HEADER, RolloutStatus
+
+__all__ = ["openapi_document"]
+
+_STATUSES: Final = [s.value for s in RolloutStatus]
+_CATEGORIES: Final = ["timeout", "lease_expired", "validation_error", "http_error", "agent_error", "internal_error"]
+_OSMOSIS_CATEGORIES: Final = ["timeout", "validation_error", "agent_error", "policy_error", "infra_error", "cancelled"]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return _json(_ref("Problem"), description)
+
+
+_NULLABLE_STR: Final = {"type": ["string", "null"]}
+_NULLABLE_OBJECT: Final = {"type": ["object", "null"]}
+_SECONDS: Final = {"type": ["number", "null"], "exclusiveMinimum": 0}
+_INDEX: Final = {"type": ["integer", "null"], "minimum": 0}
+
+SUBMIT_PROPERTIES: Final[dict[str, Any]] = {
+    "rollout_id": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 512,
+        "description": "One path segment: no '/' or '\\', not '.' or '..'.",
+    },
+    "initial_messages": {"type": "array", "items": {"type": "object"}, "description": "The prompt: chat messages."},
+    "chat_completions_url": {
+        "type": "string",
+        "format": "uri",
+        "description": "The policy's OpenAI-compatible base URL; calls go to {url}/chat/completions.",
+    },
+    "llm_api_key": {
+        **_NULLABLE_STR,
+        "minLength": 1,
+        "description": "Bearer token for chat_completions_url (never logged or written).",
+    },
+    "label": {"description": "The row's ground truth, given to the grader only (any JSON value)."},
+    "metadata": {**_NULLABLE_OBJECT, "description": "The row's other fields, given to the workflow and the grader."},
+    "grade": {
+        "type": "boolean",
+        "default": True,
+        "description": "false: no grading, even with a label. A row without a label is not graded.",
+    },
+    "agent_timeout_sec": {**_SECONDS, "description": "The workflow's timeout (default: the server's)."},
+    "grader_timeout_sec": {**_SECONDS, "description": "The grader's timeout (default: the server's)."},
+    "extra_fields": {**_NULLABLE_OBJECT, "description": "Kept with the request; not used by the server."},
+    "callback_url": {
+        **_NULLABLE_STR,
+        "format": "uri",
+        "description": "osmosis: push mode: the workflow's result, then the final one, are POSTed here (no lease).",
+    },
+    "callback_api_key": {
+        **_NULLABLE_STR,
+        "minLength": 1,
+        "description": "osmosis: sent to callback_url as a bearer token.",
+    },
+    "model": {
+        **_NULLABLE_STR,
+        "minLength": 1,
+        "description": "osmosis: the model name sent to the policy (default: the server's).",
+    },
+    "row": {
+        **_INDEX,
+        "description": "osmosis: the rollout's row in results.jsonl (default: metadata.row, else a running index).",
+    },
+    "sample_index": {
+        **_INDEX,
+        "description": "osmosis: its sample index in results.jsonl (default: metadata.sample_index, else 0).",
+    },
+}
+
+_SAMPLE: Final = {
+    "type": "object",
+    "properties": {
+        "messages": {"type": "array", "items": {"type": "object"}},
+        "reward": {"type": ["number", "null"]},
+        "metrics": {"type": "object"},
+        "label": _NULLABLE_STR,
+        "remove_sample": {"type": "boolean"},
+        "extra_fields": {"type": "object"},
+        "system_prompt": _NULLABLE_STR,
+        "chat_messages": {"type": ["array", "null"], "items": {"type": "object"}},
+    },
+    "required": ["messages", "reward", "metrics"],
+}
+
+_RESULT: Final = {
+    "type": "object",
+    "properties": {
+        "rollout_id": {"type": "string"},
+        "status": {"enum": _STATUSES},
+        "sample": {"anyOf": [_ref("Sample"), {"type": "null"}]},
+        "err_message": _NULLABLE_STR,
+        "err_category": {"enum": [*_CATEGORIES, None]},
+        "reward": {
+            "type": ["number", "null"],
+            "description": "osmosis: the sample's reward when the rollout succeeded.",
+        },
+        "error": {
+            "description": "osmosis: the failure in osmosis's own categories.",
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"category": {"enum": _OSMOSIS_CATEGORIES}, "message": {"type": "string"}},
+                },
+                {"type": "null"},
+            ],
+        },
+        "stage": {"enum": ["workflow", "grader"], "description": "osmosis: the stage the result reports."},
+        "timings": {
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+            "description": "osmosis: seconds per phase.",
+        },
+        "final": {"type": "boolean", "description": "osmosis, pushes only: true on a rollout's last delivery."},
+    },
+    "required": ["rollout_id", "status"],
+}
+
+_ADMISSION: Final = {
+    "type": "object",
+    "properties": {
+        "rollout_id": {"type": "string"},
+        "status": {"enum": _STATUSES},
+        "polling_lease_token": {"type": "string", "minLength": 1},
+        "result_wait_timeout_sec": {"type": "number"},
+        "polling_lease_timeout_sec": {"type": "number"},
+        "result": {
+            "description": "osmosis, with ?wait=final only: the result (final) or the current status.",
+            "$ref": "#/components/schemas/Result",
+        },
+    },
+    "required": ["rollout_id", "status", "polling_lease_token", "result_wait_timeout_sec", "polling_lease_timeout_sec"],
+}
+
+_RETRY_AFTER: Final = {
+    "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before trying again."}
+}
+_UNAUTHORIZED: Final = _problem("No token, or the wrong one: send Authorization: Bearer <token>.")
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The document, for server version ``version``."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "osmosis rollout server",
+            "version": version,
+            "description": "Runs agent rollouts for a trainer: submit, poll (or receive pushes), cancel. "
+            "Wire-compatible with osmosis-ai 0.3.8's rollout server; fields marked 'osmosis:' are additions.",
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/rollout": {
+                "post": {
+                    "operationId": "submit",
+                    "summary": "Admit one rollout; it runs at once or waits for a backend slot.",
+                    "parameters": [
+                        {
+                            "name": "wait",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"enum": ["final"]},
+                            "description": "osmosis: answer once the rollout is final (or result_wait_timeout_sec "
+                            "has passed), with its result in the admission's 'result'.",
+                        }
+                    ],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("SubmitBody")}}},
+                    "responses": {
+                        "202": _json(_ref("Admission"), "Admitted: poll its result with the lease token."),
+                        "401": _UNAUTHORIZED,
+                        "409": _json(
+                            {"allOf": [_ref("Problem"), {"anyOf": [_ref("Admission"), {"type": "object"}]}]},
+                            "The id is taken. When the body is identical (a resubmit after a lost answer) the "
+                            "admission is included: the rollout is already running.",
+                        ),
+                        "413": _problem("The body is over the size limit."),
+                        "422": _problem("The body is not valid; the message names the field."),
+                        "429": {
+                            **_problem("The queue is full: try again after Retry-After seconds."),
+                            "headers": _RETRY_AFTER,
+                        },
+                        "503": {
+                            **_problem("The server is draining (shutting down) or its backend is unavailable."),
+                            "headers": _RETRY_AFTER,
+                        },
+                    },
+                }
+            },
+            "/rollout/{rollout_id}/result": {
+                "get": {
+                    "operationId": "result",
+                    "summary": "Long poll: the final result at once, else the status after the next change "
+                    "(or result_wait_timeout_sec). Each poll renews the lease.",
+                    "parameters": [
+                        {"name": "rollout_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                        {"name": LEASE_HEADER, "in": "header", "required": True, "schema": {"type": "string"}},
+                        {
+                            "name": "wait",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"enum": ["final"]},
+                            "description": "osmosis: wait through status changes until the rollout is final "
+                            "(or result_wait_timeout_sec); one poll per rollout.",
+                        },
+                    ],
+                    "responses": {
+                        "200": _json(_ref("Result"), "The result (final) or the current status."),
+                        "401": _UNAUTHORIZED,
+                        "403": _problem("The lease token is not this rollout's."),
+                        "404": _problem("No such rollout (never admitted, or past its retention)."),
+                        "422": _problem("The lease header is missing."),
+                    },
+                }
+            },
+            "/rollout/cancel": {
+                "post": {
+                    "operationId": "cancel",
+                    "summary": "Cancel rollouts in flight: exactly one of ids, prefix, all.",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("CancelBody")}}},
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "dispositions": {
+                                        "type": "object",
+                                        "additionalProperties": {
+                                            "enum": ["cancelled_queued", "cancelled_running", "not_found"]
+                                        },
+                                    }
+                                },
+                            },
+                            "What happened to each selected rollout.",
+                        ),
+                        "401": _UNAUTHORIZED,
+                        "413": _problem("The body is over the size limit."),
+                        "422": _problem("Not exactly one selector, or a bad one."),
+                    },
+                }
+            },
+            "/health": {
+                "get": {
+                    "operationId": "health",
+                    "summary": "The backend's health, the server's identity, lifecycle and counters.",
+                    "responses": {"200": _json({"type": "object"}, "Health."), "401": _UNAUTHORIZED},
+                }
+            },
+            "/livez": {
+                "get": {
+                    "operationId": "livez",
+                    "summary": "Liveness, without authentication and without detail.",
+                    "security": [],
+                    "responses": {"200": _json({"type": "object"}, "The process is up.")},
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "operationId": "openapi",
+                    "summary": "This document.",
+                    "responses": {"200": _json({"type": "object"}, "The OpenAPI document."), "401": _UNAUTHORIZED},
+                }
+            },
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "SubmitBody": {
+                    "type": "object",
+                    "properties": SUBMIT_PROPERTIES,
+                    "required": ["rollout_id", "initial_messages", "chat_completions_url"],
+                },
+                "Admission": _ADMISSION,
+                "Result": _RESULT,
+                "Sample": _SAMPLE,
+                "CancelBody": {
+                    "type": "object",
+                    "properties": {
+                        "ids": {"type": "array", "items": {"type": "string"}},
+                        "prefix": {"type": "string"},
+                        "all": {"type": "boolean"},
+                    },
+                },
+                "Problem": {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]},
+            },
+        },
+    }

@@ -1,0 +1,156 @@
+"""The server's run folder: the same ``results.jsonl`` as ``osmosis run``, ``run.json``, the token file.
+
+Every finished rollout is appended to ``results.jsonl`` the moment it is final (the line format of
+``osmosis run``, :func:`osmosis_core.plugin.result_line`), so a training run served by
+``osmosis serve`` leaves the same records as an evaluation, and the same tools read both. No line
+holds a secret: the rollout's ``llm_api_key``, the server's token and the configured header values
+are redacted from every string of every line. One process writes a folder at a time
+(:class:`osmosis_core.plugin.RunLock`).
+
+``row`` and ``sample_index`` of a line: the request's own ``row`` / ``sample_index`` fields when it
+sends them (or whole numbers under those names in its ``metadata``, for a reference client); else
+``row`` is a running admission index of this folder (continued across restarts) and
+``sample_index`` is 0, so each such rollout counts as its own row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Final
+
+from osmosis_core import ExecutionResult, OsmosisError
+from osmosis_core.plugin import ResultWriter, RunLock, result_line
+
+__all__ = ["RESULTS", "RUN_META", "TOKEN_FILE", "RunFolder"]
+
+RESULTS: Final = "results.jsonl"
+RUN_META: Final = "run.json"
+TOKEN_FILE: Final = "server-token"
+KIND: Final = "serve"
+
+
+def _count_lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    count = 0
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            count += block.count(b"\n")
+    return count
+
+
+class RunFolder:
+    """One server's run folder (``open`` it before use, ``close`` it after).
+
+    :param path: the folder (created when missing).
+    :param meta: more keys for ``run.json`` (the config, the backend's name, ...); never a secret.
+    :param secrets: values no line may hold (the server token, header values).
+    """
+
+    def __init__(
+        self, path: Path | str, *, meta: dict[str, Any] | None = None, secrets: Iterable[str | None] = ()
+    ) -> None:
+        self.path = Path(path)
+        self.meta = dict(meta or {})
+        self._secrets = tuple(s for s in secrets if s and len(s) >= 4)
+        self._lock = RunLock(self.path)
+        self._writer: ResultWriter | None = None
+        self._next_row = 0
+        self.written = 0
+
+    @property
+    def results_path(self) -> Path:
+        """``<folder>/results.jsonl``."""
+        return self.path / RESULTS
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the folder is locked and its results file open."""
+        return self._writer is not None
+
+    def add_secrets(self, *secrets: str | None) -> None:
+        """More values to redact (the token, once it is known). Call before :meth:`open`."""
+        self._secrets += tuple(s for s in secrets if s and len(s) >= 4)
+
+    def open(self) -> RunFolder:
+        """Lock the folder, check it is a server's (or new), write ``run.json``, open ``results.jsonl``.
+
+        Idempotent. :raises OsmosisError: the folder is in use, or it holds an ``osmosis run``'s results.
+        """
+        if self._writer is not None:
+            return self
+        self._lock.acquire()
+        try:
+            meta_path = self.path / RUN_META
+            before: dict[str, Any] = {}
+            if meta_path.is_file():
+                with contextlib.suppress(ValueError, OSError):
+                    before = json.loads(meta_path.read_text(encoding="utf-8"))
+            if self.results_path.exists() and self.results_path.stat().st_size and before.get("kind") != KIND:
+                raise OsmosisError(
+                    f"{self.path} holds the results of an `osmosis run`, not of a server; choose another --output"
+                )
+            self._next_row = _count_lines(self.results_path)
+            from osmosis_core import __version__ as core_version
+            from osmosis_server import __version__
+
+            now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+            meta = {
+                "kind": KIND,
+                "osmosis_core": core_version,
+                "osmosis_server": __version__,
+                **self.meta,
+                "started": before.get("started", now),
+            }
+            if before:
+                meta["restarted"] = now
+            meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+            self._writer = ResultWriter(self.results_path, self._secrets)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def write_token(self, token: str) -> Path:
+        """Write the generated bearer token to ``<folder>/server-token``, readable by its owner only."""
+        target = self.path / TOKEN_FILE
+        temporary = self.path / f".{TOKEN_FILE}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (token + "\n").encode())
+        finally:
+            os.close(fd)
+        os.replace(temporary, target)
+        return target
+
+    def next_row(self) -> int:
+        """A fresh running row index (for a rollout that names none)."""
+        row = self._next_row
+        self._next_row += 1
+        return row
+
+    def record(self, row: int, sample_index: int, result: ExecutionResult, secrets: tuple[str, ...] = ()) -> None:
+        """Append the line of one finished rollout; ``secrets`` are that rollout's own (its key).
+
+        :raises TypeError, ValueError: the line is not JSON (a sample the workflow filled with objects).
+        """
+        if self._writer is None:
+            raise RuntimeError("the run folder is not open")
+        self._writer.write(result_line(row, sample_index, result), secrets)
+        self.written += 1
+
+    def close(self) -> None:
+        """Flush the results to disk and release the folder (idempotent)."""
+        writer, self._writer = self._writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            self._lock.release()

@@ -1,0 +1,240 @@
+"""``osmosis serve CONFIG``: serve a rollout to a trainer over HTTP.
+
+The config is read, the rollout loaded and the backend built exactly as ``osmosis run`` does
+(the same file, the same flags, the same errors); the ``[server]`` table (see
+:mod:`osmosis_server.settings`) says how to listen, and flags override it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from osmosis_core.plugin import config_options
+
+__all__ = ["serve"]
+
+_NOT_FOR_SERVE = {
+    "dataset": "--dataset",
+    "limit": "--limit",
+    "n_samples": "--n-samples",
+    "policy_url": "--policy-url",
+}
+
+
+@click.command("serve")
+@click.argument("config_file", metavar="CONFIG", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@config_options
+@click.option("--host", metavar="ADDR", help="The address to listen on (overrides server.host; default 127.0.0.1).")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), help="The port (overrides server.port; default 8000; 0: a free one)."
+)
+@click.option(
+    "--token-env", metavar="VAR", help="The variable holding the bearer token (default OSMOSIS_SERVER_TOKEN)."
+)
+@click.option("--no-auth", is_flag=True, help="No token (accepted on a loopback address only).")
+@click.option(
+    "--max-queued", type=click.IntRange(min=0), help="Rollouts waiting beyond the backend's concurrency (429 past it)."
+)
+@click.option(
+    "--lease-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds without a poll before a rollout is cancelled.",
+)
+@click.option("--retention", type=click.FloatRange(min=0), help="Seconds a finished result stays readable.")
+@click.option("--grace", type=click.FloatRange(min=0), help="Seconds running rollouts get to finish after SIGTERM.")
+@click.option(
+    "--result-wait", type=click.FloatRange(min=0, min_open=True), help="The longest a result poll waits, in seconds."
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="debug also logs every rollout's queued / running / grading.",
+)
+def serve(
+    config_file: Path | None,
+    host: str | None,
+    port: int | None,
+    token_env: str | None,
+    no_auth: bool,
+    max_queued: int | None,
+    lease_timeout: float | None,
+    retention: float | None,
+    grace: float | None,
+    result_wait: float | None,
+    log_level: str,
+    **flags: Any,
+) -> None:
+    """Serve a rollout to a trainer over HTTP (the osmosis-ai rollout protocol).
+
+    CONFIG is a run config (see configs/training/); its [server] table and the flags say how to
+    listen. A trainer submits rollouts (POST /rollout, each with its policy endpoint), polls their
+    results or has them pushed, and cancels them; every finished rollout is also appended to the
+    run folder's results.jsonl, like `osmosis run` writes it. Every route but /livez needs
+    "Authorization: Bearer <token>": the token is read from OSMOSIS_SERVER_TOKEN (or --token-env),
+    else generated into <run folder>/server-token. SIGTERM drains: new rollouts get 503, running
+    ones get --grace seconds, the rest are cancelled, and every final status is recorded.
+
+    \b
+    Examples:
+      osmosis serve configs/training/multiply-plain.toml
+      osmosis serve configs/training/multiply-plain.toml --host 0.0.0.0 --port 8100 --workers 2
+      OSMOSIS_SERVER_TOKEN=$(cat token) osmosis serve configs/training/multiply-plain.toml --output runs/train-1
+    """
+    import attrs
+
+    from osmosis_core import ConfigError, OsmosisError
+    from osmosis_core.plugin import build_backend, get_registry, load_rollout, make_console, structure_table
+    from osmosis_server.auth import is_loopback
+    from osmosis_server.run_folder import RunFolder
+    from osmosis_server.settings import DEFAULT_TOKEN_ENV, ServerSettings
+
+    for name, flag in _NOT_FOR_SERVE.items():
+        if flags.get(name) is not None:
+            raise click.UsageError(
+                f"{flag} has no meaning for serve: each request brings its prompt and its policy endpoint"
+            )
+    config, table = _read_config(config_file, flags)
+    source = str(config.source or "<command line>")
+    settings = structure_table(table, ServerSettings, "$.server", source)
+    overrides = {
+        "host": host,
+        "port": port,
+        "token_env": token_env,
+        "max_queued": max_queued,
+        "lease_timeout_sec": lease_timeout,
+        "retention_sec": retention,
+        "grace_sec": grace,
+        "result_wait_sec": result_wait,
+    }
+    changes: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    settings = attrs.evolve(settings, **changes)
+    problems = settings.problems()
+    if problems:
+        raise ConfigError(source, problems)
+    if no_auth and not is_loopback(settings.host):
+        raise click.ClickException(
+            f"refusing to serve {settings.host} without a token: --no-auth is for loopback addresses only "
+            "(drop --no-auth: a token is then read from the environment or generated)"
+        )
+    token: str | None = None
+    if not no_auth:
+        variable = settings.token_env or DEFAULT_TOKEN_ENV
+        token = os.environ.get(variable) or None
+        if token is None and settings.token_env:
+            raise ConfigError(source, [f"the environment variable {variable} is not set @ $.server.token_env"])
+    api_key = None
+    if config.policy.api_key_env:
+        api_key = os.environ.get(config.policy.api_key_env) or None
+        if api_key is None:
+            raise ConfigError(
+                source, [f"the environment variable {config.policy.api_key_env} is not set @ $.policy.api_key_env"]
+            )
+
+    _logging(log_level)
+    console = make_console()
+    registry = get_registry()
+    rollout = load_rollout(config, registry)
+    if config.run.output:
+        run_dir = config.resolve(config.run.output)
+        assert run_dir is not None
+    else:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = config.root / "runs" / f"{config.name}-serve-{stamp}"
+    folder = RunFolder(
+        run_dir,
+        meta={
+            "config": str(config.source) if config.source else None,
+            "backend": config.run.backend,
+            "rollout": str(rollout.rollout_dir or ""),
+            "host": settings.host,
+            "port": settings.port,
+        },
+        secrets=[token, api_key, *config.policy.headers.values()],
+    )
+    from osmosis_server.serving import bind
+
+    sock = bind(settings.host, settings.port)  # before anything is built: a taken port is one line
+    folder.open()
+    try:
+        backend = build_backend(config, rollout, registry, run_dir)
+    except BaseException:
+        folder.close()
+        sock.close()
+        raise
+    from osmosis_server.app import create_app
+    from osmosis_server.serving import serve as serve_app
+
+    try:
+        app = create_app(
+            backend,
+            settings=settings,
+            run_folder=folder,
+            token=token,
+            auth=not no_auth,
+            model=config.policy.model,
+            api_key=api_key,
+            headers=dict(config.policy.headers),
+            max_response_bytes=config.policy.max_response_bytes,
+            agent_timeout_sec=config.run.agent_timeout_sec,
+            grader_timeout_sec=config.run.grader_timeout_sec,
+            configure_logging=False,
+        )
+    except ValueError as exc:
+        folder.close()
+        sock.close()
+        raise OsmosisError(str(exc)) from None
+    service = app.state.service
+    limit = f"up to {service.slots} at once" if service.slots else "no backend limit"
+    console.print(
+        f"osmosis serve: rollout {rollout.rollout_dir or rollout.workflow_class.__name__} on backend "
+        f"{config.run.backend!r} ({limit}, {settings.max_queued} more queued); results in {folder.results_path}",
+        soft_wrap=True,
+        markup=False,
+    )
+
+    def listening(url: str) -> None:
+        if no_auth:
+            how = "no token (loopback only)"
+        elif token is not None:
+            how = f"send Authorization: Bearer ${settings.token_env or DEFAULT_TOKEN_ENV}"
+        else:
+            how = f"send Authorization: Bearer $(cat {run_dir / 'server-token'})"
+        console.print(
+            f"listening on {url}  (auth: {how}; SIGTERM drains, Ctrl-C twice stops now)", soft_wrap=True, markup=False
+        )
+        sys.stdout.flush()
+
+    try:
+        serve_app(app, sock=sock, on_listening=listening, log_level="warning" if log_level != "debug" else "info")
+    except OsmosisError:
+        raise
+    finally:
+        folder.close()
+    console.print(f"stopped; results in {folder.results_path}", soft_wrap=True, markup=False)
+
+
+def _logging(level: str) -> None:
+    logger = logging.getLogger("osmosis_server")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s osmosis-server: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def _read_config(config_file: Path | None, flags: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The run config (read by the core, flags applied, as ``osmosis run`` reads it) and its ``[server]`` table."""
+    from osmosis_core.plugin import resolve_config
+
+    config = resolve_config(config_file, flags)
+    return config, dict(config.server)

@@ -1,0 +1,753 @@
+"""The rollout service behind the HTTP routes: admission, execution, leases, retention, cancel, drain.
+
+It holds no HTTP: :mod:`osmosis_server.app` maps routes to its methods. Per rollout it keeps one
+small record and one task; every bookkeeping step is O(1) (a poll waits on the rollout's own
+event, leases expire from the front of an ordered map, retention from the front of a queue), so a
+training run of millions of rollouts costs the same per rollout at the end as at the start, and
+memory holds only what is in flight plus what finished within ``retention_sec``.
+
+Lifecycle of a rollout::
+
+    admit ──> queued ──(a backend slot)──> running ──(workflow ok, grading)──> grading ──> final
+                 └──────────── cancel / lease expiry / shutdown ───────────────────────────> cancelled
+
+*queued* means waiting for one of the backend's ``max_concurrency`` slots: the server holds its
+own count of them (a slot is taken before ``execute`` and given back when the workflow stage
+reports), so a queued rollout is cancelled without the backend ever seeing it. At most
+``max_queued`` rollouts wait beyond the slots; past that, admission answers 429. A backend that
+declares no limit runs all it is given, so then at most ``max_queued`` rollouts are in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import enum
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from osmosis_core import (
+    BackendUnavailable,
+    ErrorCategory,
+    ErrorInfo,
+    ExecutionBackend,
+    ExecutionRequest,
+    ExecutionResult,
+    ExecutionStage,
+    ExecutionStatus,
+    PolicyEndpoint,
+)
+from osmosis_core.plugin import clip, error_info
+from osmosis_server.protocol import CancelBody, RolloutStatus, SubmitBody, dumps, result_document
+from osmosis_server.push import Pusher
+from osmosis_server.run_folder import RunFolder
+from osmosis_server.settings import ServerSettings
+
+__all__ = [
+    "BadLease",
+    "Conflict",
+    "Draining",
+    "QueueFull",
+    "RolloutService",
+    "Unavailable",
+    "UnknownRollout",
+]
+
+log = logging.getLogger("osmosis_server")
+
+CANCEL_WAIT_SEC: Final = 30.0
+"""After cancelling, how long the backend gets to report the cancellations before the server
+records them itself."""
+READ_WINDOW_SEC: Final = 5.0
+"""After a drain, how long the server stays up for the final statuses to be read."""
+
+_WF: Final = ExecutionStage.WORKFLOW
+_GR: Final = ExecutionStage.GRADER
+
+
+class Conflict(Exception):
+    """409: the rollout id is taken. ``admission`` is set when the body is the same (already admitted)."""
+
+    def __init__(self, admission: dict[str, Any] | None) -> None:
+        self.admission = admission
+        super().__init__("rollout_id is already registered")
+
+
+class QueueFull(Exception):
+    """429: the server holds as many rollouts as it admits."""
+
+
+class Draining(Exception):
+    """503: the server is shutting down."""
+
+
+class Unavailable(Exception):
+    """503: the backend can no longer run rollouts (its message says why)."""
+
+
+class UnknownRollout(KeyError):
+    """404: no such rollout (never admitted, or dropped after its retention)."""
+
+
+class BadLease(PermissionError):
+    """403: the polling-lease token is not this rollout's."""
+
+
+class _Why(enum.Enum):
+    REQUEST = "cancelled by a /rollout/cancel request"
+    LEASE = "polling lease expired"
+    SHUTDOWN = "the server shut down"
+
+
+class Rollout:
+    """One admitted rollout's record (kept until its retention ends)."""
+
+    __slots__ = (
+        "callback_api_key",
+        "callback_url",
+        "changed",
+        "digest",
+        "disposition",
+        "finished_at",
+        "grader_result",
+        "holds_slot",
+        "id",
+        "label",
+        "lease_deadline",
+        "push_task",
+        "read",
+        "request",
+        "result_body",
+        "row",
+        "sample_index",
+        "secrets",
+        "status",
+        "task",
+        "why",
+        "workflow_result",
+    )
+
+    def __init__(self, rollout_id: str, digest: bytes) -> None:
+        self.id = rollout_id
+        self.digest = digest
+        self.status = RolloutStatus.QUEUED
+        self.request: ExecutionRequest | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.changed: asyncio.Event | None = None
+        self.result_body: bytes | None = None
+        self.workflow_result: ExecutionResult | None = None
+        self.grader_result: ExecutionResult | None = None
+        self.holds_slot = False
+        self.why: _Why | None = None
+        self.disposition = ""
+        self.lease_deadline = 0.0
+        self.callback_url: str | None = None
+        self.callback_api_key: str | None = None
+        self.push_task: asyncio.Task[bool] | None = None
+        self.label: Any = None
+        self.row = 0
+        self.sample_index = 0
+        self.secrets: tuple[str, ...] = ()
+        self.read = False
+        self.finished_at = 0.0
+
+
+def _index(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+class RolloutService:
+    """Runs the rollouts a server admits on ``backend``.
+
+    :param backend: any :class:`~osmosis_core.ExecutionBackend`; the service closes it in :meth:`close`.
+    :param settings: queue bound, lease, retention, grace, poll wait.
+    :param run_folder: where every finished rollout is recorded (opened by :meth:`start`).
+    :param model: the model name sent to the policy when a request names none.
+    :param api_key: the policy key used when a request gives no ``llm_api_key``.
+    :param headers: extra headers for every policy call (their values are secrets).
+    :param agent_timeout_sec: the workflow timeout when a request gives none (None: no limit).
+    :param grader_timeout_sec: the grader timeout when a request gives none.
+    """
+
+    def __init__(
+        self,
+        backend: ExecutionBackend,
+        settings: ServerSettings,
+        run_folder: RunFolder,
+        *,
+        model: str = "default",
+        api_key: str | None = None,
+        headers: dict[str, str] | None = None,
+        max_response_bytes: int | None = None,
+        agent_timeout_sec: float | None = None,
+        grader_timeout_sec: float | None = None,
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.folder = run_folder
+        self.model = model
+        self.api_key = api_key
+        self.headers = dict(headers or {})
+        self._policy_extra: dict[str, Any] = {}
+        if max_response_bytes is not None:
+            self._policy_extra["max_response_bytes"] = max_response_bytes
+        self.agent_timeout_sec = agent_timeout_sec
+        self.grader_timeout_sec = grader_timeout_sec
+        self.pusher = Pusher()
+        self.instance_id = os.environ.get("_OSMOSIS_ROLLOUT_INSTANCE_ID") or uuid.uuid4().hex
+        self.process_id = uuid.uuid4().hex
+        self._key = secrets.token_bytes(32)
+        self.slots = max(0, backend.max_concurrency)
+        self.capacity = self.slots + settings.max_queued
+        self._gate: asyncio.Semaphore | None = None
+        self._table: dict[str, Rollout] = {}
+        self._active: dict[str, Rollout] = {}
+        self._leases: collections.OrderedDict[str, Rollout] = collections.OrderedDict()
+        self._retained: collections.deque[Rollout] = collections.deque()
+        self._idle: asyncio.Event | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._drain: asyncio.Task[None] | None = None
+        self._watch: list[Rollout] = []
+        self.draining = False
+        self._hurried = False
+        self.unavailable: str | None = None
+        self.started = False
+        self.closed = False
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._server_secrets = tuple(v for v in (api_key, *self.headers.values()) if v)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the run folder and start the lease and retention sweeper (on the serving loop)."""
+        if self.started:
+            return
+        self.folder.add_secrets(*self._server_secrets)
+        self.folder.open()
+        self._gate = asyncio.Semaphore(self.slots) if self.slots else None
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        self.started = True
+
+    def drain(self) -> asyncio.Task[None]:
+        """Start draining (idempotent): 503 for new submits, ``grace_sec`` for the rollouts in flight,
+        then the rest cancelled; every one ends with a final status, recorded in the run folder.
+        The returned task ends when they are all final and read (or the read window has passed)."""
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(self._drain_now())
+        return self._drain
+
+    async def _drain_now(self) -> None:
+        self.draining = True
+        self._watch = list(self._active.values())
+        grace = self.settings.grace_sec
+        log.info("draining: new rollouts get 503; %d in flight get %gs to finish", len(self._active), grace)
+        if self._active and grace > 0 and not self._hurried:
+            await self._wait_idle(grace)
+        if self._active:
+            log.info("grace period over: cancelling %d rollouts", len(self._active))
+            for entry in list(self._active.values()):
+                self._cancel(entry, _Why.SHUTDOWN)
+            await self._wait_idle(CANCEL_WAIT_SEC)
+        for entry in list(self._active.values()):  # a backend that ignored its cancellation
+            self._finish(entry, self._cancelled(entry, "; the backend did not report the cancellation"))
+        deadline = time.monotonic() + (0.0 if self._hurried else READ_WINDOW_SEC)
+        while time.monotonic() < deadline and (self.pusher.pending or not all(e.read for e in self._watch)):
+            await asyncio.sleep(0.05)
+        self._watch = []
+        log.info(
+            "drained: %d finished, %d cancelled in all; results in %s",
+            self.counts["finished"],
+            self.counts[RolloutStatus.CANCELLED.value],
+            self.folder.results_path,
+        )
+
+    def hurry(self) -> None:
+        """Cut the drain's grace period short (a second signal): cancel what is in flight now."""
+        self._hurried = True
+        if self._idle is not None:
+            self._idle.set()
+
+    async def _wait_idle(self, timeout: float) -> None:
+        if not self._active:
+            return
+        self._idle = asyncio.Event()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._idle = None
+
+    async def close(self) -> None:
+        """Drain (when not done yet), then close the backend, the HTTP clients and the run folder."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.started:
+                await self.drain()
+                undelivered = await self.pusher.aclose(READ_WINDOW_SEC)
+                if undelivered:
+                    log.warning(
+                        "%d callback deliveries were still retrying at shutdown; they were dropped", undelivered
+                    )
+        finally:
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+                await asyncio.wait({self._sweeper})
+            try:
+                await self.backend.aclose()
+            finally:
+                from osmosis_core.plugin import aclose_http
+
+                try:
+                    await aclose_http()
+                finally:
+                    self.folder.close()
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def lease_token(self, rollout_id: str, digest: bytes) -> str:
+        """The polling lease of a rollout: derived from the id and the body, so an identical
+        resubmit gets the same one back (and nothing else does)."""
+        mac = hmac.digest(self._key, rollout_id.encode() + b"\0" + digest, "sha256")
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+    def _admission(self, entry: Rollout) -> dict[str, Any]:
+        return {
+            "rollout_id": entry.id,
+            "status": entry.status.value,
+            "polling_lease_token": self.lease_token(entry.id, entry.digest),
+            "result_wait_timeout_sec": self.settings.result_wait_sec,
+            "polling_lease_timeout_sec": self.settings.lease_timeout_sec,
+        }
+
+    def admit(self, body: SubmitBody, raw: bytes) -> dict[str, Any]:
+        """Admit one rollout and start it; return the admission document (202).
+
+        :raises Draining, Unavailable: 503. :raises Conflict: 409. :raises QueueFull: 429.
+        """
+        if self.draining or not self.started:
+            raise Draining
+        if self.unavailable is not None:
+            raise Unavailable(self.unavailable)
+        digest = hashlib.sha256(raw).digest()
+        existing = self._table.get(body.rollout_id)
+        if existing is not None:
+            same = hmac.compare_digest(existing.digest, digest)
+            raise Conflict(self._admission(existing) if same else None)
+        if len(self._active) >= self.capacity:
+            self.counts["refused_full"] += 1
+            raise QueueFull
+        entry = Rollout(body.rollout_id, digest)
+        policy = PolicyEndpoint(
+            body.chat_completions_url,
+            body.model or self.model,
+            body.llm_api_key or self.api_key,
+            self.headers,
+            **self._policy_extra,
+        )
+        metadata = body.metadata or {}
+        entry.request = ExecutionRequest(
+            rollout_id=body.rollout_id,
+            prompt=body.initial_messages,
+            policy=policy,
+            label=body.label,
+            metadata=metadata,
+            agent_timeout_sec=body.agent_timeout_sec or self.agent_timeout_sec,
+            grader_timeout_sec=body.grader_timeout_sec or self.grader_timeout_sec,
+            grade=body.grade,
+        )
+        entry.label = body.label
+        entry.secrets = tuple(s for s in (body.llm_api_key, body.callback_api_key) if s)
+        row = body.row if body.row is not None else _index(metadata.get("row"))
+        entry.row = row if row is not None else self.folder.next_row()
+        sample_index = body.sample_index if body.sample_index is not None else _index(metadata.get("sample_index"))
+        entry.sample_index = sample_index or 0
+        loop = asyncio.get_running_loop()
+        if body.callback_url is not None:
+            entry.callback_url = body.callback_url
+            entry.callback_api_key = body.callback_api_key
+        else:
+            entry.lease_deadline = loop.time() + self.settings.lease_timeout_sec
+            self._leases[entry.id] = entry
+        self._table[entry.id] = entry
+        self._active[entry.id] = entry
+        self.counts["admitted"] += 1
+        entry.task = task = loop.create_task(self._run(entry, body.grade))
+        task.add_done_callback(self._task_done(entry))
+        log.debug("rollout %s: queued", entry.id)
+        return self._admission(entry)
+
+    # -- execution -------------------------------------------------------------------------------
+
+    async def _run(self, entry: Rollout, grade: bool) -> None:
+        request = entry.request
+        assert request is not None
+        final: ExecutionResult
+        try:
+            if self._gate is not None:
+                await self._gate.acquire()
+                entry.holds_slot = True
+            entry.status = RolloutStatus.RUNNING
+            self._changed(entry)
+            log.debug("rollout %s: running", entry.id)
+            await self.backend.execute(request, self._on_workflow(entry, grade), self._on_grader(entry))
+            last = entry.grader_result or entry.workflow_result
+            if last is None:
+                final = self._failure(
+                    entry, ErrorCategory.INFRA_ERROR, "the backend returned without reporting a result"
+                )
+            elif last.status is ExecutionStatus.CANCELLED and entry.why is not None:
+                final = self._cancelled(entry)
+            else:
+                final = last
+        except asyncio.CancelledError:
+            if entry.why is None:  # not cancelled by us: a backend (or what it runs) raised it
+                final = self._failure(
+                    entry,
+                    ErrorCategory.INFRA_ERROR,
+                    "the backend raised CancelledError while the server did not cancel the rollout",
+                )
+            else:
+                final = self._cancelled(entry)
+        except BackendUnavailable as exc:
+            message = clip(str(exc), self._server_secrets + entry.secrets, 1000)
+            if self.unavailable is None:
+                self.unavailable = message
+                log.error("the backend is unavailable: %s; new rollouts get 503", message)
+            final = self._failure(entry, ErrorCategory.INFRA_ERROR, f"the backend is unavailable: {message}")
+        except Exception as exc:
+            info = error_info(exc, secrets=self._server_secrets + entry.secrets, category=ErrorCategory.INFRA_ERROR)
+            log.error("rollout %s: the backend failed: %s", entry.id, info.message)
+            final = self._failure(entry, info.category, info.message)
+        finally:
+            self._release(entry)
+        self._finish(entry, final)
+
+    def _task_done(self, entry: Rollout) -> Callable[[asyncio.Task[None]], None]:
+        # the safety net: a task cancelled before it ever ran (its coroutine never entered its
+        # try block) or one that failed in the server's own code still ends with a final status
+        def done(task: asyncio.Task[None]) -> None:
+            if entry.result_body is not None:
+                return
+            self._release(entry)
+            if task.cancelled():
+                self._finish(entry, self._cancelled(entry))
+            else:
+                exc = task.exception()
+                log.error("rollout %s: the server failed running it", entry.id, exc_info=exc)
+                self._finish(entry, self._failure(entry, ErrorCategory.INFRA_ERROR, f"the server failed: {exc!r}"))
+
+        return done
+
+    def _release(self, entry: Rollout) -> None:
+        if entry.holds_slot:
+            entry.holds_slot = False
+            assert self._gate is not None
+            self._gate.release()
+
+    def _on_workflow(self, entry: Rollout, grade: bool) -> Callable[[ExecutionResult], Awaitable[None]]:
+        async def on_workflow_complete(result: ExecutionResult) -> None:
+            if entry.workflow_result is not None or entry.result_body is not None:
+                return  # at most once per stage (a backend that calls twice is ignored)
+            entry.workflow_result = result
+            self._release(entry)
+            if result.ok:
+                if grade:
+                    entry.status = RolloutStatus.GRADING
+                    self._changed(entry)
+                    log.debug("rollout %s: grading", entry.id)
+                if entry.callback_url is not None:
+                    self._push(entry, result, final=False)
+
+        return on_workflow_complete
+
+    def _on_grader(self, entry: Rollout) -> Callable[[ExecutionResult], Awaitable[None]]:
+        async def on_grader_complete(result: ExecutionResult) -> None:
+            if entry.grader_result is None and entry.result_body is None:
+                entry.grader_result = result
+
+        return on_grader_complete
+
+    def _stage(self, entry: Rollout) -> ExecutionStage:
+        wf = entry.workflow_result
+        return _GR if wf is not None and wf.ok else _WF
+
+    def _failure(self, entry: Rollout, category: ErrorCategory, message: str) -> ExecutionResult:
+        last = entry.grader_result or entry.workflow_result
+        return ExecutionResult(
+            entry.id,
+            self._stage(entry),
+            ExecutionStatus.FAILURE,
+            sample=last.sample if last is not None else None,
+            error=ErrorInfo(category, message),
+            timings=dict(last.timings) if last is not None else {},
+        )
+
+    def _cancelled(self, entry: Rollout, more: str = "") -> ExecutionResult:
+        stage = self._stage(entry)
+        reported = entry.grader_result if stage is _GR else entry.workflow_result
+        why = entry.why or _Why.SHUTDOWN
+        if why is _Why.LEASE:
+            reason = f"nobody polled its result for {self.settings.lease_timeout_sec:g}s (polling lease expired)"
+        elif why is _Why.SHUTDOWN:
+            reason = f"the server shut down (its grace period of {self.settings.grace_sec:g}s was over)"
+        else:
+            reason = why.value
+        where = "while queued" if entry.disposition == "cancelled_queued" else f"during the {stage} stage"
+        return ExecutionResult(
+            entry.id,
+            stage,
+            ExecutionStatus.CANCELLED,
+            sample=reported.sample if reported is not None else None,
+            error=ErrorInfo(ErrorCategory.CANCELLED, f"{reason} {where}{more}"),
+            timings=dict(reported.timings) if reported is not None else {},
+        )
+
+    def _finish(self, entry: Rollout, final: ExecutionResult) -> None:
+        if entry.result_body is not None:
+            return
+        lease_expired = entry.why is _Why.LEASE
+        try:
+            body = dumps(result_document(final, label=entry.label, lease_expired=lease_expired))
+        except (TypeError, ValueError, RecursionError) as exc:
+            info = error_info(exc, secrets=entry.secrets, category=ErrorCategory.VALIDATION_ERROR)
+            final = ExecutionResult(
+                entry.id,
+                final.stage,
+                ExecutionStatus.FAILURE,
+                error=ErrorInfo(
+                    ErrorCategory.VALIDATION_ERROR, f"the sample cannot be written as JSON: {info.message}"
+                ),
+                timings=final.timings,
+            )
+            body = dumps(result_document(final, label=entry.label))
+        entry.result_body = body
+        entry.status = RolloutStatus(final.status.value)
+        entry.finished_at = time.monotonic()
+        try:
+            self.folder.record(entry.row, entry.sample_index, final, entry.secrets)
+        except (OSError, TypeError, ValueError) as exc:
+            self.counts["unrecorded"] += 1
+            log.error("rollout %s: its result could not be written to %s: %s", entry.id, self.folder.results_path, exc)
+        self.counts["finished"] += 1
+        self.counts[final.status.value] += 1
+        if final.error is not None:
+            self.counts["error:" + final.error.category.value] += 1
+        if lease_expired:
+            entry.read = True  # nobody is listening
+        if entry.callback_url is not None:
+            self._push(entry, None, final=True)
+        self._log_final(entry, final)
+        # forget what is not needed any more: only the encoded result stays for its retention
+        entry.request = None
+        entry.workflow_result = entry.grader_result = None
+        entry.task = None
+        self._leases.pop(entry.id, None)
+        self._active.pop(entry.id, None)
+        self._retained.append(entry)
+        self._changed(entry)
+        if self._idle is not None and not self._active:
+            self._idle.set()
+
+    def _log_final(self, entry: Rollout, final: ExecutionResult) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        spent = sum(v for k, v in final.timings.items() if k != "queued")
+        if final.error is None:
+            reward = final.reward
+            log.info(
+                "rollout %s: success%s in %.2fs", entry.id, "" if reward is None else f", reward {reward:g}", spent
+            )
+        else:
+            log.info(
+                "rollout %s: %s (%s: %s)",
+                entry.id,
+                final.status.value,
+                final.error.category.value,
+                clip(final.error.message, self._server_secrets + entry.secrets, 200),
+            )
+
+    def _push(self, entry: Rollout, result: ExecutionResult | None, *, final: bool) -> None:
+        url = entry.callback_url
+        assert url is not None
+        if result is None:
+            body = entry.result_body
+            assert body is not None
+            body = body[:-1] + b',"final":true}'
+        else:
+            try:
+                body = dumps({**result_document(result, label=entry.label), "final": final})
+            except (TypeError, ValueError, RecursionError):
+                return  # the final delivery reports why
+        done = self._delivered(entry) if final else None
+        entry.push_task = self.pusher.send(
+            entry.id, url, entry.callback_api_key, body, after=entry.push_task, done=done
+        )
+
+    def _delivered(self, entry: Rollout) -> Callable[[bool], None]:
+        def done(ok: bool) -> None:
+            entry.read = True
+            entry.push_task = None
+
+        return done
+
+    # -- polling ---------------------------------------------------------------------------------
+
+    def _changed(self, entry: Rollout) -> None:
+        event = entry.changed
+        if event is not None:
+            entry.changed = None
+            event.set()
+
+    def _check(self, rollout_id: str, token: str) -> Rollout:
+        entry = self._table.get(rollout_id)
+        if entry is None:
+            raise UnknownRollout(rollout_id)
+        if not hmac.compare_digest(token.encode(), self.lease_token(entry.id, entry.digest).encode()):
+            raise BadLease(rollout_id)
+        return entry
+
+    def _renew(self, entry: Rollout) -> None:
+        if entry.id in self._leases:
+            entry.lease_deadline = asyncio.get_running_loop().time() + self.settings.lease_timeout_sec
+            self._leases.move_to_end(entry.id)
+
+    async def result(self, rollout_id: str, token: str, *, until_final: bool = False) -> bytes:
+        """The rollout's result document when final; else wait up to ``result_wait_sec`` for a
+        change and return its status then. Every poll renews the lease.
+
+        :param until_final: wait through status changes for the final result (``?wait=final``,
+            ours: one poll per rollout instead of one per status change).
+        :raises UnknownRollout: 404. :raises BadLease: 403.
+        """
+        entry = self._check(rollout_id, token)
+        body = entry.result_body
+        if body is None:
+            self._renew(entry)
+            try:
+                async with asyncio.timeout(self.settings.result_wait_sec):
+                    while True:
+                        event = entry.changed
+                        if event is None:
+                            event = entry.changed = asyncio.Event()
+                        await event.wait()
+                        if not until_final or entry.result_body is not None:
+                            break
+            except TimeoutError:
+                pass
+            self._renew(entry)
+            body = entry.result_body
+            if body is None:
+                return dumps({"rollout_id": entry.id, "status": entry.status.value})
+        entry.read = True
+        return body
+
+    # -- cancel ----------------------------------------------------------------------------------
+
+    def cancel(self, body: CancelBody) -> dict[str, str]:
+        """Cancel by ids, by prefix or all; ``{id: cancelled_queued | cancelled_running | not_found}``.
+
+        Only rollouts in flight are cancelled; a finished or unknown id is ``not_found`` (it is
+        idempotent: cancelling twice gives the same disposition twice).
+        """
+        if body.ids is not None:
+            selected = list(dict.fromkeys(body.ids))
+        elif body.prefix is not None:
+            prefix = body.prefix
+            selected = [rid for rid in self._active if rid.startswith(prefix)]
+        else:
+            selected = list(self._active)
+        dispositions: dict[str, str] = {}
+        for rollout_id in selected:
+            entry = self._active.get(rollout_id)
+            dispositions[rollout_id] = "not_found" if entry is None else self._cancel(entry, _Why.REQUEST)
+        cancelled = sum(1 for d in dispositions.values() if d != "not_found")
+        if cancelled:
+            what = (
+                "all" if body.all else f"prefix {body.prefix!r}" if body.prefix is not None else f"{len(selected)} ids"
+            )
+            log.info("cancel (%s): %d rollouts cancelled", what, cancelled)
+        return dispositions
+
+    def _cancel(self, entry: Rollout, why: _Why) -> str:
+        if entry.why is not None:
+            return entry.disposition
+        entry.why = why
+        entry.disposition = "cancelled_queued" if entry.status is RolloutStatus.QUEUED else "cancelled_running"
+        self._leases.pop(entry.id, None)
+        if why is _Why.LEASE:
+            self.counts["lease_expired"] += 1
+            log.info("rollout %s: nobody polled it for %gs; cancelled", entry.id, self.settings.lease_timeout_sec)
+        task = entry.task
+        if task is not None and not task.done():
+            task.cancel()
+        return entry.disposition
+
+    # -- leases and retention --------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Expire the leases and the retained results whose time is up (the sweeper calls it)."""
+        loop_now = asyncio.get_running_loop().time()
+        leases = self._leases
+        while leases:
+            entry = leases[next(iter(leases))]
+            if entry.lease_deadline > loop_now:
+                break
+            leases.popitem(last=False)
+            self._cancel(entry, _Why.LEASE)
+        horizon = time.monotonic() - self.settings.retention_sec
+        retained = self._retained
+        table = self._table
+        while retained and retained[0].finished_at <= horizon:
+            entry = retained.popleft()
+            if table.get(entry.id) is entry:
+                del table[entry.id]
+
+    async def _sweep(self) -> None:
+        shortest = min(self.settings.lease_timeout_sec, self.settings.retention_sec or 1.0)
+        interval = min(1.0, max(0.02, shortest / 20))
+        while True:
+            await asyncio.sleep(interval)
+            self.sweep()
+
+    # -- health ----------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """The backend's health report, plus the server's identity, lifecycle and counters."""
+        try:
+            report = dict(self.backend.health())
+        except Exception as exc:
+            report = {"status": "error", "error": clip(f"{type(exc).__name__}: {exc}", self._server_secrets)}
+        if self.unavailable is not None:
+            report["status"] = "unavailable"
+            report["error"] = self.unavailable
+        report.setdefault("status", "ok")
+        running = sum(1 for e in self._active.values() if e.status is not RolloutStatus.QUEUED)
+        report["instance_id"] = self.instance_id
+        report["process_id"] = self.process_id
+        report["lifecycle"] = {
+            "accepting_rollouts": self.started and not self.draining and self.unavailable is None,
+            "active_rollouts": len(self._active),
+        }
+        report["server"] = {
+            "queued": len(self._active) - running,
+            "running": running,
+            "capacity": self.capacity,
+            "backend_slots": self.slots,
+            "retained_results": len(self._retained),
+            "draining": self.draining,
+            "callbacks_pending": self.pusher.pending,
+            "counts": dict(sorted(self.counts.items())),
+        }
+        return report

@@ -1,0 +1,89 @@
+"""Any ExecutionBackend: a third-party one, its failures, and one whose machinery goes away."""
+
+from __future__ import annotations
+
+import httpx
+from server_helpers import TOKEN, read_lines, run
+
+from osmosis_core import (
+    BackendUnavailable,
+    ExecutionBackend,
+    ExecutionResult,
+    ExecutionStage,
+    ExecutionStatus,
+    RolloutSample,
+)
+from osmosis_server import RolloutClient, RolloutRequest, RolloutStatus, ServerSettings
+
+
+class Remote(ExecutionBackend):
+    """A backend of its own (no concurrency limit declared): answers twice, then its cluster is gone.
+
+    ``metadata["mode"]``: "silent" returns without reporting anything (a broken backend), "raise"
+    raises instead of reporting a result.
+    """
+
+    def __init__(self) -> None:
+        self.answered = 0
+
+    async def execute(self, request, on_workflow_complete, on_grader_complete=None):
+        mode = request.metadata.get("mode")
+        if mode == "silent":
+            return
+        if mode == "raise":
+            raise RuntimeError("the backend's own bug")
+        if self.answered == 2:
+            raise BackendUnavailable("the cluster is gone")
+        self.answered += 1
+        sample = RolloutSample(messages=[*request.prompt, {"role": "assistant", "content": "remote"}])
+        await on_workflow_complete(
+            ExecutionResult(request.rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.SUCCESS, sample=sample)
+        )
+
+
+def request(rid: str, **metadata) -> RolloutRequest:
+    return RolloutRequest(
+        rollout_id=rid,
+        initial_messages=[{"role": "user", "content": "hi"}],
+        chat_completions_url="http://127.0.0.1:9/v1",
+        metadata=metadata,
+    )
+
+
+def test_a_third_party_backend_its_failures_and_its_end(serve):
+    served = serve(Remote(), settings=ServerSettings(max_queued=5, grace_sec=1))
+
+    async def go():
+        client = RolloutClient(served.url, token=TOKEN)
+        health = await client.health()
+        results = {
+            rid: await client.run(request(rid, **md))
+            for rid, md in (
+                ("one", {}),
+                ("silent", {"mode": "silent"}),
+                ("raises", {"mode": "raise"}),
+                ("two", {}),
+                ("gone", {}),
+            )
+        }
+        return health, results, await client.health()
+
+    health, results, after = run(go)
+    assert health["server"]["capacity"] == 5 and health["server"]["backend_slots"] == 0
+    assert results["one"].status is RolloutStatus.SUCCESS and results["two"].status is RolloutStatus.SUCCESS
+    assert results["one"].sample.messages[-1]["content"] == "remote" and results["one"].reward is None
+    for rid, words in (
+        ("silent", "returned without reporting a result"),
+        ("raises", "the backend's own bug"),
+        ("gone", "the backend is unavailable: the cluster is gone"),
+    ):
+        assert results[rid].status is RolloutStatus.FAILURE
+        assert results[rid].error.category.value == "infra_error" and words in results[rid].error.message, results[rid]
+        assert results[rid].err_category == "internal_error"
+    assert after["status"] == "unavailable" and after["lifecycle"]["accepting_rollouts"] is False
+    refused = httpx.post(
+        f"{served.url}/rollout", json=request("late").to_json(), headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert refused.status_code == 503 and "the cluster is gone" in refused.json()["detail"]
+    lines = read_lines(served.service.folder.results_path)
+    assert [line["rollout_id"] for line in lines] == ["one", "silent", "raises", "two", "gone"]

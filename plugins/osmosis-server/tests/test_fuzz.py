@@ -1,0 +1,83 @@
+"""Malformed requests, generated with hypothesis, never get a 5xx (nor break the server)."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from server_helpers import TOKEN
+from workflows import Trivial
+
+from osmosis_core import LocalBackend
+from osmosis_server import LEASE_HEADER
+from osmosis_server.protocol import SUBMIT_FIELDS
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+# bodies near a valid one: every field present or not, each with any JSON value
+near_valid = st.fixed_dictionaries(
+    {},
+    optional={
+        "rollout_id": st.text(max_size=30) | json_values,
+        "initial_messages": st.lists(st.dictionaries(st.text(max_size=5), json_values, max_size=2), max_size=2)
+        | json_values,
+        "chat_completions_url": st.sampled_from(["http://127.0.0.1:9/v1", "https://x", "ftp://x", ""]) | json_values,
+        **{field: json_values for field in SUBMIT_FIELDS[3:]},
+    },
+)
+bodies = (
+    st.binary(max_size=200)
+    | json_values.map(lambda v: json.dumps(v).encode())
+    | near_valid.map(lambda v: json.dumps(v).encode())
+    | st.sampled_from([b"NaN", b'{"rollout_id": Infinity}', b"[" * 5000, b'{"a": "\\ud800"}', b"\xff\xfe{}"])
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from server_helpers import Served
+
+    from osmosis_server import ServerSettings, create_app
+
+    app = create_app(
+        LocalBackend(Trivial, max_concurrent=64),
+        token=TOKEN,
+        run_dir=tmp_path_factory.mktemp("fuzz") / "run",
+        settings=ServerSettings(grace_sec=1),
+        configure_logging=False,
+    )
+    with Served(app) as served, httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        yield served, http
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=bodies, path=st.sampled_from(["/rollout", "/rollout/cancel"]))
+def test_malformed_posts_never_get_a_5xx(server, body, path):
+    _, http = server
+    response = http.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code < 500, (body, response.text)
+    assert response.status_code in (200, 202, 409, 422, 429), (body, response.text)
+
+
+@settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rollout_id=st.text(min_size=1, max_size=40), lease=st.text(max_size=60))
+def test_any_result_poll_gets_a_4xx_not_a_5xx(server, rollout_id, lease):
+    _, http = server
+    headers = (
+        {LEASE_HEADER: lease.encode("ascii", "ignore").decode()} if lease.isascii() and lease.isprintable() else {}
+    )
+    response = http.get(f"/rollout/{quote(rollout_id, safe='')}/result", headers=headers)
+    assert response.status_code in (403, 404, 422), response.text
+
+
+def test_the_server_still_serves_after_the_fuzzing(server):
+    served, http = server
+    assert http.get("/health").json()["status"] == "ok"
+    assert served.service.health()["server"]["counts"].get("error:infra_error", 0) == 0

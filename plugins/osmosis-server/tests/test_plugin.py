@@ -1,0 +1,49 @@
+"""The plugin as the osmosis CLI sees it: discovered, light to import, `serve` added."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from server_helpers import osmosis_exe
+
+
+def test_the_plugin_is_discovered_and_adds_serve():
+    plugins = subprocess.run([osmosis_exe(), "plugins", "--json"], capture_output=True, text=True, check=True)
+    data = json.loads(plugins.stdout)
+    entries = data["plugins"] if isinstance(data, dict) else data
+    [ours] = [p for p in entries if p["name"] == "server"]
+    assert ours["status"] == "active"
+    helped = subprocess.run([osmosis_exe(), "--help"], capture_output=True, text=True, check=True)
+    assert "serve" in helped.stdout
+    serve_help = subprocess.run([osmosis_exe(), "serve", "--help"], capture_output=True, text=True, check=True)
+    for flag in ("--backend", "--workers", "--host", "--port", "--token-env", "--no-auth", "--grace", "--max-queued"):
+        assert flag in serve_help.stdout
+
+
+def test_importing_the_package_and_its_entry_module_stays_light():
+    code = (
+        "import sys, osmosis_server, osmosis_server.plugin; "
+        "osmosis_server.ServerSettings; osmosis_server.RolloutRequest; "
+        "heavy = [m for m in ('starlette', 'uvicorn', 'aiohttp') if m in sys.modules]; "
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_public_name_resolves():
+    import osmosis_server
+
+    for name in osmosis_server.__all__:
+        assert getattr(osmosis_server, name) is not None, name
+
+
+def test_the_docstring_examples_run():
+    import doctest
+    import importlib
+
+    for name in ("osmosis_server", "osmosis_server.protocol", "osmosis_server.settings", "osmosis_server.auth"):
+        failed, tried = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        assert tried and not failed, name
