@@ -297,7 +297,7 @@ def test_plugin_raising_in_a_hook_is_reported_as_failed_and_skipped(
 
     with caplog.at_level(logging.WARNING, logger="osmosis.plugins"):
         bad = osmosis_registry.register(_plugin("bad", osmosis_register_backends=explode), "bad")
-        noisy = osmosis_registry.register(_plugin("noisy", osmosis_register_commands=explode_commands), "noisy")
+        osmosis_registry.register(_plugin("noisy", osmosis_register_commands=explode_commands), "noisy")
         good = osmosis_registry.register(
             _plugin("good", osmosis_register_backends=_backends("good"), osmosis_register_commands=good_commands),
             "good",
@@ -363,7 +363,9 @@ def test_a_backend_factory_that_cannot_take_a_setup_names_the_plugin_and_the_fac
     for name, message in (
         (
             "wrong-signature",
-            "its factory 'test_a_backend_factory_that_cannot_take_a_setup_names_the_plugin_and_the_factory.<locals>.no_arguments' cannot be called with a BackendSetup",
+            "its factory '"
+            "test_a_backend_factory_that_cannot_take_a_setup_names_the_plugin_and_the_factory.<locals>.no_arguments"
+            "' cannot be called with a BackendSetup",
         ),
         ("missing", "cannot import its factory 'osmosis_nowhere.backend:Backend': ModuleNotFoundError"),
         ("not-a-backend", "returned object, not an ExecutionBackend"),

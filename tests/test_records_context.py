@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import asyncio
 import math
+from pathlib import Path
 
 import anyio
 import pytest

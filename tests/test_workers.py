@@ -249,6 +249,25 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def _run_args(osmosis_exe: str, policy_url: str, data: Path, *, concurrency: int) -> list[str]:
+    """`osmosis run` of the multiply example over `data` with two workers, into ./out."""
+    return [
+        osmosis_exe,
+        "run",
+        "configs/eval/multiply-plain.toml",
+        "--policy-url",
+        policy_url,
+        "--dataset",
+        str(data),
+        "--workers",
+        "2",
+        "--concurrency",
+        str(concurrency),
+        "--output",
+        "out",
+    ]
+
+
 def _wait_for_lines(path: Path, n: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -276,16 +295,7 @@ def test_killing_every_worker_writes_off_only_what_they_were_running(workspace, 
     """kill -9 of both workers mid-run: at most their in-flight rollouts fail; the run goes on and finishes."""
     data = _dataset(workspace / "big.jsonl", 300)
     with ScriptedPolicyServer(latency=0.3) as server:
-        args = [
-            osmosis_exe,
-            "run",
-            "configs/eval/multiply-plain.toml",
-            "--policy-url",
-            server.url,
-            "--dataset",
-            str(data),
-        ]
-        args += ["--workers", "2", "--concurrency", "16", "--output", "out"]
+        args = _run_args(osmosis_exe, server.url, data, concurrency=16)
         proc = subprocess.Popen(
             args, cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -313,16 +323,7 @@ def test_a_killed_run_leaves_no_worker_calling_the_policy(workspace, osmosis_exe
     """kill -9 of `osmosis run --workers 2`: its zygote and workers see the lifeline break and exit."""
     data = _dataset(workspace / "big.jsonl", 500)
     with ScriptedPolicyServer(latency=0.2) as server:
-        args = [
-            osmosis_exe,
-            "run",
-            "configs/eval/multiply-plain.toml",
-            "--policy-url",
-            server.url,
-            "--dataset",
-            str(data),
-        ]
-        args += ["--workers", "2", "--concurrency", "8", "--output", "out"]
+        args = _run_args(osmosis_exe, server.url, data, concurrency=8)
         proc = subprocess.Popen(
             args, cwd=workspace, env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -348,16 +349,7 @@ def test_sigterm_to_the_process_group_never_hangs_and_loses_nothing(workspace, o
     data = _dataset(workspace / "big.jsonl", 400)
     rounds = 0
     with ScriptedPolicyServer(latency=0.05) as server:
-        args = [
-            osmosis_exe,
-            "run",
-            "configs/eval/multiply-plain.toml",
-            "--policy-url",
-            server.url,
-            "--dataset",
-            str(data),
-        ]
-        args += ["--workers", "2", "--concurrency", "16", "--output", "out"]
+        args = _run_args(osmosis_exe, server.url, data, concurrency=16)
         results = workspace / "out" / "results.jsonl"
         for attempt in range(20):
             extra = ["--resume"] if attempt else []

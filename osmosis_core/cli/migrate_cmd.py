@@ -16,11 +16,12 @@ __all__ = ["migrate"]
 def migrate(directory: Path, write: bool, no_diff: bool) -> None:
     """Rewrite an osmosis-ai workspace for osmosis (a diff first; --write applies it).
 
-    For rollouts written for osmosis-ai, the reference SDK (import path osmosis_ai.rollout). DIR (default: the current folder) is the workspace: rollouts/, configs/, data/. It rewrites
-    the imports of every Python file (to osmosis_core and the osmosis_strands,
-    osmosis_openai_agents, osmosis_harbor and osmosis_server plugins), each rollout's
-    pyproject.toml dependencies, and configs/eval/*.toml and configs/training/*.toml into osmosis
-    run configs. Every setting or name it cannot map is listed with where it is and why.
+    For rollouts written for osmosis-ai, the reference SDK (import path osmosis_ai.rollout). DIR
+    (default: the current folder) is the workspace: rollouts/, configs/, data/. It rewrites the
+    imports of every Python file (to osmosis_core and the osmosis_strands, osmosis_openai_agents,
+    osmosis_harbor and osmosis_server plugins), each rollout's pyproject.toml dependencies, and
+    configs/eval/*.toml and configs/training/*.toml into osmosis run configs. Every setting or
+    name it cannot map is listed with where it is and why.
 
     By default it prints the diff and changes nothing. With --write it applies the changes,
     keeping each changed file as <file>.orig; it refuses (writing nothing) when such a backup

@@ -269,7 +269,7 @@ class PluginRegistry:
                     results.setdefault(key, {})[hook_name] = _check_records(hook_name, impl.function())
                 except Exception as exc:
                     failed[key] = f"{hook_name} failed: {type(exc).__name__}: {exc}"
-        for hook_name, (kind, _record) in _KINDS.items():
+        for hook_name in _KINDS:
             found: dict[str, list[_Provided[Any]]] = {}
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 key = id(impl.plugin)

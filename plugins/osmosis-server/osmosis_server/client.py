@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
@@ -51,7 +50,7 @@ from typing import Any, Final, NoReturn
 import attrs
 
 from osmosis_core import ErrorCategory, ErrorInfo, Message, OsmosisError, RolloutSample
-from osmosis_server.protocol import LEASE_HEADER, RolloutStatus
+from osmosis_server.protocol import LEASE_HEADER, RolloutStatus, retry_after_seconds
 from osmosis_server.settings import DEFAULT_TOKEN_ENV
 
 __all__ = [
@@ -270,14 +269,6 @@ class RolloutResult:
         )
 
 
-def _retry_after(value: str | None, default: float) -> float:
-    try:
-        seconds = float(value) if value is not None else default
-    except ValueError:
-        return default
-    return min(max(seconds, 0.05), 60.0) if math.isfinite(seconds) else default
-
-
 def _detail(body: bytes) -> str:
     try:
         data = json.loads(body)
@@ -345,7 +336,8 @@ class RolloutClient:
                     return status, content, answer_headers, attempt > 0
                 last = f"HTTP {status}: {_detail(content)}"
                 if attempt < len(self.retry_delays):
-                    await asyncio.sleep(_retry_after(answer_headers.get("Retry-After"), self.retry_delays[attempt]))
+                    delay = self.retry_delays[attempt]
+                    await asyncio.sleep(retry_after_seconds(answer_headers.get("Retry-After"), delay))
                     continue
             if attempt < len(self.retry_delays):
                 await asyncio.sleep(self.retry_delays[attempt])
@@ -385,7 +377,7 @@ class RolloutClient:
                 admission = self._admission(content, request.rollout_id, resubmitted=False)
                 return admission, self._inline_result(content, admission) if wait else None
             if status == 429:
-                pause = _retry_after(headers.get("Retry-After"), 1.0)
+                pause = retry_after_seconds(headers.get("Retry-After"), 1.0)
                 if deadline is not None and time.monotonic() + pause > deadline:
                     raise TimeoutError(
                         f"rollout {request.rollout_id}: not admitted within {self.admission_timeout_sec}s (queue full)"

@@ -60,6 +60,7 @@ __all__ = [
     "parse_cancel",
     "parse_submit",
     "result_document",
+    "retry_after_seconds",
 ]
 
 LEASE_HEADER: Final = "X-Osmosis-Rollout-Lease"
@@ -402,3 +403,16 @@ def result_document(result: ExecutionResult, *, label: Any = None, lease_expired
         "stage": result.stage.value,
         "timings": {k: round(v, 6) for k, v in result.timings.items()},
     }
+
+
+def retry_after_seconds(value: str | None, default: float) -> float:
+    """The wait a ``Retry-After`` header asks for, in seconds, kept within 0.05 to 60.
+
+    >>> retry_after_seconds("2", 1.0), retry_after_seconds("soon", 1.0), retry_after_seconds(None, 0.5)
+    (2.0, 1.0, 0.5)
+    """
+    try:
+        seconds = float(value) if value is not None else default
+    except ValueError:
+        return default
+    return min(max(seconds, 0.05), 60.0) if math.isfinite(seconds) else default

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable
 from typing import Final
+
+from osmosis_server.protocol import retry_after_seconds
 
 __all__ = ["RETRY_DELAYS_SEC", "Pusher"]
 
@@ -26,14 +27,6 @@ RETRY_DELAYS_SEC: Final = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 """The waits between attempts (so nine attempts over about a minute)."""
 ATTEMPT_TIMEOUT_SEC: Final = 30.0
 _RETRY_STATUSES: Final = frozenset({408, 425, 429})
-
-
-def _retry_after(value: str | None, default: float) -> float:
-    try:
-        seconds = float(value) if value is not None else default
-    except ValueError:
-        return default
-    return min(max(seconds, 0.05), 60.0) if math.isfinite(seconds) else default
 
 
 class Pusher:
@@ -126,7 +119,7 @@ class Pusher:
                     )
                     return False
                 if wait is not None and retry_after is not None:
-                    wait = max(wait, _retry_after(retry_after, wait))
+                    wait = max(wait, retry_after_seconds(retry_after, wait))
             if wait is None:
                 break
             log.debug(
