@@ -179,7 +179,7 @@ register_strict_scalars(_converter)
 
 def _list_like(type_: Any) -> bool:
     origin = getattr(type_, "__origin__", None)
-    args = getattr(type_, "__args__", ())
+    args: tuple[Any, ...] = getattr(type_, "__args__", ())
     return origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis)
 
 

@@ -156,7 +156,7 @@ def test_a_cancel_that_arrives_with_its_run_never_hangs(stub):
 
                 with anyio.fail_after(10):  # a hang fails the test instead of stalling it
                     async with anyio.create_task_group() as tg:
-                        for r in requests(stub.url, 64):
+                        for r in requests(stub.url, 64, sleep=30):  # none can finish before the cancel
                             tg.start_soon(pool.execute, r, keep, keep)
                         await anyio.sleep(0)
                         await anyio.sleep(0)

@@ -7,11 +7,12 @@
   ``osmosis_harbor.sandbox:BubblewrapEnvironment``) that sandboxes every command with bubblewrap;
 * :class:`HarborBackendConfig`: the ``[backend.harbor]`` settings.
 
-Names are imported lazily: ``import osmosis_harbor`` does not import Harbor.
+Names are imported lazily: ``import osmosis_harbor`` (or reading its settings) does not import
+Harbor, nor litellm with it.
 
->>> import osmosis_harbor, sys
->>> osmosis_harbor.HarborBackendConfig().mode, "harbor" in sys.modules
-('template', False)
+>>> import osmosis_harbor
+>>> osmosis_harbor.HarborBackendConfig().mode
+'template'
 """
 
 from osmosis_core.plugin import attach_stub

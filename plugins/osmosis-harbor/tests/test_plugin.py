@@ -17,6 +17,7 @@ def test_entry_module_imports_neither_harbor_nor_litellm():
     code = (
         "import sys, osmosis_harbor.plugin, osmosis_harbor, osmosis_harbor.config; "
         "osmosis_harbor.plugin.osmosis_register_backends(); osmosis_harbor.plugin.osmosis_register_templates(); "
+        "osmosis_harbor.HarborBackendConfig(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('harbor', 'litellm')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
