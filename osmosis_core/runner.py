@@ -368,7 +368,7 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
     SIGTERM) is not written, so ``--resume`` runs it again. When the backend becomes unusable
     (:class:`~osmosis_core.errors.BackendUnavailable`), the run stops the same way and says so.
     """
-    from osmosis_core.http_session import aclose_http
+    from osmosis_core.http_session import aclose_http, preload
 
     reporter = reporter or _Silent()
     stats = plan.stats
@@ -450,6 +450,7 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
                 scope.cancel()
                 return
 
+    preload()  # the HTTP client's import is start-up, not the first rollouts' time
     reporter.start(plan.total, stats)
     started = time.perf_counter()
     try:

@@ -57,6 +57,7 @@ import attrs
 
 from osmosis_core.backend import ExecutionBackend, ResultCallback, report_cancelled
 from osmosis_core.errors import BackendUnavailable
+from osmosis_core.http_session import preload
 from osmosis_core.lifeline import parent_gone
 from osmosis_core.local import LocalBackend
 from osmosis_core.records import (
@@ -309,6 +310,7 @@ class WorkerPool(ExecutionBackend):
         self._exits: dict[int, int] = {}
         self._attached: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        preload()  # every worker forks with the HTTP client imported
         lifeline_read, self._lifeline = os.pipe()
         self._ctl, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
