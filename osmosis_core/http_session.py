@@ -222,8 +222,10 @@ async def read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes:
     if declared is not None and declared > limit:
         response.release()
         raise ResponseTooLarge(limit, declared)
-    if declared is not None:
+    if declared is not None and not response.headers.get("Content-Encoding"):
         return await response.read()  # aiohttp reads exactly the declared length
+    # no length, or a compressed body (its length says nothing of what it inflates to): counted as
+    # it is decoded
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_chunked(1 << 16):

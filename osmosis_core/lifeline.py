@@ -1,13 +1,16 @@
 """How a process osmosis starts learns that its parent died, so that nothing outlives a run.
 
-Two independent signals, used together by the worker processes and the ``--stub-policy`` server:
+Two independent signals (the worker pool's zygote and workers, and the ``--stub-policy`` server,
+each use one or both):
 
 * a **lifeline pipe**: the parent holds the only write end of a pipe whose read end the child
   watches; when the parent dies, however it dies (``kill -9`` included), the kernel closes the
   write end and the child reads end-of-file. Every other copy of the write end must be closed in
   the child (a forked child inherits them all);
-* a **parent-death signal** (Linux ``prctl(PR_SET_PDEATHSIG)``), for a child that ``exec``\\ s and
-  so cannot be given a pipe's end through a fork alone.
+* a **parent-death signal** (Linux ``prctl(PR_SET_PDEATHSIG)``): a worker is killed when its
+  zygote dies, and the ``--stub-policy`` server (which ``exec``\\ s) when the run dies. The
+  zygote itself watches the lifeline and kills, after a grace period, a worker too blocked to
+  read it.
 
 >>> import os
 >>> read_end, write_end = os.pipe()

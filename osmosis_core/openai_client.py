@@ -61,6 +61,8 @@ async def _tag_request(request: Any) -> None:
     ctx = current_rollout_context()
     if ctx is not None:
         request.headers[ROLLOUT_ID_HEADER] = ctx.rollout_id
+    # an uncompressed body: the size limit counts the bytes as they arrive
+    request.headers["Accept-Encoding"] = "identity"
 
 
 async def _check_response(response: Any) -> None:

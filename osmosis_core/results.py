@@ -19,7 +19,7 @@ import attrs
 from osmosis_core.errors import redact
 from osmosis_core.records import ExecutionStatus
 
-__all__ = ["ResultStats", "ResultWriter", "Summary", "read_results", "scan_results"]
+__all__ = ["ResultStats", "ResultWriter", "Summary", "json_ready", "read_results", "scan_results"]
 
 
 def scan_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -97,7 +97,8 @@ class ResultWriter:
         own = self._secrets + _usable(secrets) if secrets else self._secrets
         text = _encode(line)
         if own and any(secret in text or _escaped(secret) in text for secret in own):
-            text = _encode(_redacted(line, own))
+            # redact the JSON form: a secret may sit in bytes, an exception or an object written as its repr
+            text = _encode(_redacted(json.loads(text), own))
         self._handle.write(text + "\n")
         self._handle.flush()
 
@@ -115,6 +116,12 @@ def _usable(secrets: Iterable[str | None]) -> tuple[str, ...]:
 
 def _encode(line: dict[str, Any]) -> str:
     return json.dumps(line, ensure_ascii=False, allow_nan=False, default=_json_default)
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as a results line holds it: what JSON cannot hold becomes its repr (an attrs
+    instance, its fields). :raises ValueError: a NaN or infinity."""
+    return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default))
 
 
 def _escaped(secret: str) -> str:

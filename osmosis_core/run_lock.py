@@ -3,7 +3,8 @@
 ``osmosis run`` holds an exclusive ``flock`` on ``<run folder>/.osmosis.lock`` for its whole life;
 a second run (a ``--resume`` started while the first is still alive, a server writing the same
 folder) is refused with one line naming the holder. The kernel drops the lock when the holder
-dies, however it dies, so a crashed run never leaves a stale lock behind.
+dies, however it dies, so a crashed run never leaves a stale lock behind; a process it forks
+(a worker) closes its copy of the lock at once, so the lock never outlives the process that took it.
 
 >>> import tempfile, pathlib
 >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -21,6 +22,7 @@ import fcntl
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 from types import TracebackType
 
@@ -29,6 +31,22 @@ from osmosis_core.errors import OsmosisError
 __all__ = ["LOCK_FILE", "RunLock"]
 
 LOCK_FILE = ".osmosis.lock"
+
+_held: weakref.WeakSet[RunLock] = weakref.WeakSet()
+
+
+def _drop_in_child() -> None:
+    # a forked child (a worker, the zygote) must not keep the lock alive after the run dies:
+    # its copy of the descriptor is closed at once, so only the process that took the lock holds it
+    for lock in list(_held):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_drop_in_child)
 
 
 class RunLock:
@@ -69,11 +87,13 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, info.encode(), 0)
         self._fd = fd
+        _held.add(self)
         return self
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
         fd, self._fd = self._fd, None
+        _held.discard(self)
         if fd is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)

@@ -429,8 +429,12 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
         except Exception as exc:
             info = error_info(exc, secrets=secrets_, category=ErrorCategory.INFRA_ERROR)
             final.append(ExecutionResult(request.rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
-        if not final:
-            return
+        if not final:  # the backend returned without reporting: a result must not vanish
+            message = f"the backend ({type(plan.backend).__name__}) returned without reporting a result"
+            info = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
+            final.append(
+                ExecutionResult(request.rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info)
+            )
         last = final[-1]
         if last.status is ExecutionStatus.CANCELLED:
             return

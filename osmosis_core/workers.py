@@ -16,16 +16,20 @@ How the processes are made and kept:
 * A worker runs only what it has room for: this process keeps each worker's share of the
   concurrency and holds the rest back. So when a worker dies (``kill -9``, the OOM killer, a
   rollout that calls ``os._exit``), only the rollouts it was running fail (``infra_error``); the
-  rest wait, and the zygote forks a replacement. A worker that keeps dying (more than
-  ``max_restarts`` times) is not replaced; when no worker is left, :meth:`WorkerPool.execute`
-  raises :class:`~osmosis_core.errors.BackendUnavailable` for the rollouts still waiting, which
-  ``osmosis run`` turns into a clean, resumable stop.
+  rest wait, and the zygote forks a replacement. The pool replaces at most ``max_restarts``
+  dead workers over its life (all workers together); past that it shrinks, and when no worker is
+  left, :meth:`WorkerPool.execute` raises :class:`~osmosis_core.errors.BackendUnavailable` for the
+  rollouts still waiting, which ``osmosis run`` turns into a clean, resumable stop. A result that
+  cannot be pickled (a sample holding a lock or a client) crosses as its JSON form, as the run
+  would write it.
 * Workers and the zygote ignore SIGINT and SIGTERM (a terminal's Ctrl-C and ``kill 0`` reach the
   whole process group): this process decides, cancels, and every rollout it started is reported
   ``cancelled`` and stays runnable by ``--resume``.
 * Nothing outlives this process: the zygote and every worker watch a *lifeline* pipe whose write
   end only this process holds (:mod:`osmosis_core.lifeline`); when it dies, however it dies, they
-  cancel what they run and exit.
+  cancel what they run and exit. A worker stuck in synchronous code cannot read the pipe: the
+  zygote kills it after a grace period, and a worker dies with its zygote (a parent-death signal).
+  Neither keeps the run folder's lock (:mod:`osmosis_core.run_lock`) alive.
 
 It needs asyncio and ``fork`` (Linux). Build it before starting threads.
 
@@ -56,9 +60,9 @@ import anyio
 import attrs
 
 from osmosis_core.backend import ExecutionBackend, ResultCallback, report_cancelled
-from osmosis_core.errors import BackendUnavailable
+from osmosis_core.errors import BackendUnavailable, clip
 from osmosis_core.http_session import preload
-from osmosis_core.lifeline import parent_gone
+from osmosis_core.lifeline import parent_gone, set_parent_death_signal
 from osmosis_core.local import LocalBackend
 from osmosis_core.records import (
     ErrorCategory,
@@ -105,6 +109,7 @@ def _zygote_main(ctl: socket.socket, lifeline: int, backend: LocalBackend) -> No
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     workers: set[int] = set()
+    zygote = os.getpid()
     while True:
         try:
             ready, _, _ = select.select([ctl.fileno(), lifeline, wake_read], [], [], 1.0)
@@ -113,7 +118,7 @@ def _zygote_main(ctl: socket.socket, lifeline: int, backend: LocalBackend) -> No
         if wake_read in ready:
             os.read(wake_read, 512)
         if lifeline in ready and parent_gone(lifeline):
-            _exit_now(0)  # the workers see the lifeline too
+            _end_orphaned(workers)
         if ctl.fileno() in ready:
             try:
                 request = ctl.recv(16)
@@ -126,6 +131,8 @@ def _zygote_main(ctl: socket.socket, lifeline: int, backend: LocalBackend) -> No
                 pid = os.fork()
                 if pid == 0:
                     try:
+                        # the zygote's death (it kills us on its way out, unless it was killed) ends us too
+                        set_parent_death_signal(signal.SIGKILL, expected_parent=zygote)
                         signal.set_wakeup_fd(-1)
                         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                         os.close(wake_read)
@@ -146,6 +153,22 @@ def _zygote_main(ctl: socket.socket, lifeline: int, backend: LocalBackend) -> No
                     workers.discard(pid)
                     with contextlib.suppress(OSError):
                         ctl.send(_REPORT.pack(_EXITED, pid, status))
+
+
+def _end_orphaned(workers: set[int]) -> None:
+    """The run died: its workers see the lifeline too and unwind; one blocked in synchronous code
+    (a CPU-bound step, ``time.sleep``) cannot, so after the grace period it is killed."""
+    deadline = time.monotonic() + _ORPHAN_GRACE_SEC + 1.0
+    while workers and time.monotonic() < deadline:
+        for pid in list(workers):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    workers.discard(pid)
+        time.sleep(0.05)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _exit_now(0)
 
 
 # -- a worker: runs the requests its socket brings ----------------------------------------------------
@@ -174,7 +197,11 @@ async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None
 
     async def run(request: ExecutionRequest) -> None:
         async def send(result: ExecutionResult) -> None:
-            post(("result", result))
+            try:
+                data = bytes(ForkingPickler.dumps(("result", result)))
+            except Exception as exc:  # a sample holding a lock, a client, ...: sent as its JSON form
+                data = bytes(ForkingPickler.dumps(("result", _as_json_form(result, exc))))
+            sender.submit(_send_quietly, conn, data)
 
         await backend.execute(request, send, send)
 
@@ -220,6 +247,22 @@ async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None
     sender.shutdown(wait=True)
 
 
+def _as_json_form(result: ExecutionResult, exc: Exception) -> ExecutionResult:
+    """``result`` as its results.jsonl line would hold it (what cannot be JSON as its repr, as
+    the run writes it without workers), or a ``validation_error`` when even that fails."""
+    from osmosis_core.results import json_ready
+    from osmosis_core.wire import result_from_json, result_to_json
+
+    try:
+        return result_from_json(json_ready(result_to_json(result)))
+    except Exception:
+        message = f"the {result.stage} result cannot be sent from the worker process: {type(exc).__name__}: {exc}"
+        info = ErrorInfo(ErrorCategory.VALIDATION_ERROR, clip(message, (), 1000))
+        return ExecutionResult(
+            result.rollout_id, result.stage, ExecutionStatus.FAILURE, error=info, timings=result.timings
+        )
+
+
 def _send_quietly(conn: Connection, data: bytes) -> None:
     with contextlib.suppress(OSError):
         conn.send_bytes(data)
@@ -240,14 +283,18 @@ class _Worker:
 
 
 class _Pending:
-    __slots__ = ("cancelled_reported", "holds_slot", "queue", "stage", "worker")
+    __slots__ = ("cancelled_reported", "ended", "grades", "holds_slot", "queue", "stage", "worker")
 
-    def __init__(self, worker: _Worker) -> None:
+    def __init__(self, worker: _Worker, grades: bool) -> None:
         self.worker = worker
         self.queue: asyncio.Queue[ExecutionResult | None] = asyncio.Queue()
         self.stage = ExecutionStage.WORKFLOW
         self.holds_slot = True
         self.cancelled_reported = False
+        self.grades = grades
+        """A successful workflow is followed by a grader stage."""
+        self.ended = False
+        """Its last result is in (a worker that dies before saying "done" changes nothing)."""
 
 
 class WorkerPool(ExecutionBackend):
@@ -292,7 +339,7 @@ class WorkerPool(ExecutionBackend):
             # a grader limit is for the whole run too: split it like the workflow limit
             share = max(1, math.ceil(template.grader_config.concurrency.max_concurrent / workers))
             grader_config = attrs.evolve(template.grader_config, concurrency=ConcurrencyConfig(max_concurrent=share))
-        backend = LocalBackend(
+        backend = self._local = LocalBackend(
             template.workflow_class,
             workflow_config,
             template.grader_class,
@@ -411,6 +458,7 @@ class WorkerPool(ExecutionBackend):
                             self._release(pending)
                         if payload.status is ExecutionStatus.CANCELLED:
                             pending.cancelled_reported = True
+                        pending.ended = payload.stage is ExecutionStage.GRADER or not (payload.ok and pending.grades)
                         pending.queue.put_nowait(payload)
                 elif kind == "done":
                     pending = self._pending.get(payload)
@@ -419,6 +467,10 @@ class WorkerPool(ExecutionBackend):
                         pending.queue.put_nowait(None)
         except (EOFError, OSError):
             self._worker_lost(worker)
+        except Exception as exc:  # a message this process cannot unpickle: nothing from this worker is trusted
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+            self._worker_lost(worker, f"sent a result this process cannot read ({type(exc).__name__}: {exc})")
 
     def _release(self, pending: _Pending) -> None:
         if pending.holds_slot:
@@ -445,7 +497,7 @@ class WorkerPool(ExecutionBackend):
             return f"was killed by signal {sig}"
         return f"exited with status {os.WEXITSTATUS(status)}"
 
-    def _worker_lost(self, worker: _Worker) -> None:
+    def _worker_lost(self, worker: _Worker, why: str | None = None) -> None:
         if not worker.alive:
             return
         worker.alive = False
@@ -462,15 +514,18 @@ class WorkerPool(ExecutionBackend):
             if not ready:
                 break
             self._ctl_readable()
-        how = self._exit_text(worker.pid)
+        how = why or self._exit_text(worker.pid)
         for rollout_id, pending in list(self._pending.items()):
             if pending.worker is worker:
-                message = f"worker process {worker.pid} {how} while running the rollout (in its {pending.stage} stage)"
-                error = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
                 self._release(pending)
-                pending.queue.put_nowait(
-                    ExecutionResult(rollout_id, pending.stage, ExecutionStatus.FAILURE, error=error)
-                )
+                if not pending.ended:
+                    message = (
+                        f"worker process {worker.pid} {how} while running the rollout (in its {pending.stage} stage)"
+                    )
+                    error = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
+                    pending.queue.put_nowait(
+                        ExecutionResult(rollout_id, pending.stage, ExecutionStatus.FAILURE, error=error)
+                    )
                 pending.queue.put_nowait(None)
         if not self._closed and self._restarts_left > 0:
             self._restarts_left -= 1
@@ -523,7 +578,7 @@ class WorkerPool(ExecutionBackend):
                 request.rollout_id, ExecutionStage.WORKFLOW, on_workflow_complete, on_grader_complete
             )
             raise
-        pending = self._pending[request.rollout_id] = _Pending(worker)
+        pending = self._pending[request.rollout_id] = _Pending(worker, self._local.grades(request))
         worker.running += 1
         worker.rollouts += 1
 

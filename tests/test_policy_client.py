@@ -86,6 +86,35 @@ def test_a_response_over_the_size_limit_is_a_policy_error_without_reading_it_all
     anyio.run(main)
 
 
+def test_a_compressed_reply_is_held_to_the_limit_as_it_inflates():
+    """A gzip body of 50 KB that inflates to 50 MB: its Content-Length says nothing, the decoded bytes count."""
+    import gzip
+
+    body = gzip.compress(b'{"choices": [{"message": {"role": "assistant", "content": "' + b"a" * (50 << 20) + b'"}}]}')
+
+    async def bomb(_request: web.Request) -> web.Response:
+        return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", bomb)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with http_scope():
+                policy = PolicyEndpoint(f"http://127.0.0.1:{port}/v1", "m", max_response_bytes=1 << 20)
+                with RolloutContext("r", policy), pytest.raises(PolicyError, match=r"over the 1048576-byte limit"):
+                    await chat_completion(USER)
+        finally:
+            await runner.cleanup()
+
+    assert len(body) < 1 << 20
+    anyio.run(main)
+
+
 def test_a_500_mb_reply_does_not_take_the_run_with_it(workspace, osmosis_exe, clean_env):
     """`osmosis run` against a server that answers 500 MB: the rollout fails at the limit (64 MiB by
     default), the run goes on, and its memory stays far below the reply's size."""

@@ -227,3 +227,51 @@ def test_a_backend_that_gives_out_stops_the_run_resumably(workspace, osmosis_reg
         final = anyio.run(execute_run, again)
     records = lines(workspace / "out" / "results.jsonl")
     assert final.summary.finished == 20 and len(records) == 20 and all(x["status"] == "success" for x in records)
+
+
+def test_a_backend_that_returns_without_reporting_fails_the_rollout_instead_of_losing_it(workspace, osmosis_registry):
+    import anyio
+
+    from osmosis_core import BackendSpec, ExecutionBackend, PolicyEndpoint, hookimpl
+    from osmosis_core.config import load_config
+    from osmosis_core.runner import execute_run, prepare_run
+
+    class SaysNothing(ExecutionBackend):
+        def __init__(self, setup):
+            pass
+
+        async def execute(self, request, on_workflow_complete, on_grader_complete=None):
+            return None
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def osmosis_register_backends():
+            return [BackendSpec("says-nothing", SaysNothing)]
+
+    osmosis_registry.register(Plugin, "says-nothing")
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    config.run.backend, config.run.output = "says-nothing", str(workspace / "out")
+    plan = prepare_run(config, policy_override=PolicyEndpoint("http://127.0.0.1:9/v1", "m"), registry=osmosis_registry)
+    outcome = anyio.run(execute_run, plan)
+    records = lines(workspace / "out" / "results.jsonl")
+    assert len(records) == 20 and outcome.summary.failed == 20
+    assert {x["error"]["category"] for x in records} == {"infra_error"}
+    assert "SaysNothing) returned without reporting a result" in records[0]["error"]["message"]
+
+
+def test_a_secret_is_redacted_wherever_it_sits_in_a_line(tmp_path):
+    """Bytes, an exception, an attrs object: written as their repr, and the key is redacted there too."""
+    from osmosis_core import PolicyEndpoint
+    from osmosis_core.results import ResultWriter
+
+    key = "sk-LIVE-0123456789abcdef"
+    writer = ResultWriter(tmp_path / "results.jsonl", secrets=[key])
+    writer.write({"sample": {"messages": [{"role": "tool", "content": b"token=" + key.encode()}]}})
+    writer.write({"metrics": {"err": RuntimeError(f"denied for {key}")}})
+    writer.write({"metrics": {"endpoint": PolicyEndpoint("http://h/v1", "m", api_key=key)}})
+    writer.write({"metrics": {"quoted": f'say "{key}"'}})
+    writer.close()
+    text = (tmp_path / "results.jsonl").read_text()
+    assert key not in text and "LIVE-0123" not in text
+    assert [json.loads(x) for x in text.splitlines()][1]["metrics"]["err"].startswith("RuntimeError(")

@@ -170,6 +170,26 @@ def test_a_cancel_that_arrives_with_its_run_never_hangs(stub):
         anyio.run(pool.aclose)
 
 
+class HoldsALock(AgentWorkflow):
+    async def run(self, ctx):
+        import threading
+
+        return [*ctx.prompt, {"role": "assistant", "content": "#### 1", "raw": threading.Lock()}]
+
+
+def test_a_sample_that_cannot_be_pickled_arrives_as_a_run_without_workers_writes_it(stub):
+    """A lock in a message cannot cross a pipe: it is sent as its JSON form (its repr), not lost."""
+    pool = WorkerPool(HoldsALock, workers=2, max_concurrent=4)
+    try:
+        results = anyio.run(run_all, pool, requests(stub.url, 6))
+    finally:
+        anyio.run(pool.aclose)
+    assert sorted(r.rollout_id for r in results) == [f"w{i}" for i in range(6)]
+    assert all(r.ok for r in results), [r.error for r in results]
+    raw = results[0].sample.messages[-1]["raw"]
+    assert isinstance(raw, str) and "lock" in raw
+
+
 def test_a_dead_worker_fails_only_its_running_rollouts_and_is_replaced(stub):
     pool = WorkerPool(Sleeps, workers=2, max_concurrent=4)
     try:
@@ -340,6 +360,52 @@ def test_a_killed_run_leaves_no_worker_calling_the_policy(workspace, osmosis_exe
         calls = len(server.requests)
         time.sleep(1.0)
         assert len(server.requests) == calls  # nobody calls the policy for a dead run
+
+
+BLOCKING_ROLLOUT = """
+import asyncio
+import time
+from osmosis_core import AgentWorkflow
+
+
+class Blocks(AgentWorkflow):
+    async def run(self, ctx):
+        if not ctx.metadata.get("quick"):
+            await asyncio.sleep(0.5)  # the quick rollouts of this worker report first
+            time.sleep(60)  # synchronous: the worker's event loop is stuck
+        return [*ctx.prompt, {"role": "assistant", "content": "#### 1"}]
+"""
+
+
+def test_a_killed_run_leaves_no_blocked_worker_and_no_lock_behind(workspace, osmosis_exe, clean_env):
+    """kill -9 of `osmosis run --workers 2` while both workers sit in time.sleep: they cannot read the
+    lifeline, so the zygote kills them; the run folder's lock went with the run, --resume is not refused."""
+    rollout = workspace / "rollouts" / "blocks"
+    rollout.mkdir()
+    (rollout / "main.py").write_text(BLOCKING_ROLLOUT)
+    data = workspace / "rows.jsonl"
+    data.write_text("".join(json.dumps({"user_prompt": f"{i}", "quick": i < 2}) + "\n" for i in range(6)))
+    args = [osmosis_exe, "run", "--rollout", str(rollout), "--dataset", str(data), "--stub-policy"]
+    args += ["--workers", "2", "--concurrency", "4", "--output", "out"]
+    proc = subprocess.Popen(args, cwd=workspace, env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_lines(workspace / "out" / "results.jsonl", 2)  # the quick rows are in ...
+        time.sleep(1.5)  # ... and the rest are stuck in time.sleep
+        started = descendants(proc.pid)
+        assert len(started) >= 3  # the zygote, two workers (and the --stub-policy server)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(alive(p) for p in started):
+            time.sleep(0.1)
+        assert not [p for p in started if alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    from osmosis_core.run_lock import RunLock
+
+    with RunLock(workspace / "out"):  # refused while any process still held the lock
+        pass
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ def osmosis_register_templates() -> list[TemplateSpec]:
         TemplateSpec(
             "multiply-plain",
             examples_root(),
-            description="A tool-calling multiply agent in plain Python (httpx), no agent framework.",
+            description="A tool-calling multiply agent in plain Python (chat_completion), no agent framework.",
             include=(
                 "rollouts/multiply-plain/**",
                 "configs/eval/multiply-plain.toml",

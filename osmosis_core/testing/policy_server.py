@@ -32,7 +32,6 @@ import ipaddress
 import json
 import logging
 import math
-import os
 import re
 import secrets
 import signal
@@ -757,16 +756,18 @@ async def _serve(args: argparse.Namespace) -> None:
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
             signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
     if args.watch_stdin:
-        # the parent holds the other end of our stdin: end-of-file means it is gone
+        # the parent holds the other end of our stdin: end-of-file means it is gone (a parent that
+        # died before this line leaves end-of-file waiting, so it is seen too)
+        from osmosis_core.lifeline import parent_gone
+
         stdin = sys.stdin.fileno()
 
-        def parent_gone() -> None:
-            with contextlib.suppress(BlockingIOError):
-                if os.read(stdin, 1) == b"":
-                    loop.remove_reader(stdin)
-                    stop.set()
+        def stdin_readable() -> None:
+            if parent_gone(stdin):
+                loop.remove_reader(stdin)
+                stop.set()
 
-        loop.add_reader(stdin, parent_gone)
+        loop.add_reader(stdin, stdin_readable)
     print(f"osmosis stub policy listening on {server.url}", flush=True)
     try:
         await stop.wait()

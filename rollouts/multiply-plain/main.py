@@ -1,7 +1,7 @@
 """multiply-plain: a tool-calling agent in plain Python, no agent framework.
 
-The workflow sends the conversation to the rollout's policy endpoint (chat completions over
-httpx, through ``osmosis_core.chat_completion``), runs the ``multiply`` tool whenever the model
+The workflow sends the conversation to the rollout's policy endpoint (chat completions through
+``osmosis_core.chat_completion``), runs the ``multiply`` tool whenever the model
 calls it, and stops at the first answer without a tool call. The sample is the full message
 history. The grader gives 1.0 when the last message ends with ``#### <number>`` equal to the
 row's ``ground_truth``.

@@ -27,7 +27,10 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from osmosis_core import PolicyEndpoint
 
 __all__ = ["GRADER_RESULT", "REQUEST_FILE", "RESULT_FILE", "bootstrap", "main"]
 
@@ -72,9 +75,15 @@ def _load_class(spec: dict[str, Any], code_dir: str | None) -> type[Any]:
     return obj
 
 
-def _write_json(path: str | Path, data: Any) -> None:
+def _write_json(path: str | Path, data: Any, secrets: tuple[str, ...] = ()) -> None:
+    """``data`` as JSON, atomically, with every secret redacted (raw, and as JSON escapes it): the
+    trial folder of a failed trial is kept."""
+    text = json.dumps(data, default=repr)
+    for secret in secrets:
+        if len(secret) >= 4:
+            text = text.replace(secret, "***").replace(json.dumps(secret)[1:-1], "***")
     tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(data, default=repr), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -95,10 +104,10 @@ async def _close_http() -> None:
     await aclose_http()
 
 
-async def _run(request: dict[str, Any]) -> dict[str, Any]:
+async def _run(request: dict[str, Any], policy: PolicyEndpoint) -> dict[str, Any]:
     from osmosis_core import ExecutionRequest, ExecutionResult, LocalBackend
     from osmosis_core.plugin import result_to_json
-    from osmosis_harbor.wire import load_object_blob, policy_from_request
+    from osmosis_harbor.wire import load_object_blob
 
     rollout_id = str(request["rollout_id"])
     try:
@@ -116,7 +125,7 @@ async def _run(request: dict[str, Any]) -> dict[str, Any]:
     execution = ExecutionRequest(
         rollout_id=rollout_id,
         prompt=list(request["prompt"]),
-        policy=policy_from_request(request["policy"]),
+        policy=policy,
         metadata=dict(request.get("metadata") or {}),
         agent_timeout_sec=timeout,
     )
@@ -132,11 +141,11 @@ async def _run(request: dict[str, Any]) -> dict[str, Any]:
     return result_to_json(results[-1])
 
 
-async def _grade(request: dict[str, Any], sample_file: str) -> dict[str, Any]:
+async def _grade(request: dict[str, Any], sample_file: str, policy: PolicyEndpoint) -> dict[str, Any]:
     from osmosis_core import ExecutionRequest
     from osmosis_core.plugin import result_from_json, result_to_json
     from osmosis_harbor.grading import grade_sample
-    from osmosis_harbor.wire import load_object_blob, policy_from_request
+    from osmosis_harbor.wire import load_object_blob
 
     rollout_id = str(request["rollout_id"])
     try:
@@ -154,7 +163,7 @@ async def _grade(request: dict[str, Any], sample_file: str) -> dict[str, Any]:
     execution = ExecutionRequest(
         rollout_id=rollout_id,
         prompt=list(request["prompt"]),
-        policy=policy_from_request(request["policy"]),
+        policy=policy,
         label=request.get("label"),
         metadata=dict(request.get("metadata") or {}),
         grader_timeout_sec=float(timeout) if timeout else None,
@@ -168,17 +177,21 @@ async def _grade(request: dict[str, Any], sample_file: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     """``run REQUEST RESULT`` or ``grade REQUEST SAMPLE VERIFIER_DIR``; returns the exit status."""
+    from osmosis_harbor.wire import policy_from_request
+
     if len(argv) == 3 and argv[0] == "run":
         request = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
-        _write_json(argv[2], asyncio.run(_run(request)))
+        policy = policy_from_request(request["policy"])
+        _write_json(argv[2], asyncio.run(_run(request, policy)), policy.secrets())
         return 0
     if len(argv) == 4 and argv[0] == "grade":
         request = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+        policy = policy_from_request(request["policy"])
         verifier_dir = Path(argv[3])
         verifier_dir.mkdir(parents=True, exist_ok=True)
-        graded = asyncio.run(_grade(request, argv[2]))
+        graded = asyncio.run(_grade(request, argv[2], policy))
         graded["nonce"] = request.get("nonce")
-        _write_json(verifier_dir / GRADER_RESULT, graded)
+        _write_json(verifier_dir / GRADER_RESULT, graded, policy.secrets())
         sample = graded.get("sample") or {}
         if graded.get("status") == "success" and sample.get("reward") is not None:
             _write_json(verifier_dir / "reward.json", {"reward": sample["reward"]})

@@ -23,7 +23,7 @@ import json
 import os
 import pickle
 import sys
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,10 +50,15 @@ def secret_env(policy: PolicyEndpoint) -> dict[str, str]:
     return env
 
 
-def policy_from_request(data: Any, environ: Mapping[str, str] = os.environ) -> PolicyEndpoint:
-    """The endpoint a request file names, with the secrets its command's environment carries."""
-    headers = json.loads(environ[HEADERS_ENV]) if environ.get(HEADERS_ENV) else {}
-    return policy_from_json(data, environ.get(API_KEY_ENV) or None, headers)
+def policy_from_request(data: Any, environ: MutableMapping[str, str] = os.environ) -> PolicyEndpoint:
+    """The endpoint a request file names, with the secrets its command's environment carries.
+
+    The variables are taken out of ``environ``: a process the agent starts (a tool, a shell) does
+    not inherit them.
+    """
+    raw_headers = environ.pop(HEADERS_ENV, None)
+    headers = json.loads(raw_headers) if raw_headers else {}
+    return policy_from_json(data, environ.pop(API_KEY_ENV, None) or None, headers)
 
 
 _PLAIN = (str, bytes, int, float, complex, bool, type(None), tuple, frozenset)

@@ -221,7 +221,12 @@ def test_no_secret_reaches_a_trial_folder_or_the_run_folder(tmp_path):
         {
             "user_prompt": "q",
             "ground_truth": "pass",
-            "probe": [{"env_digest": "OSMOSIS_POLICY_API_KEY"}, {"chat": "hi"}],
+            "probe": [
+                {"env_digest": "OSMOSIS_POLICY_API_KEY"},
+                {"chat": "hi"},
+                {"shell": "env"},
+                {"leak_key": "key="},
+            ],
         },
         {"user_prompt": "q", "ground_truth": "pass", "probe": [{"raise": "a failed trial is kept"}]},
     ]
@@ -260,7 +265,10 @@ keep_successful_trials = true
         (json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()), key=lambda x: x["row"]
     )
     assert [x["status"] for x in lines] == ["success", "failure"], run.stderr
-    assert json.loads(lines[0]["sample"]["messages"][-1]["content"])[1] is not None  # the key arrived
+    seen = json.loads(lines[0]["sample"]["messages"][-1]["content"])
+    assert seen[1] is None  # taken out of the environment once read: a tool the agent runs never sees it ...
+    assert "OSMOSIS_POLICY" not in seen[3] and "PATH=" in seen[3]
+    assert seen[4] == "b'key=***'"  # ... and an agent that writes it into its sample has it redacted
     written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()]
     assert len([p for p in written if "harbor-trials" in p.parts]) > 10  # both trials were kept
     leaks = [

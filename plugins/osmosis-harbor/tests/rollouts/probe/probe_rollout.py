@@ -75,6 +75,10 @@ class ProbeWorkflow(AgentWorkflow):
             elif kind == "env_digest":  # proves a secret arrived without putting it in the sample
                 value = os.environ.get(arg)
                 seen.append(hashlib.sha256(value.encode()).hexdigest() if value else None)
+            elif kind == "shell":  # what a tool the agent runs sees (its output)
+                seen.append(_try(lambda a=arg: subprocess.run(["sh", "-c", a], capture_output=True, text=True).stdout))
+            elif kind == "leak_key":  # an agent that writes the key into its own sample
+                seen.append(f"{arg}{ctx.policy.api_key}".encode())
             elif kind == "write":
                 seen.append(_try(lambda a=arg: Path(a[0]).write_text(a[1])))
             elif kind == "plant":  # like write, making the folders on the way (~ is the sandbox's home)
@@ -96,7 +100,7 @@ class ProbeWorkflow(AgentWorkflow):
                 seen.append(reply.get("content"))
             elif kind == "raise":
                 raise RuntimeError(str(arg))
-        messages = [*ctx.prompt, {"role": "assistant", "content": json.dumps(seen)}]
+        messages = [*ctx.prompt, {"role": "assistant", "content": json.dumps(seen, default=repr)}]
         return RolloutSample(messages=messages, reward=1.0 if forged else None, metrics={"actions": len(seen) - 1})
 
 
