@@ -7,6 +7,7 @@ Sessions (`nox -l` lists them):
   lint                      ruff (lint + format check) and import-linter (the layers, the plugin API)
   types                     mypy --strict on osmosis_core (each plugin session types its plugin)
   plugin(plugin='<name>')   the core plus one plugin from plugins/: its tests and mypy --strict
+                            (osmosis-server's also against osmosis-ai 0.3.8, in a venv of its own)
   plugins_all               every plugin installed together: pip check, no name clashes, all their tests
   bench                     the benchmarks in bench/ (not run by default)
 
@@ -124,7 +125,23 @@ def plugin(session: nox.Session, plugin: str | None) -> None:
     _pip_check(session)
     session.run("osmosis", "plugins", "--json", silent=True)
     session.run("mypy", "--strict", f"plugins/{plugin}/{_package(plugin)}")
+    if plugin == "osmosis-server":
+        _reference_sdk(session)
     session.run("pytest", f"plugins/{plugin}/tests", *session.posargs)
+
+
+REFERENCE_SDK = "osmosis-ai[server]==0.3.8"
+
+
+def _reference_sdk(session: nox.Session) -> None:
+    """osmosis-ai 0.3.8 (the reference SDK) in a virtualenv of its own: the server's interoperability
+    tests run its server against our client and its client against our server."""
+    venv = Path(session.virtualenv.location).parent / "osmosis-ai-0.3.8"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run("uv", "venv", "-q", "--python", str(Path(session.bin) / "python"), str(venv), external=True)
+        session.run("uv", "pip", "install", "-q", "--python", str(python), REFERENCE_SDK, external=True)
+    session.env["OSMOSIS_AI_PYTHON"] = str(python)
 
 
 @nox.session(python=PYTHONS[0])
