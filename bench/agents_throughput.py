@@ -155,6 +155,13 @@ async def measure(backend: Any, reqs: list[ExecutionRequest], concurrency: int) 
     }
 
 
+async def measure_and_close(backend: Any, reqs: list[ExecutionRequest], concurrency: int) -> dict:
+    try:
+        return await measure(backend, reqs, concurrency)
+    finally:
+        await backend.aclose()  # the workers, or this loop's HTTP clients
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=1000)
@@ -180,11 +187,7 @@ def main() -> None:
         for label, workflow, grader in variants:
             reqs = requests(args.rollouts + args.concurrency, policy, label.split()[0].lower())
             backend = backend_for(workflow, grader, args.concurrency, args.workers)
-            try:
-                m = asyncio.run(measure(backend, reqs, args.concurrency))
-            finally:
-                if args.workers > 1:
-                    asyncio.run(backend.aclose())
+            m = asyncio.run(measure_and_close(backend, reqs, args.concurrency))
             note = f", {m['failed']} failed (first: {m['first_error']})" if m["failed"] else ""
             reward = "-" if m["mean_reward"] is None else f"{m['mean_reward']:.2f}"
             print(
