@@ -12,10 +12,12 @@ import asyncio
 import datetime as _dt
 import hashlib
 import json
+import os
 import re
 import secrets
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -300,16 +302,17 @@ def prepare_run(
         elif results.exists() and results.stat().st_size > 0:
             raise OsmosisError(f"{run_dir} already holds results; finish it with --resume or choose another --output")
         pending = [(row.index, s) for row in rows for s in range(config.run.n_samples) if (row.index, s) not in done]
-        backend = build_backend(config, rollout, registry, run_dir)
-        limit = backend.max_concurrency or config.run.concurrency or ConcurrencyConfig().limit
         if not resume:  # a resumed run keeps the record of how it was started
             (run_dir / RUN_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=policy_override is not None)
+        # last: once the backend exists (it may hold worker processes), nothing here can fail any more
+        backend = build_backend(config, rollout, registry, run_dir)
     except BaseException:
         lock.release()
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    limit = backend.max_concurrency or config.run.concurrency or ConcurrencyConfig().limit
     return RunPlan(
         config=config,
         rollout=rollout,
@@ -367,6 +370,9 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
     A rollout's result is written the moment it is known. A rollout cancelled by the run (Ctrl-C,
     SIGTERM) is not written, so ``--resume`` runs it again. When the backend becomes unusable
     (:class:`~osmosis_core.errors.BackendUnavailable`), the run stops the same way and says so.
+    With ``handle_signals``, a second Ctrl-C / SIGTERM stops at once: ``summary.json`` is written
+    and the process exits 130 without waiting for the rollouts in flight to wind down (the worker
+    processes, sandboxes and stand-in server it started die with it).
     """
     from osmosis_core.http_session import aclose_http, preload
 
@@ -446,47 +452,71 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
         for row_index, sample_index in pending:
             await one(row_index, sample_index, scope)
 
+    def write_summary(wall: float) -> Summary:
+        summary = Summary.from_stats(
+            stats,
+            rows=len(plan.rows),
+            n_samples=run.n_samples,
+            wall_sec=wall,
+            interrupted=interrupted or stopped is not None or not ended,
+            stub_policy=plan.stub_policy,
+        )
+        (plan.run_dir / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2) + "\n", encoding="utf-8")
+        return summary
+
     async def watch_signals(scope: anyio.CancelScope) -> None:
+        """The first Ctrl-C / SIGTERM cancels the rollouts in flight; a second one stops at once."""
         nonlocal interrupted
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
-                interrupted = True
-                scope.cancel()
-                return
+                if not interrupted:
+                    interrupted = True
+                    scope.cancel()
+                    print("interrupted: cancelling the rollouts in flight (again to stop at once)", file=sys.stderr)
+                    continue
+                # the results are on disk line by line; what was started dies with this process (lifelines)
+                reporter.stop()
+                writer.close()
+                write_summary(time.perf_counter() - started)
+                print(
+                    f"interrupted again: stopped without waiting for the rollouts in flight; "
+                    f"{stats.finished} finished results are kept in {plan.run_dir}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                sys.stdout.flush()
+                os._exit(130)
 
     preload()  # the HTTP client's import is start-up, not the first rollouts' time
     reporter.start(plan.total, stats)
     started = time.perf_counter()
-    try:
-        async with anyio.create_task_group() as outer:
-            if handle_signals:
-                outer.start_soon(watch_signals, outer.cancel_scope)
-            async with anyio.create_task_group() as workers:
-                for _ in range(min(plan.in_flight, len(plan.pending))):
-                    workers.start_soon(worker, outer.cancel_scope)
-            outer.cancel_scope.cancel()
-    finally:
-        wall = time.perf_counter() - started
-        reporter.stop()
-        writer.close()
-        with anyio.CancelScope(shield=True):
-            try:
-                await plan.backend.aclose()
-            finally:
-                await aclose_http()
-                if plan.lock is not None:
-                    plan.lock.release()
-    summary = Summary.from_stats(
-        stats,
-        rows=len(plan.rows),
-        n_samples=run.n_samples,
-        wall_sec=wall,
-        interrupted=interrupted or stopped is not None,
-        stub_policy=plan.stub_policy,
-    )
-    (plan.run_dir / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2) + "\n", encoding="utf-8")
-    failing = None if interrupted or stopped else _failing(summary, run.max_failure_rate)
-    return RunOutcome(summary, plan.run_dir, interrupted, stopped=stopped, failing=failing)
+    ended = False  # every pending pair was run, or the run stopped through its own signal handling
+    async with anyio.create_task_group() as guard:  # the signal watcher outlives the rollouts' cancellation
+        rollouts = anyio.CancelScope()
+        if handle_signals:
+            guard.start_soon(watch_signals, rollouts)
+        try:
+            with rollouts:
+                async with anyio.create_task_group() as workers:
+                    for _ in range(min(plan.in_flight, len(plan.pending))):
+                        workers.start_soon(worker, rollouts)
+            ended = True
+        finally:
+            wall = time.perf_counter() - started
+            reporter.stop()
+            writer.close()
+            summary = write_summary(wall)  # before the backend winds down, which may take its grace period
+            signalled = interrupted  # a first signal while the backend winds down changes nothing any more
+            with anyio.CancelScope(shield=True):
+                try:
+                    await plan.backend.aclose()
+                finally:
+                    await aclose_http()
+                    if plan.lock is not None:
+                        plan.lock.release()
+            guard.cancel_scope.cancel()
+    failing = None if signalled or stopped else _failing(summary, run.max_failure_rate)
+    return RunOutcome(summary, plan.run_dir, signalled, stopped=stopped, failing=failing)
 
 
 def _cancel_requested() -> bool:

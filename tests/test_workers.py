@@ -521,3 +521,47 @@ def test_a_grader_limit_is_split_between_workers_like_the_workflow_limit():
         anyio.run(pool.aclose)
     assert sum(r.stage.value == "grader" and r.ok for r in results) == 32
     assert 2 <= PEAK.value <= 4  # 2 per worker; without the split each worker would grade up to 4 at once
+
+
+def test_a_second_signal_stops_at_once_and_keeps_the_summary(workspace, osmosis_exe, clean_env):
+    """Both workers sit in time.sleep, so the first SIGTERM's cancellation must wait out the grace
+    period; a second SIGTERM stops at once, and summary.json, the results and no process are left."""
+    rollout = workspace / "rollouts" / "blocks"
+    rollout.mkdir()
+    (rollout / "main.py").write_text(BLOCKING_ROLLOUT)
+    data = workspace / "rows.jsonl"
+    data.write_text("".join(json.dumps({"user_prompt": f"{i}", "quick": i < 2}) + "\n" for i in range(6)))
+    args = [osmosis_exe, "run", "--rollout", str(rollout), "--dataset", str(data), "--stub-policy"]
+    args += ["--workers", "2", "--concurrency", "4", "--output", "out"]
+    proc = subprocess.Popen(
+        args, cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for_lines(workspace / "out" / "results.jsonl", 2)
+        time.sleep(1.5)  # the other rollouts are stuck in time.sleep
+        started = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None  # still waiting for the blocked workers
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)  # (the workers hold the output pipes until the zygote has killed them)
+        waited = time.monotonic() - sent
+        _, err = proc.communicate(timeout=30)
+        assert waited < 2.0, (waited, err)  # not the workers' 10 s grace period
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted again" in err and "2 finished results are kept" in err
+    summary = json.loads((workspace / "out" / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["finished"] == 2
+    assert [x["status"] for x in _lines(workspace / "out" / "results.jsonl")] == ["success", "success"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in started):
+        time.sleep(0.1)
+    assert not [p for p in started if alive(p)]
+    from osmosis_core.run_lock import RunLock
+
+    with RunLock(workspace / "out"):  # --resume would not be refused
+        pass
