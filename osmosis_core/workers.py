@@ -44,6 +44,7 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import gc
 import math
 import os
 import select
@@ -178,6 +179,7 @@ def _worker_main(sock: socket.socket, lifeline: int, backend: LocalBackend) -> N
     _ignore_stop_signals()
     asyncio.events._set_running_loop(None)  # forked from a process that may have had a running loop
     conn = Connection(sock.detach())
+    gc.freeze()  # what the worker inherited lives as long as it does: collections need not scan it
     asyncio.run(_serve(conn, lifeline, backend))
 
 

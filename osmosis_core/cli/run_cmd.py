@@ -98,8 +98,13 @@ def run(
                 f"[yellow]{unlabeled} of {len(plan.rows)} rows have no label (ground_truth): they run and are not "
                 "graded (counted as ungraded); set \\[run] require_labels = true to fail them instead[/yellow]"
             )
+        import gc
+
         import anyio
 
+        # what start-up built (imports, config, dataset, backend) lives as long as the run: the
+        # collections the rollouts cause need not scan it again (bench/run_throughput.py: about +3%)
+        gc.freeze()
         outcome = anyio.run(execute_run, plan, make_reporter(console))
     finally:
         if stub is not None:

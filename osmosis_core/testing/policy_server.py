@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hmac
 import ipaddress
 import json
@@ -754,6 +755,7 @@ async def _serve(args: argparse.Namespace) -> None:
         latency=args.latency, host=args.host, port=args.port, api_key=args.api_key, max_logged=1000
     )
     await server.start_async()
+    gc.freeze()  # start-up's objects live as long as the server: its collections need not scan them
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
