@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import time
 from collections.abc import AsyncIterator
@@ -99,6 +100,7 @@ class RolloutActor:
         except Exception as exc:
             info = error_info(exc)
             self._broken = f"{self.where}: cannot build the {spec.inner!r} backend: {info.message}"
+        gc.freeze()  # Ray's, the rollout's and the backend's start-up live as long as the actor: collections skip them
 
     @property
     def where(self) -> str:
