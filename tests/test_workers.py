@@ -377,16 +377,21 @@ class Blocks(AgentWorkflow):
 """
 
 
-def test_a_killed_run_leaves_no_blocked_worker_and_no_lock_behind(workspace, osmosis_exe, clean_env):
-    """kill -9 of `osmosis run --workers 2` while both workers sit in time.sleep: they cannot read the
-    lifeline, so the zygote kills them; the run folder's lock went with the run, --resume is not refused."""
+def _blocking_run(workspace: Path, osmosis_exe: str) -> list[str]:
+    """`osmosis run --workers 2` of six rows: two quick ones, four that block their worker's loop."""
     rollout = workspace / "rollouts" / "blocks"
     rollout.mkdir()
     (rollout / "main.py").write_text(BLOCKING_ROLLOUT)
     data = workspace / "rows.jsonl"
     data.write_text("".join(json.dumps({"user_prompt": f"{i}", "quick": i < 2}) + "\n" for i in range(6)))
     args = [osmosis_exe, "run", "--rollout", str(rollout), "--dataset", str(data), "--stub-policy"]
-    args += ["--workers", "2", "--concurrency", "4", "--output", "out"]
+    return [*args, "--workers", "2", "--concurrency", "4", "--output", "out"]
+
+
+def test_a_killed_run_leaves_no_blocked_worker_and_no_lock_behind(workspace, osmosis_exe, clean_env):
+    """kill -9 of `osmosis run --workers 2` while both workers sit in time.sleep: they cannot read the
+    lifeline, so the zygote kills them; the run folder's lock went with the run, --resume is not refused."""
+    args = _blocking_run(workspace, osmosis_exe)
     proc = subprocess.Popen(args, cwd=workspace, env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_lines(workspace / "out" / "results.jsonl", 2)  # the quick rows are in ...
@@ -526,13 +531,7 @@ def test_a_grader_limit_is_split_between_workers_like_the_workflow_limit():
 def test_a_second_signal_stops_at_once_and_keeps_the_summary(workspace, osmosis_exe, clean_env):
     """Both workers sit in time.sleep, so the first SIGTERM's cancellation must wait out the grace
     period; a second SIGTERM stops at once, and summary.json, the results and no process are left."""
-    rollout = workspace / "rollouts" / "blocks"
-    rollout.mkdir()
-    (rollout / "main.py").write_text(BLOCKING_ROLLOUT)
-    data = workspace / "rows.jsonl"
-    data.write_text("".join(json.dumps({"user_prompt": f"{i}", "quick": i < 2}) + "\n" for i in range(6)))
-    args = [osmosis_exe, "run", "--rollout", str(rollout), "--dataset", str(data), "--stub-policy"]
-    args += ["--workers", "2", "--concurrency", "4", "--output", "out"]
+    args = _blocking_run(workspace, osmosis_exe)
     proc = subprocess.Popen(
         args, cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
