@@ -9,6 +9,7 @@ it is known, and stops cleanly on Ctrl-C or SIGTERM, keeping every finished resu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -364,15 +365,25 @@ def _write_resolved_config(config: RunConfig, path: Path, policy: PolicyEndpoint
     path.write_text(tomlkit.dumps(doc), encoding="utf-8")
 
 
-async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle_signals: bool = True) -> RunOutcome:
+async def execute_run(
+    plan: RunPlan,
+    reporter: Reporter | None = None,
+    *,
+    handle_signals: bool = True,
+    exit_on_second_signal: bool = False,
+) -> RunOutcome:
     """Run every pending pair of ``plan``; return the summary. Ctrl-C / SIGTERM stop it cleanly.
 
     A rollout's result is written the moment it is known. A rollout cancelled by the run (Ctrl-C,
     SIGTERM) is not written, so ``--resume`` runs it again. When the backend becomes unusable
     (:class:`~osmosis_core.errors.BackendUnavailable`), the run stops the same way and says so.
-    With ``handle_signals``, a second Ctrl-C / SIGTERM stops at once: ``summary.json`` is written
-    and the process exits 130 without waiting for the rollouts in flight to wind down (the worker
-    processes, sandboxes and stand-in server it started die with it).
+    ``summary.json`` is written before the backend winds down. With ``handle_signals`` the first
+    Ctrl-C / SIGTERM cancels the rollouts in flight and waits for them; a second one then has its
+    usual effect (``KeyboardInterrupt``, or SIGTERM's default), unless ``exit_on_second_signal``
+    (what ``osmosis run`` passes): then the summary is written and the process exits 130 at once,
+    even while a rollout blocks the event loop. What runs in processes the run started (workers,
+    the stand-in server, bubblewrap sandboxes, a local Ray cluster) dies with it; a backend's
+    resources elsewhere (a Harbor docker or cloud environment) are not stopped then.
     """
     from osmosis_core.http_session import aclose_http, preload
 
@@ -452,8 +463,10 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
         for row_index, sample_index in pending:
             await one(row_index, sample_index, scope)
 
+    summary: Summary | None = None
+
     def write_summary(wall: float) -> Summary:
-        summary = Summary.from_stats(
+        written = Summary.from_stats(
             stats,
             rows=len(plan.rows),
             n_samples=run.n_samples,
@@ -461,23 +474,23 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
             interrupted=interrupted or stopped is not None or not ended,
             stub_policy=plan.stub_policy,
         )
-        (plan.run_dir / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2) + "\n", encoding="utf-8")
-        return summary
+        path = plan.run_dir / SUMMARY
+        temporary = path.with_name(f".{SUMMARY}.tmp")  # a kill while writing leaves the old file whole
+        temporary.write_text(json.dumps(written.to_json(), indent=2) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+        return written
 
-    async def watch_signals(scope: anyio.CancelScope) -> None:
-        """The first Ctrl-C / SIGTERM cancels the rollouts in flight; a second one stops at once."""
-        nonlocal interrupted
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                if not interrupted:
-                    interrupted = True
-                    scope.cancel()
-                    print("interrupted: cancelling the rollouts in flight (again to stop at once)", file=sys.stderr)
-                    continue
-                # the results are on disk line by line; what was started dies with this process (lifelines)
+    def stop_now(signum: int, frame: Any) -> None:
+        """The second signal (a plain handler: it runs even while a rollout blocks the event loop)."""
+        try:
+            with contextlib.suppress(Exception):
                 reporter.stop()
-                writer.close()
-                write_summary(time.perf_counter() - started)
+            with contextlib.suppress(Exception):
+                writer.close()  # every reported line is already written and flushed
+            if summary is None:
+                with contextlib.suppress(Exception):
+                    write_summary(time.perf_counter() - started)
+            with contextlib.suppress(Exception):
                 print(
                     f"interrupted again: stopped without waiting for the rollouts in flight; "
                     f"{stats.finished} finished results are kept in {plan.run_dir}",
@@ -485,7 +498,25 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
                     flush=True,
                 )
                 sys.stdout.flush()
-                os._exit(130)
+        finally:
+            os._exit(130)
+
+    replaced: dict[int, Any] = {}
+
+    async def watch_signals(scope: anyio.CancelScope) -> None:
+        """The first Ctrl-C / SIGTERM cancels the rollouts in flight (and their wind-down is waited for)."""
+        nonlocal interrupted
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        if exit_on_second_signal:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                replaced[signum] = signal.signal(signum, stop_now)
+        if not ended and summary is None:  # (else the rollouts are over: there is nothing to cancel)
+            interrupted = True
+            scope.cancel()
+            again = " (again to stop at once)" if exit_on_second_signal else ""
+            print(f"interrupted: cancelling the rollouts in flight{again}", file=sys.stderr)
 
     preload()  # the HTTP client's import is start-up, not the first rollouts' time
     reporter.start(plan.total, stats)
@@ -505,16 +536,21 @@ async def execute_run(plan: RunPlan, reporter: Reporter | None = None, *, handle
             wall = time.perf_counter() - started
             reporter.stop()
             writer.close()
-            summary = write_summary(wall)  # before the backend winds down, which may take its grace period
-            signalled = interrupted  # a first signal while the backend winds down changes nothing any more
-            with anyio.CancelScope(shield=True):
-                try:
-                    await plan.backend.aclose()
-                finally:
-                    await aclose_http()
-                    if plan.lock is not None:
-                        plan.lock.release()
-            guard.cancel_scope.cancel()
+            signalled = interrupted  # a signal while the backend winds down changes the run's record no more
+            try:
+                summary = write_summary(wall)  # before the backend winds down, which may take its grace period
+            finally:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await plan.backend.aclose()
+                    finally:
+                        await aclose_http()
+                        if plan.lock is not None:
+                            plan.lock.release()
+                guard.cancel_scope.cancel()
+                for signum, handler in replaced.items():
+                    signal.signal(signum, handler)
+    assert summary is not None  # (written above, or its error raised)
     failing = None if signalled or stopped else _failing(summary, run.max_failure_rate)
     return RunOutcome(summary, plan.run_dir, signalled, stopped=stopped, failing=failing)
 

@@ -564,3 +564,55 @@ def test_a_second_signal_stops_at_once_and_keeps_the_summary(workspace, osmosis_
 
     with RunLock(workspace / "out"):  # --resume would not be refused
         pass
+
+
+CLEANS_UP_SLOWLY = """
+import asyncio
+import time
+from osmosis_core import AgentWorkflow
+
+
+class CleansUpSlowly(AgentWorkflow):
+    async def run(self, ctx):
+        if ctx.metadata.get("quick"):
+            return [*ctx.prompt, {"role": "assistant", "content": "#### 1"}]
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            time.sleep(20)  # synchronous clean-up: the run's event loop is stuck
+            raise
+"""
+
+
+def test_a_second_signal_stops_at_once_even_while_the_event_loop_is_blocked(workspace, osmosis_exe, clean_env):
+    """No workers: the first SIGTERM's cancellation runs a rollout's blocking clean-up in the run's own
+    event loop; the second SIGTERM still stops at once (a plain signal handler, not the loop's)."""
+    rollout = workspace / "rollouts" / "slow-cleanup"
+    rollout.mkdir(parents=True)
+    (rollout / "main.py").write_text(CLEANS_UP_SLOWLY)
+    data = workspace / "rows.jsonl"
+    data.write_text("".join(json.dumps({"user_prompt": f"{i}", "quick": i < 2}) + "\n" for i in range(4)))
+    args = [osmosis_exe, "run", "--rollout", str(rollout), "--dataset", str(data), "--stub-policy"]
+    args += ["--concurrency", "4", "--output", "out"]
+    proc = subprocess.Popen(
+        args, cwd=workspace, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for_lines(workspace / "out" / "results.jsonl", 2)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None  # inside the blocking clean-up
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        waited = time.monotonic() - sent
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert waited < 2.0, (waited, err)
+    assert proc.returncode == 130, err
+    assert "interrupted again" in err
+    summary = json.loads((workspace / "out" / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["finished"] == 2

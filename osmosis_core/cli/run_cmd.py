@@ -98,6 +98,7 @@ def run(
                 f"[yellow]{unlabeled} of {len(plan.rows)} rows have no label (ground_truth): they run and are not "
                 "graded (counted as ungraded); set \\[run] require_labels = true to fail them instead[/yellow]"
             )
+        import functools
         import gc
 
         import anyio
@@ -105,7 +106,8 @@ def run(
         # what start-up built (imports, config, dataset, backend) lives as long as the run: the
         # collections the rollouts cause need not scan it again (bench/run_throughput.py: about +3%)
         gc.freeze()
-        outcome = anyio.run(execute_run, plan, make_reporter(console))
+        run_it = functools.partial(execute_run, plan, make_reporter(console), exit_on_second_signal=True)
+        outcome = anyio.run(run_it)
     finally:
         if stub is not None:
             stub.stop()

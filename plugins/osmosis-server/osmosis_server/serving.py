@@ -12,7 +12,6 @@ instead of re-raising the signal as plain uvicorn does.
 
 from __future__ import annotations
 
-import gc
 import signal
 import socket
 from collections.abc import Callable
@@ -80,9 +79,6 @@ def serve(
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
-            # what start-up built (imports, the app, the backend) lives as long as the server: later
-            # collections need not scan it again (bench/server_throughput.py at 100 ms: about +3%)
-            gc.freeze()
             if self.started and not self.should_exit and on_listening is not None:
                 on_listening(url)
 
