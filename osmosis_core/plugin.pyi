@@ -37,6 +37,7 @@ from osmosis_core.templates import GUIDES_ROOT as GUIDES_ROOT
 from osmosis_core.templates import MULTIPLY_DATASET as MULTIPLY_DATASET
 from osmosis_core.templates import GraderSpec as GraderSpec
 from osmosis_core.templates import TemplateSpec as TemplateSpec
+from osmosis_core.waiters import Waiters as Waiters
 from osmosis_core.wire import policy_from_json as policy_from_json
 from osmosis_core.wire import policy_to_json as policy_to_json
 from osmosis_core.wire import result_from_json as result_from_json

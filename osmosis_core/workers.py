@@ -40,7 +40,6 @@ It needs asyncio and ``fork`` (Linux). Build it before starting threads.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -73,6 +72,7 @@ from osmosis_core.records import (
     ExecutionStage,
     ExecutionStatus,
 )
+from osmosis_core.waiters import Waiters
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, ConcurrencyConfig, Grader, GraderConfig
 
 __all__ = ["WorkerPool"]
@@ -354,7 +354,7 @@ class WorkerPool(ExecutionBackend):
         self._restarts = 0
         self._workers: list[_Worker] = []
         self._pending: dict[str, _Pending] = {}
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters = Waiters()
         self._spawning = 0
         self._exits: dict[int, int] = {}
         self._attached: asyncio.AbstractEventLoop | None = None
@@ -399,7 +399,7 @@ class WorkerPool(ExecutionBackend):
         self._workers.append(worker)
         if self._attached is not None:
             self._attached.add_reader(fd, self._readable, worker)
-            self._wake()
+            self._waiters.wake()
 
     def _ctl_readable(self) -> None:
         try:
@@ -408,7 +408,7 @@ class WorkerPool(ExecutionBackend):
             assert self._attached is not None
             self._attached.remove_reader(self._ctl.fileno())
             self._spawning = 0
-            self._wake(everyone=True)
+            self._waiters.wake(everyone=True)
             return
         if kind == _SPAWNED and fd is not None:
             self._spawning -= 1
@@ -478,15 +478,7 @@ class WorkerPool(ExecutionBackend):
         if pending.holds_slot:
             pending.holds_slot = False
             pending.worker.running -= 1
-            self._wake()
-
-    def _wake(self, *, everyone: bool = False) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                if not everyone:
-                    return
+            self._waiters.wake()
 
     def _exit_text(self, pid: int) -> str:
         status = self._exits.get(pid)
@@ -537,7 +529,7 @@ class WorkerPool(ExecutionBackend):
                 self._ctl.send(_SPAWN)
             except OSError:
                 self._spawning -= 1
-        self._wake(everyone=True)  # waiters re-check: a slot elsewhere, a replacement coming, or none left
+        self._waiters.wake(everyone=True)  # waiters re-check: a slot elsewhere, a replacement coming, or none left
 
     def _pick(self) -> _Worker | None:
         """The least-busy live worker with room for one more rollout, if any."""
@@ -558,13 +550,7 @@ class WorkerPool(ExecutionBackend):
                     f"every worker process is gone and none can be replaced ({self._restarts} restarts; "
                     f"last workers: {gone}); the rollouts not started stay to be run"
                 )
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if not waiter.done():
-                    waiter.cancel()
+            await self._waiters.wait()
 
     async def execute(
         self,
@@ -617,7 +603,7 @@ class WorkerPool(ExecutionBackend):
         if self._closed:
             return
         self._closed = True
-        self._wake(everyone=True)
+        self._waiters.wake(everyone=True)
         if self._attached is not None:
             for worker in self._workers:
                 if worker.alive:

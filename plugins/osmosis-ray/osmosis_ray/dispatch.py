@@ -29,7 +29,6 @@ not healthy.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +37,7 @@ from typing import Any
 import attrs
 
 from osmosis_core import ExecutionRequest, ExecutionResult
+from osmosis_core.plugin import Waiters
 from osmosis_ray.failures import describe, is_retriable
 
 __all__ = ["ActorFailure", "ActorSlot", "Dispatcher", "Pending"]
@@ -162,7 +162,7 @@ class Dispatcher:
         """Result stream items received."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters = Waiters()
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -186,26 +186,11 @@ class Dispatcher:
 
     async def wait(self, timeout: float | None) -> None:
         """Wait until some actor gains room or changes state (or ``timeout`` seconds pass)."""
-        assert self._loop is not None
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.append(waiter)
-        try:
-            if timeout is None:
-                await waiter
-            else:
-                await asyncio.wait([waiter], timeout=timeout)
-        finally:
-            if not waiter.done():
-                waiter.cancel()
+        await self._waiters.wait(timeout)
 
     def wake(self, *, everyone: bool = False) -> None:
         """Wake one waiter (a slot was freed), or all (an actor changed state)."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                if not everyone:
-                    return
+        self._waiters.wake(everyone=everyone)
 
     # -- sending ----------------------------------------------------------------------------------------
 
