@@ -154,7 +154,8 @@ def plugins_all(session: nox.Session) -> None:
     _compile_sources(session, "osmosis_core", "plugins")
     _pip_check(session)
     session.run("python", "-c", _NO_CONFLICTS)
-    session.run("pytest", *(f"plugins/{p}/tests" for p in PLUGINS), *session.posargs)
+    # and the migration tests that need the plugins (they are skipped in the core-only sessions)
+    session.run("pytest", *(f"plugins/{p}/tests" for p in PLUGINS), "tests/test_migrate.py", *session.posargs)
 
 
 def _pip_check(session: nox.Session) -> None:
