@@ -7,19 +7,15 @@ import importlib
 
 import pytest
 
-MODULES = [
+MODULES = [  # the modules whose docstrings hold examples (contains, exact, regex, weighted show none)
     "base",
     "cas_pool",
-    "contains",
-    "exact",
     "extract",
     "json_match",
     "judge",
     "math_equiv",
     "normalize",
     "numeric",
-    "regex",
-    "weighted",
 ]
 
 
@@ -27,4 +23,5 @@ MODULES = [
 def test_docstring_examples(name):
     module = importlib.import_module(f"osmosis_graders.{name}")
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0  # an empty case would pass with nothing run
     assert result.failed == 0
