@@ -33,6 +33,32 @@ from typing import Any
 __all__ = ["attach_stub", "stub_exports"]
 
 
+def lazy_exports(
+    package: str, exports: dict[str, str], public: list[str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """Deprecated since 0.2.0: write the names once in a ``.pyi`` stub and use :func:`attach_stub`.
+
+    The module-level ``__getattr__`` and ``__dir__`` of ``package`` for ``exports`` (public name
+    -> the module that defines it), as 0.1 documented it.
+    """
+    from osmosis_core.deprecation import warn_deprecated
+
+    warn_deprecated("osmosis_core.lazy.lazy_exports", "osmosis_core.lazy.attach_stub", "0.2.0")
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(public)
+
+    return __getattr__, __dir__
+
+
 def stub_exports(stub: Path | str, package: str) -> dict[str, str]:
     """Public name -> the module that defines it, from the ``from M import N as N`` lines of ``stub``.
 

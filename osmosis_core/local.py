@@ -4,6 +4,7 @@ It keeps the hot path lean: no filesystem work, no threads, one semaphore per st
 scope per stage, and a fresh workflow and grader instance (with a config copy) per rollout.
 
 >>> import anyio
+import attrs
 >>> from osmosis_core import AgentWorkflow, ExecutionRequest, PolicyEndpoint
 >>> class Echo(AgentWorkflow):
 ...     async def run(self, ctx):
@@ -26,8 +27,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import attrs
 
-from osmosis_core.backend import ExecutionBackend, ResultCallback, report_cancelled
+from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback, load_object, report_cancelled
 from osmosis_core.context import RolloutContext
 from osmosis_core.errors import RolloutLoadError, error_info
 from osmosis_core.records import (
@@ -49,7 +51,22 @@ from osmosis_core.workflow import (
     copy_config,
 )
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "LocalBackendConfig"]
+
+
+@attrs.define
+class LocalBackendConfig:
+    """Deprecated since 0.2.0 (the ``local`` backend takes no ``[backend.local]`` table): set the
+    limit with ``[run] concurrency``, ``--concurrency`` or ``LocalBackend(max_concurrent=...)``."""
+
+    max_concurrent: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        from osmosis_core.deprecation import warn_deprecated
+
+        replacement = "[run] concurrency or LocalBackend(max_concurrent=...)"
+        warn_deprecated("LocalBackendConfig", replacement, "0.2.0", stacklevel=4)
+
 
 _WF = ExecutionStage.WORKFLOW
 _GR = ExecutionStage.GRADER
@@ -136,6 +153,29 @@ class LocalBackend(ExecutionBackend):
         self._running = 0
         self._grading = 0
         self._done = 0
+
+    @classmethod
+    def from_setup(cls, setup: BackendSetup) -> ExecutionBackend:
+        """Deprecated since 0.2.0: register ``osmosis_core.plugins.builtin:local_backend`` (or a
+        factory of your own) instead. Kept for plugins written against 0.1's documented API
+        (``BackendSpec(name, factory="my_plugin:MyLocalBackend.from_setup")``); it builds ``cls``,
+        or a worker pool of ``cls``'s workflow and grader when ``setup.workers`` > 1, as before."""
+        from osmosis_core.deprecation import warn_deprecated
+
+        warn_deprecated(f"{cls.__name__}.from_setup", "osmosis_core.plugins.builtin:local_backend", "0.2.0")
+        if setup.workers > 1:
+            # the worker pool sits above this module (it hosts LocalBackends), so the deprecated
+            # shim reaches the registered factory at run time rather than importing up a layer
+            local_backend = load_object("osmosis_core.plugins.builtin:local_backend")
+            backend: ExecutionBackend = local_backend(setup)
+            return backend
+        return cls(
+            setup.workflow_class,
+            setup.workflow_config,
+            setup.grader_class,
+            setup.grader_config,
+            require_labels=setup.require_labels,
+        )
 
     @property
     def max_concurrency(self) -> int:

@@ -11,6 +11,9 @@ from osmosis_core.cli.common import make_console as make_console
 from osmosis_core.cli.common import resolve_config as resolve_config
 from osmosis_core.config import structure_table as structure_table
 from osmosis_core.context import current_rollout_context as current_rollout_context
+from osmosis_core.deprecation import OsmosisDeprecationWarning as OsmosisDeprecationWarning
+from osmosis_core.deprecation import moved_names as moved_names
+from osmosis_core.deprecation import warn_deprecated as warn_deprecated
 from osmosis_core.errors import BackendUnavailable as BackendUnavailable
 from osmosis_core.errors import clip as clip
 from osmosis_core.errors import error_info as error_info

@@ -16,10 +16,13 @@ from typing import IO, Any
 
 import attrs
 
+from osmosis_core.deprecation import moved_names
 from osmosis_core.errors import redact
 from osmosis_core.records import ExecutionStatus
 
 __all__ = ["ResultStats", "ResultWriter", "Summary", "json_ready", "read_results", "scan_results"]
+
+__getattr__ = moved_names(__name__, {"result_line": ("osmosis_core.wire:result_line", "0.2.0")})
 
 
 def scan_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

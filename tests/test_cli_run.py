@@ -376,3 +376,28 @@ def test_lines_are_not_wrapped_when_the_output_is_not_a_terminal(workspace, osmo
     [start] = [line for line in r.stdout.splitlines() if line.startswith("run ")]
     assert start.endswith("(osmosis-stub)") and str(workspace / out) in start
     assert any(line.strip().endswith(f"{workspace / out}/results.jsonl │") for line in r.stdout.splitlines())
+
+
+def test_policy_url_to_another_host_does_not_take_the_configs_key_along(workspace, osmosis_exe, clean_env):
+    """A config's key (api_key_env) is for its own base_url: --policy-url to another host needs --api-key-env."""
+    config = workspace / "configs" / "eval" / "multiply-plain.toml"
+    text = config.read_text().replace('# api_key_env = "OPENAI_API_KEY"', 'api_key_env = "MY_KEY"')
+    assert 'api_key_env = "MY_KEY"' in text
+    config.write_text(text)
+    secret = "sk-config-key-0123456789abcdef"
+    env = {**clean_env, "MY_KEY": secret}
+    with ScriptedPolicyServer(api_key=secret) as server:
+        base = ["run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--limit", "2"]
+        refused = osmosis(osmosis_exe, *base, "--output", "a", cwd=workspace, env=env)
+        assert refused.returncode == 1
+        assert "--policy-url points at another host" in refused.stderr and "--api-key-env MY_KEY" in refused.stderr
+        assert "$.policy.base_url" in refused.stderr and secret not in refused.stderr
+        assert server.requests == []
+        # naming the variable on the command line says the key is meant for this host
+        allowed = osmosis(osmosis_exe, *base, "--api-key-env", "MY_KEY", "--output", "b", cwd=workspace, env=env)
+        assert allowed.returncode == 0, allowed.stderr
+        assert len(server.requests) > 0
+        # a --policy-url on the config's own host (another path) keeps the config's key, as before
+        config.write_text(text.replace("http://127.0.0.1:8000/v1", server.url.rstrip("/") + "/"))
+        same = osmosis(osmosis_exe, *base, "--output", "c", cwd=workspace, env=env)
+        assert same.returncode == 0, same.stderr

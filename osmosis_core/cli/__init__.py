@@ -103,4 +103,10 @@ def make_cli() -> click.Group:
 
 def main() -> None:
     """The console script."""
+    import warnings
+
+    from osmosis_core.deprecation import OsmosisDeprecationWarning
+
+    # a plugin or rollout that uses a deprecated osmosis name hears of it once, on stderr
+    warnings.filterwarnings("default", category=OsmosisDeprecationWarning)
     make_cli().main(prog_name="osmosis")

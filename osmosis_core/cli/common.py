@@ -22,7 +22,13 @@ _OPTIONS: list[Callable[[_F], _F]] = [
     click.option(
         "--workers", type=click.IntRange(min=1), help="Processes to run rollouts in (local backend; CPU-bound agents)."
     ),
-    click.option("--policy-url", metavar="URL", help="The OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1."),
+    click.option(
+        "--policy-url",
+        metavar="URL",
+        help="The OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1. When it names another host than the"
+        " config's [policy] base_url, the config's key ([policy] api_key_env) and headers are sent there only if"
+        " --api-key-env is given too.",
+    ),
     click.option("--model", metavar="NAME", help="The model name sent to the endpoint."),
     click.option("--api-key-env", metavar="VAR", help="The environment variable holding the API key."),
     click.option("--agent-timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per workflow."),
@@ -47,6 +53,48 @@ def config_options(function: _F) -> _F:
     for option in reversed(_OPTIONS):
         function = option(function)
     return function
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port or default
+
+
+def _credentials_for_another_host(policy: Any, flags: dict[str, Any]) -> str | None:
+    """A problem when ``--policy-url`` moves the config's key or headers to another host unasked.
+
+    The config's ``[policy] api_key_env`` and ``headers`` were written for its ``base_url``; a
+    ``--policy-url`` that points elsewhere would hand them to whatever answers there. The user says
+    it is meant by naming the key's variable on the command line too (``--api-key-env``).
+    """
+    url = flags.get("policy_url")
+    if not url or flags.get("api_key_env") is not None or not policy.base_url:
+        return None
+    if not policy.api_key_env and not policy.headers:
+        return None
+    if _origin(url) == _origin(policy.base_url):
+        return None
+    held = " and ".join(
+        part
+        for part in (
+            f"the key in ${policy.api_key_env}" if policy.api_key_env else "",
+            f"headers {', '.join(sorted(policy.headers))}" if policy.headers else "",
+        )
+        if part
+    )
+    _, host, port = _origin(policy.base_url)
+    return (
+        f"--policy-url points at another host than the config's base_url ({host}:{port}), which {held} was"
+        f" written for; to send them to the new host, give --api-key-env {policy.api_key_env or 'VAR'} as well"
+        " (or --api-key-env '' for no key) @ $.policy.base_url"
+    )
 
 
 def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
@@ -82,10 +130,13 @@ def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
         "agent_timeout": ("run", "agent_timeout_sec"),
         "grader_timeout": ("run", "grader_timeout_sec"),
     }
+    credentials_problem = _credentials_for_another_host(config.policy, flags)
     for flag, (section, key) in simple.items():
         if flags.get(flag) is not None:
             setattr(getattr(config, section), key, flags[flag])
     problems = check_config(config)
+    if credentials_problem:
+        problems.append(credentials_problem)
     if problems:
         raise ConfigError(str(config_file or "<command line>"), problems)
     return config

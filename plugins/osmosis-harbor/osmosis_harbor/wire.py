@@ -29,9 +29,18 @@ from types import ModuleType
 from typing import Any
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import policy_from_json
+from osmosis_core.plugin import moved_names, policy_from_json
 
 __all__ = ["API_KEY_ENV", "HEADERS_ENV", "dump_object", "load_object_blob", "policy_from_request", "secret_env"]
+
+# deprecated since 0.2.0 (CHANGELOG): the record codecs moved to the core's one converter
+__getattr__ = moved_names(
+    __name__,
+    {
+        name: (f"osmosis_core.plugin:{name}", "0.2.0")
+        for name in ("policy_to_json", "result_from_json", "result_to_json", "sample_from_json", "sample_to_json")
+    },
+)
 
 API_KEY_ENV = "OSMOSIS_POLICY_API_KEY"
 """The variable that carries the policy's API key into the trial (never a file)."""

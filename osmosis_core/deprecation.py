@@ -1,0 +1,66 @@
+"""Deprecated public names: each keeps working, with a warning, for one release after it is
+replaced, and is named in ``CHANGELOG.md``; then it goes.
+
+A public name is a promise: a plugin written against the last release's documented API must keep
+loading. When a name moves or is replaced, the module that held it keeps a ``__getattr__`` that
+hands out the new object with an :class:`OsmosisDeprecationWarning` (a ``DeprecationWarning``,
+which the ``osmosis`` CLI shows once per place)::
+
+    # my_package/old_module.py
+    from osmosis_core.deprecation import moved_names
+
+    __getattr__ = moved_names(__name__, {"old_name": ("my_package.new_module:new_name", "0.2.0")})
+
+>>> import warnings
+>>> getattr_ = moved_names("pkg.old", {"dumps": ("json:dumps", "0.2.0")})
+>>> with warnings.catch_warnings(record=True) as caught:
+...     warnings.simplefilter("always")
+...     getattr_("dumps")([1])
+'[1]'
+>>> str(caught[0].message)
+'pkg.old.dumps is deprecated since osmosis 0.2.0 and will be removed in the next release: use json.dumps'
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["OsmosisDeprecationWarning", "moved_names", "warn_deprecated"]
+
+
+class OsmosisDeprecationWarning(DeprecationWarning):
+    """A public osmosis name that still works and will be removed in the next release."""
+
+
+def warn_deprecated(old: str, new: str, since: str, *, stacklevel: int = 3) -> None:
+    """Warn that ``old`` is deprecated in favour of ``new`` (both as the user writes them)."""
+    warnings.warn(
+        f"{old} is deprecated since osmosis {since} and will be removed in the next release: use {new}",
+        OsmosisDeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def moved_names(module: str, moved: Mapping[str, tuple[str, str]]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for names that moved: ``{old: ("new.module:name", since)}``.
+
+    Each access warns and returns the object at its new home (nothing is copied, so the old and
+    the new name are the same object).
+    """
+
+    def __getattr__(name: str) -> Any:
+        try:
+            target, since = moved[name]
+        except KeyError:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}") from None
+        new_module, _, attribute = target.partition(":")
+        warn_deprecated(f"{module}.{name}", f"{new_module}.{attribute}", since)
+        value: Any = importlib.import_module(new_module)
+        for part in attribute.split("."):
+            value = getattr(value, part)
+        return value
+
+    return __getattr__

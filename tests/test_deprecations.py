@@ -1,0 +1,101 @@
+"""Public names of the last release keep working, with a warning, for one release (CHANGELOG.md).
+
+A third-party plugin written against 0.1's documented API (``BackendSpec(name, factory=
+"...:MyLocalBackend.from_setup")``) is installed as a real distribution (a ``.dist-info`` with an
+entry point on ``PYTHONPATH``) and run through ``osmosis run``, as its users would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+from osmosis_core.deprecation import OsmosisDeprecationWarning
+
+LEGACY_PLUGIN = '''
+from osmosis_core import BackendSpec, LocalBackend, hookimpl
+
+
+class LegacyLocalBackend(LocalBackend):
+    """A backend as 0.1's plugin docs showed it: a LocalBackend subclass built by from_setup."""
+
+
+@hookimpl
+def osmosis_register_backends():
+    return [BackendSpec("legacy", "osmosis_legacy_plugin:LegacyLocalBackend.from_setup", description="0.1 style")]
+'''
+
+
+def _install_legacy_plugin(site: Path) -> None:
+    info = site / "osmosis_legacy-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: osmosis-legacy\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[osmosis]\nlegacy = osmosis_legacy_plugin\n")
+    (site / "osmosis_legacy_plugin.py").write_text(LEGACY_PLUGIN)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osmosis_exe, clean_env, workers):
+    site = workspace / "site"
+    _install_legacy_plugin(site)
+    env = {**clean_env, "PYTHONPATH": str(site)}
+    listed = subprocess.run([osmosis_exe, "plugins", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    legacy = [p for p in json.loads(listed.stdout) if p["name"] == "legacy"]
+    assert legacy and legacy[0]["status"] == "active", listed.stdout
+    args = ["configs/eval/multiply-plain.toml", "--stub-policy", "--backend", "legacy", "--limit", "3"]
+    run = subprocess.run(
+        [osmosis_exe, "run", *args, "--workers", workers, "--output", "out"],
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert run.returncode == 0, run.stderr
+    results = [json.loads(line) for line in (workspace / "out" / "results.jsonl").read_text().splitlines()]
+    assert len(results) == 3 and all(r["reward"] == 1.0 for r in results)
+    # the CLI shows the deprecation once, naming the replacement
+    assert "LegacyLocalBackend.from_setup is deprecated since osmosis 0.2.0" in run.stderr
+    assert "osmosis_core.plugins.builtin:local_backend" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "new_home"),
+    [
+        ("osmosis_core", "LocalBackendConfig", None),
+        ("osmosis_core.results", "result_line", "osmosis_core.wire"),
+        ("osmosis_core.lazy", "lazy_exports", None),
+    ],
+)
+def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
+    import importlib
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(importlib.import_module(module), name)
+        if name == "LocalBackendConfig":
+            assert value(max_concurrent=2).max_concurrent == 2
+        if name == "lazy_exports":
+            getattr_, dir_ = value("json", {"dumps": "json"}, ["dumps"])
+            assert getattr_("dumps") is json.dumps and dir_() == ["dumps"]
+    assert [w.category for w in caught] == [OsmosisDeprecationWarning]
+    assert "deprecated since osmosis 0.2.0" in str(caught[0].message)
+    if new_home is not None:
+        assert value is getattr(importlib.import_module(new_home), name)
+
+
+def test_an_unknown_name_is_still_an_attribute_error():
+    import osmosis_core.results
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        osmosis_core.results.nope  # noqa: B018
+
+
+def test_every_deprecation_is_in_the_changelog():
+    changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
+    for name in ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire"):
+        assert name in changelog, name
