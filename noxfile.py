@@ -8,7 +8,8 @@ Sessions (`nox -l` lists them):
   types                     mypy --strict on osmosis_core (each plugin session types its plugin)
   plugin(plugin='<name>')   the core plus one plugin from plugins/: its tests and mypy --strict
                             (osmosis-server's also against osmosis-ai 0.3.8, in a venv of its own)
-  plugins_all               every plugin installed together: pip check, no name clashes, all their tests
+  plugins_all               every plugin installed together: pip check, no name clashes, and the tests that
+                            need other plugins beside their own (marked `together`; the rest ran alone)
   bench                     the benchmarks in bench/ (not run by default)
 
 Test dependencies come from the `test` dependency group of the core's pyproject.toml and of each
@@ -146,7 +147,9 @@ def _reference_sdk(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0])
 def plugins_all(session: nox.Session) -> None:
-    """Every plugin installed together: one resolvable environment, no name clashes, all tests."""
+    """Every plugin installed together: one resolvable environment, no name clashes, and the tests that
+    need several plugins (marked ``together``, skipped in the one-plugin sessions). Every other plugin
+    test already ran in its plugin's own session; running it again here doubled the matrix's time."""
     if not PLUGINS:
         session.skip("no plugins in plugins/ yet")
     tests = [dep for p in PLUGINS for dep in _group("test", ROOT / "plugins" / p)]
@@ -154,8 +157,9 @@ def plugins_all(session: nox.Session) -> None:
     _compile_sources(session, "osmosis_core", "plugins")
     _pip_check(session)
     session.run("python", "-c", _NO_CONFLICTS)
-    # and the migration tests that need the plugins (they are skipped in the core-only sessions)
-    session.run("pytest", *(f"plugins/{p}/tests" for p in PLUGINS), "tests/test_migrate.py", *session.posargs)
+    session.run("pytest", "-m", "together", *(f"plugins/{p}/tests" for p in PLUGINS), *session.posargs)
+    # and the migration tests, whose plugin checks are skipped in the core-only sessions
+    session.run("pytest", "tests/test_migrate.py", *session.posargs)
 
 
 def _pip_check(session: nox.Session) -> None:

@@ -14,6 +14,7 @@ def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.together
 @pytest.mark.timeout(420)  # four Harbor runs (13 trials, two interpreters each) on two cores
 def test_the_multiply_harbor_strands_template_runs_as_applied(tmp_path):
     """The template as a user applies it, run by every distinct command its guides name (which include
@@ -38,6 +39,7 @@ def test_the_multiply_harbor_strands_template_runs_as_applied(tmp_path):
     assert (tmp_path / "runs" / "debug-one" / "results.jsonl").is_file()
 
 
+@pytest.mark.together
 def test_the_openai_agents_example_runs_with_backend_harbor(tmp_path):
     pytest.importorskip("osmosis_openai_agents", reason="the example comes with osmosis-openai-agents")
     assert osmosis("template", "apply", "multiply-local-openai", cwd=tmp_path).returncode == 0

@@ -281,6 +281,7 @@ def test_actors_that_cannot_be_placed_or_code_that_cannot_be_uploaded_stop_the_b
     assert pending() <= before  # the actor that could not be placed was ended, not left pending
 
 
+@pytest.mark.together
 def test_inner_harbor_runs_each_rollout_in_a_harbor_trial_on_the_actors_node(policy, tmp_path):
     """``inner = "harbor"``: each actor hosts a HarborBackend (its table in inner_config); trials run on the nodes."""
     pytest.importorskip("osmosis_harbor")

@@ -178,6 +178,7 @@ def test_workers_sets_the_number_of_actors(cluster, tmp_path):
     assert len(pids) == 2 and os.getpid() not in pids, pids
 
 
+@pytest.mark.together
 def test_osmosis_serve_runs_rollouts_on_ray_and_a_cancel_from_the_server_reaches_the_actor(cluster, policy, tmp_path):
     """``osmosis serve --backend ray``, the cluster found through $RAY_ADDRESS; a trainer's client drives it."""
     pytest.importorskip("osmosis_server")
