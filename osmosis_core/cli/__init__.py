@@ -102,5 +102,9 @@ def make_cli() -> click.Group:
 
 
 def main() -> None:
-    """The console script."""
+    """The console script. Its output may be closed early (``osmosis run ... | head``): the command
+    carries on, printing nowhere, and exits with its own status (see :mod:`osmosis_core.cli.output`)."""
+    from osmosis_core.cli.output import survive_closed_output
+
+    survive_closed_output()
     make_cli().main(prog_name="osmosis")
