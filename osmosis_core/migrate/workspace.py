@@ -3,7 +3,11 @@
 :func:`plan_migration` reads the folder and returns every change without writing anything;
 :func:`apply_migration` writes them, each changed file first copied to ``<file>.orig`` (it refuses,
 before writing anything, when a backup already exists or a file changed since the plan).
-Nothing is written outside the folder, and symlinks are never followed.
+Nothing is written outside the folder, and symlinks are never followed (the plan lists them). Only
+regular files are read: the folder is listed from ``lstat`` data, so a FIFO or device is never
+opened, and each file is opened with ``O_NONBLOCK | O_NOFOLLOW`` and checked with ``fstat`` on the
+open descriptor (a FIFO or symlink put in its place after the listing is refused, not waited on).
+Every file that could not be read is in the plan's ``unreadable``, with why.
 """
 
 from __future__ import annotations
