@@ -313,10 +313,18 @@ class LocalBackend(ExecutionBackend):
                 ErrorCategory.AGENT_ERROR, f"the {what} raised CancelledError while nobody cancelled the rollout"
             )
         if isinstance(exc, TimeoutError) and timeout is not None and timings.get(what, 0.0) >= timeout * 0.99:
-            info = ErrorInfo(ErrorCategory.TIMEOUT, f"the {what} ran past its {timeout:g} s timeout")
+            info = ErrorInfo(ErrorCategory.TIMEOUT, f"the {what} ran past its {timeout:g} s timeout{_doing(exc)}")
         return ExecutionResult(
             request.rollout_id, stage, ExecutionStatus.FAILURE, sample=sample, error=info, timings=timings
         )
+
+
+def _doing(timeout: BaseException) -> str:
+    """`` (what it was doing)`` when the cancellation the timeout caused carries notes (``add_note``):
+    a grader waiting for a worker can say so, apart from one computing."""
+    cancelled = timeout.__cause__ or timeout.__context__
+    notes = getattr(cancelled, "__notes__", None) if isinstance(cancelled, asyncio.CancelledError) else None
+    return f" ({'; '.join(str(n) for n in notes)})" if notes else ""
 
 
 def _own_failure(exc: BaseException) -> bool:

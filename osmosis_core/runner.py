@@ -516,7 +516,8 @@ async def execute_run(
             interrupted = True
             scope.cancel()
             again = " (again to stop at once)" if exit_on_second_signal else ""
-            print(f"interrupted: cancelling the rollouts in flight{again}", file=sys.stderr)
+            with contextlib.suppress(OSError):  # a closed stderr must not end the run's wind-down
+                print(f"interrupted: cancelling the rollouts in flight{again}", file=sys.stderr)
 
     preload()  # the HTTP client's import is start-up, not the first rollouts' time
     reporter.start(plan.total, stats)

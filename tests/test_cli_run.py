@@ -401,3 +401,34 @@ def test_policy_url_to_another_host_does_not_take_the_configs_key_along(workspac
         config.write_text(text.replace("http://127.0.0.1:8000/v1", server.url.rstrip("/") + "/"))
         same = osmosis(osmosis_exe, *base, "--output", "c", cwd=workspace, env=env)
         assert same.returncode == 0, same.stderr
+
+
+@pytest.mark.parametrize("both", [False, True], ids=["stdout", "stdout-and-stderr"])
+def test_a_closed_output_does_not_stop_the_run(workspace, osmosis_exe, clean_env, tmp_path, both):
+    """`osmosis run ... | head -1`: the reader goes after the first line; the run carries on, records
+    every rollout and exits 0, with no traceback (nor Python's 'Exception ignored' at exit)."""
+    stderr_file = tmp_path / "stderr.txt"
+    with open(stderr_file, "w") as stderr:
+        run = subprocess.Popen(
+            [
+                *(osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--stub-policy"),
+                *("--n-samples", "12", "--stub-latency", "0.02", "--output", "out"),
+            ],
+            cwd=workspace,
+            env=clean_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if both else stderr,
+        )
+        assert run.stdout is not None
+        head = subprocess.Popen(["head", "-1"], stdin=run.stdout, stdout=subprocess.PIPE, text=True)
+        run.stdout.close()  # head holds the only read end: when it exits, the pipe is closed
+        first, _ = head.communicate(timeout=60)
+        returncode = run.wait(timeout=120)
+    assert first.count("\n") == 1
+    errors = stderr_file.read_text()
+    assert returncode == 0, errors
+    assert "Traceback" not in errors and "Exception ignored" not in errors and "BrokenPipe" not in errors
+    out = workspace / "out"
+    assert len(lines(out / "results.jsonl")) == 240
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 240 and summary["interrupted"] is False

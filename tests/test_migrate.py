@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -337,3 +338,90 @@ def test_crlf_files_keep_their_line_endings(tmp_path):
     main.write_bytes(b"from osmosis_ai.rollout import AgentWorkflow\r\n\r\nx = 1\r\n")
     (change,) = plan_migration(tmp_path).changes
     assert change.new == "from osmosis_core import AgentWorkflow\r\n\r\nx = 1\r\n"
+
+
+# -- a hostile workspace: FIFOs, unreadable and binary files, symlinks ---------------------------------
+
+
+def _without_file_capabilities() -> list[str]:
+    """A prefix that runs a command without the capabilities that let root read any file (so a mode 000
+    file is unreadable to it, as to anyone else); nothing when not root."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is needed to drop root's file capabilities")
+    return [setpriv, "--inh-caps=-all", "--bounding-set=-all"]
+
+
+@pytest.fixture
+def hostile_ws(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    rollout = ws / "rollouts" / "r"
+    rollout.mkdir(parents=True)
+    (rollout / "main.py").write_text("from osmosis_ai.rollout import AgentWorkflow\n")
+    os.mkfifo(rollout / "helper.py")  # nobody ever writes it: opening it for reading blocks for ever
+    secret = rollout / "secret.py"
+    secret.write_text("from osmosis_ai.rollout import AgentWorkflow\n")
+    secret.chmod(0)
+    binary = ws / "rollouts" / "b" / "main.py"
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x00\xff\xfeimport osmosis_ai\n")
+    (ws / "shared.py").write_text("from osmosis_ai.rollout import AgentWorkflow\n")
+    (rollout / "link.py").symlink_to("../../shared.py")
+    return ws
+
+
+def test_a_hostile_workspace_finishes_and_lists_every_file_it_could_not_read(hostile_ws, osmosis_exe, clean_env):
+    r = subprocess.run(
+        [*_without_file_capabilities(), osmosis_exe, "migrate", "--no-diff"],
+        cwd=hostile_ws,
+        env=clean_env,
+        capture_output=True,
+        text=True,
+        timeout=60,  # the FIFO used to block open() for ever
+    )
+    assert r.returncode == 3, r.stdout + r.stderr
+    out = r.stdout
+    assert "M rollouts/r/main.py" in out and "M shared.py" in out  # the readable files are still migrated
+    assert "could not read (3), each with why" in out
+    assert "rollouts/r/helper.py: a FIFO (named pipe): not a regular file: not opened" in out
+    assert "rollouts/r/secret.py: could not be opened: Permission denied (EACCES)" in out
+    assert "rollouts/b/main.py: not UTF-8 text: byte 0x00" not in out  # NUL is valid UTF-8: the 0xff is not
+    assert "rollouts/b/main.py: not UTF-8 text: byte 0xff at offset 1 is not UTF-8; it names osmosis-ai" in out
+    assert "symlinks left alone (1)" in out and "rollouts/r/link.py: a symlink to ../../shared.py" in out
+    assert "3 file(s) could not be read" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_write_with_unreadable_files_writes_the_rest_and_exits_3(hostile_ws, osmosis_exe, clean_env):
+    (hostile_ws / "rollouts" / "r" / "secret.py").unlink()
+    r = osmosis(osmosis_exe, "migrate", "--write", cwd=hostile_ws, env=clean_env, timeout=60)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert (hostile_ws / "rollouts/r/main.py").read_text() == "from osmosis_core import AgentWorkflow\n"
+    assert (hostile_ws / "rollouts/r/link.py").is_symlink()
+    assert stat.S_ISFIFO((hostile_ws / "rollouts/r/helper.py").lstat().st_mode)
+    assert (hostile_ws / "rollouts/b/main.py").read_bytes() == b"\x00\xff\xfeimport osmosis_ai\n"
+
+
+def test_a_workspace_whose_only_osmosis_ai_file_is_unreadable_says_so(tmp_path, osmosis_exe, clean_env):
+    (tmp_path / "main.py").write_bytes(b"\xffimport osmosis_ai\n")
+    with open(tmp_path / "big.py", "wb") as handle:
+        handle.truncate(17 * 1024 * 1024)  # sparse: costs no disk
+    r = osmosis(osmosis_exe, "migrate", str(tmp_path), cwd=tmp_path, env=clean_env)
+    assert r.returncode == 1
+    assert "main.py: not UTF-8 text: byte 0xff at offset 0" in r.stdout
+    assert "big.py: too large: 17,825,792 bytes > the limit of 16,777,216: not read" in r.stdout
+    assert "found in the files it could read; 2 file(s) could not be read" in r.stderr
+
+
+def test_reading_checks_the_open_file_not_the_name(tmp_path):
+    """A FIFO or symlink put where the listing saw a regular file is refused without blocking."""
+    from osmosis_core.migrate.workspace import _read_text, _Unreadable
+
+    fifo = tmp_path / "helper.py"
+    os.mkfifo(fifo)
+    with pytest.raises(_Unreadable, match="FIFO"):
+        _read_text(fifo)
+    (tmp_path / "link.py").symlink_to(fifo)
+    with pytest.raises(_Unreadable, match="symlink"):
+        _read_text(tmp_path / "link.py")

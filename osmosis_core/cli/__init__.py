@@ -102,6 +102,7 @@ def make_cli() -> click.Group:
 
 
 def main() -> None:
+<<<<<<< HEAD
     """The console script."""
     import warnings
 
@@ -109,4 +110,11 @@ def main() -> None:
 
     # a plugin or rollout that uses a deprecated osmosis name hears of it once, on stderr
     warnings.filterwarnings("default", category=OsmosisDeprecationWarning)
+=======
+    """The console script. Its output may be closed early (``osmosis run ... | head``): the command
+    carries on, printing nowhere, and exits with its own status (see :mod:`osmosis_core.cli.output`)."""
+    from osmosis_core.cli.output import survive_closed_output
+
+    survive_closed_output()
+>>>>>>> h-misc
     make_cli().main(prog_name="osmosis")

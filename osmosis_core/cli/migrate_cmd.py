@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from osmosis_core.migrate import MigrationPlan
 
 __all__ = ["migrate"]
 
@@ -27,8 +31,13 @@ def migrate(directory: Path, write: bool, no_diff: bool) -> None:
     keeping each changed file as <file>.orig; it refuses (writing nothing) when such a backup
     already exists. Running it again finds nothing to change.
 
+    It reads only regular files: FIFOs, devices and sockets are never opened, symlinks are never
+    followed (each is listed as left alone), and every file it could not read (not a regular file,
+    permission denied, not UTF-8 text, larger than 16 MiB) is listed with why; those are not migrated.
+
     Exit status: 0 when the plan was shown or written (or nothing was left to change); 1 when DIR
-    is not an osmosis-ai workspace, or nothing in it could be migrated.
+    is not an osmosis-ai workspace, or nothing in it could be migrated; 3 when the plan was shown or
+    written but some files could not be read (listed: migrate them by hand).
 
     \b
     Examples:
@@ -40,17 +49,20 @@ def migrate(directory: Path, write: bool, no_diff: bool) -> None:
 
     plan = plan_migration(directory)
     shown = str(directory)
+    unread = f"; {len(plan.unreadable)} file(s) could not be read (see the list above)" if plan.unreadable else ""
     if not plan.changes:
         _print_findings(plan.unmapped)
+        _print_unread(plan)
         if plan.already_migrated:
             click.echo(f"osmosis migrate: nothing to change in {shown}: it is already migrated")
+            _exit_if_unread(plan)
             return
         if not plan.is_reference_workspace:
             raise click.ClickException(
                 f"{shown} is not an osmosis-ai workspace: no osmosis_ai import, osmosis-ai dependency or "
-                "[experiment] config found"
+                f"[experiment] config found{' in the files it could read' if unread else ''}{unread}"
             )
-        raise click.ClickException(f"nothing in {shown} could be migrated automatically (see the list above)")
+        raise click.ClickException(f"nothing in {shown} could be migrated automatically (see the list above){unread}")
     if not write and not no_diff:
         for change in plan.changes:
             click.echo(change.diff(), nl=False)
@@ -68,11 +80,13 @@ def migrate(directory: Path, write: bool, no_diff: bool) -> None:
         for note in plan.notes:
             click.echo(f"  {note}")
     _print_findings(plan.unmapped)
+    _print_unread(plan)
     if not write:
         target = "" if shown == "." else f" {shown}"
         click.echo(f"apply with: osmosis migrate{target} --write   (each changed file is first copied to <file>.orig)")
     else:
         click.echo("next: osmosis validate CONFIG for each migrated config, then osmosis run CONFIG --stub-policy")
+    _exit_if_unread(plan)
 
 
 def _print_findings(findings: tuple[object, ...]) -> None:
@@ -81,3 +95,27 @@ def _print_findings(findings: tuple[object, ...]) -> None:
     click.echo(f"not mapped ({len(findings)}), each with why:")
     for finding in findings:
         click.echo(f"  {finding}")
+
+
+_UNREADABLE_EXIT = 3
+"""The exit status when the plan was shown or written but some files could not be read."""
+
+
+def _print_unread(plan: MigrationPlan) -> None:
+    if plan.symlinks:
+        click.echo(f"symlinks left alone ({len(plan.symlinks)}): osmosis migrate never follows them")
+        for finding in plan.symlinks:
+            click.echo(f"  {finding.path}: {finding.subject}")
+    if plan.unreadable:
+        click.echo(f"could not read ({len(plan.unreadable)}), each with why; not migrated:")
+        for finding in plan.unreadable:
+            click.echo(f"  {finding}")
+
+
+def _exit_if_unread(plan: MigrationPlan) -> None:
+    if plan.unreadable:
+        click.echo(
+            f"osmosis migrate: {len(plan.unreadable)} file(s) could not be read (listed above): migrate them by hand",
+            err=True,
+        )
+        raise click.exceptions.Exit(_UNREADABLE_EXIT)

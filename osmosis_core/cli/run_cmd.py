@@ -47,7 +47,8 @@ def run(
     runs/<config>-<timestamp>/results.jsonl, one line per rollout, with summary.json and the
     resolved config (never an API key). Ctrl-C or SIGTERM stops cleanly and keeps every finished
     result; --resume then runs exactly what is missing, and --retry-failed what failed for a reason
-    a second attempt may not repeat. Only one osmosis process writes a run folder at a time.
+    a second attempt may not repeat. Only one osmosis process writes a run folder at a time. An
+    output closed early (osmosis run ... | head) does not stop the run: it stops printing only.
 
     Exit status: 0 when the run completed; 1 on an error, when every rollout failed, when more than
     [run] max_failure_rate did, or when the backend gave out before the end (resumable); 130 when

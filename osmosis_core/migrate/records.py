@@ -82,3 +82,8 @@ class MigrationPlan:
     """Something in the folder was written for osmosis-ai (an import, a dependency, an [experiment] config)."""
     already_migrated: bool
     """Signs of an earlier ``osmosis migrate --write``: ``.orig`` backups or its markers."""
+    unreadable: tuple[Finding, ...] = ()
+    """Files it could not read, each with why (a FIFO or device, a failed open, not UTF-8 text, too large):
+    they were not migrated."""
+    symlinks: tuple[Finding, ...] = ()
+    """Symlinks in the workspace: never followed, left alone."""

@@ -3,14 +3,20 @@
 :func:`plan_migration` reads the folder and returns every change without writing anything;
 :func:`apply_migration` writes them, each changed file first copied to ``<file>.orig`` (it refuses,
 before writing anything, when a backup already exists or a file changed since the plan).
-Nothing is written outside the folder, and symlinks are never followed.
+Nothing is written outside the folder, and symlinks are never followed (the plan lists them). Only
+regular files are read: the folder is listed from ``lstat`` data, so a FIFO or device is never
+opened, and each file is opened with ``O_NONBLOCK | O_NOFOLLOW`` and checked with ``fstat`` on the
+open descriptor (a FIFO or symlink put in its place after the listing is refused, not waited on).
+Every file that could not be read is in the plan's ``unreadable``, with why.
 """
 
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import re
+import stat
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -38,30 +44,152 @@ INSTRUCTION_MD = ""
 """osmosis-harbor appends the row's prompt to the task's instruction; osmosis-ai replaced it, so it starts empty."""
 
 
+def _skipped_folder(folder: Path, name: str) -> bool:
+    return (
+        name.startswith(".")
+        or name in _SKIP_DIRS
+        or name.endswith(".egg-info")
+        or (folder / name / "pyvenv.cfg").exists()
+    )
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFLNK: "a symlink",
+}
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+"""A file larger than this is not read (no source, config or requirements file is this large)."""
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+@attrs.define
+class _Listing:
+    """The workspace's files: regular files to consider, symlinks left alone, entries that cannot be read."""
+
+    files: list[Path] = attrs.field(factory=list)
+    symlinks: list[tuple[Path, str]] = attrs.field(factory=list)
+    """Each symlink and where it points (never followed)."""
+    unreadable: list[tuple[Path, str, str]] = attrs.field(factory=list)
+    """Each entry not read: path, what it is, why."""
+
+
+def _list(root: Path) -> _Listing:
+    """Every entry under ``root`` (files of a folder first, then its subfolders, in name order), from
+    ``lstat`` data: symlinks are listed and never followed, and FIFOs, devices and sockets are never opened."""
+    listing = _Listing()
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as iterator:
+                entries = sorted(iterator, key=lambda e: e.name)
+        except OSError as exc:
+            listing.unreadable.append((folder, "a folder that could not be listed", _why(exc)))
+            continue
+        subfolders: list[Path] = []
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                if entry.is_symlink():
+                    if not _skipped_folder(folder, entry.name):
+                        listing.symlinks.append((path, os.readlink(path)))
+                elif entry.is_dir(follow_symlinks=False):
+                    if not _skipped_folder(folder, entry.name):
+                        subfolders.append(path)
+                elif entry.is_file(follow_symlinks=False):
+                    listing.files.append(path)
+                else:
+                    kind = _kind(entry.stat(follow_symlinks=False).st_mode)
+                    listing.unreadable.append((path, kind, "not a regular file: not opened"))
+            except OSError as exc:
+                listing.unreadable.append((path, "could not be inspected", _why(exc)))
+        stack.extend(reversed(subfolders))
+    return listing
+
+
 def _walk(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames[:] = sorted(
-            name
-            for name in dirnames
-            if not name.startswith(".")
-            and name not in _SKIP_DIRS
-            and not name.endswith(".egg-info")
-            and not (here / name).is_symlink()
-            and not (here / name / "pyvenv.cfg").exists()
+    yield from _list(root).files
+
+
+def _why(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0)
+    return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+
+
+class _Unreadable(Exception):
+    def __init__(self, subject: str, why: str) -> None:
+        super().__init__(f"{subject}: {why}")
+        self.subject = subject
+        self.why = why
+
+
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)  # a FIFO put in a file's place after the listing cannot block the open
+    | getattr(os, "O_NOFOLLOW", 0)  # nor can a symlink put there send it elsewhere
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of the regular file ``path``, checked on the open descriptor (not on the name, which can
+    change between a check and the open).
+
+    :raises _Unreadable: it is not a regular file (any more), it cannot be opened, or it is too large.
+    """
+    try:
+        descriptor = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _Unreadable("a symlink", "it became one after the folder was listed: left alone") from None
+        raise _Unreadable("could not be opened", _why(exc)) from None
+    with open(descriptor, "rb", closefd=True) as handle:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Unreadable(_kind(info.st_mode), "not a regular file: not read")
+        too_large = _Unreadable("too large", f"{info.st_size:,} bytes > the limit of {MAX_FILE_BYTES:,}: not read")
+        if info.st_size > MAX_FILE_BYTES:
+            raise too_large
+        try:
+            data = handle.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise _Unreadable("could not be read", _why(exc)) from None
+        if len(data) > MAX_FILE_BYTES:
+            raise too_large
+        return data
+
+
+def _read_text(path: Path) -> str:
+    """The file's UTF-8 text with its own line endings.
+
+    :raises _Unreadable: as :func:`_read_bytes`, or it is not UTF-8 text.
+    """
+    data = _read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        named = re.search(rb"osmosis[-_.]ai", data, re.IGNORECASE) is not None
+        why = f"byte 0x{data[exc.start]:02x} at offset {exc.start} is not UTF-8" + (
+            "; it names osmosis-ai: migrate it by hand" if named else ""
         )
-        for name in sorted(filenames):
-            path = here / name
-            if not path.is_symlink():
-                yield path
+        raise _Unreadable("not UTF-8 text", why) from None
 
 
 def _read(path: Path) -> str | None:
-    """The file's text with its own line endings, or None when it is not UTF-8."""
+    """The file's text with its own line endings, or None when it cannot be read as UTF-8 text."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return handle.read()
-    except (UnicodeDecodeError, OSError):
+        return _read_text(path)
+    except _Unreadable:
         return None
 
 
@@ -91,11 +219,21 @@ class _Planner:
     unmapped: list[Finding] = attrs.field(factory=list)
     analyses: dict[Path, PythonAnalysis] = attrs.field(factory=dict)
     migrated_entrypoints: set[Path] = attrs.field(factory=set)
+    unreadable: dict[str, Finding] = attrs.field(factory=dict)
+    symlinks: list[Finding] = attrs.field(factory=list)
     reference: bool = False
     already: bool = False
 
     def rel(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
+
+    def read(self, path: Path) -> str | None:
+        """``path``'s text, or None after noting why it could not be read."""
+        try:
+            return _read_text(path)
+        except _Unreadable as exc:
+            self.unreadable.setdefault(self.rel(path), Finding(self.rel(path), None, exc.subject, exc.why))
+            return None
 
     def change(self, path: Path, old: str | None, new: str, *, executable: bool = False) -> None:
         if old is not None:
@@ -105,7 +243,14 @@ class _Planner:
         self.changes[self.rel(path)] = FileChange(self.rel(path), old, new, executable)
 
     def plan(self) -> MigrationPlan:
-        files = list(_walk(self.root))
+        listing = _list(self.root)
+        files = listing.files
+        for path, subject, why in listing.unreadable:
+            self.unreadable[self.rel(path)] = Finding(self.rel(path), None, subject, why)
+        self.symlinks = [
+            Finding(self.rel(path), None, f"a symlink to {target}", "left alone: never followed")
+            for path, target in listing.symlinks
+        ]
         names = {self.rel(p) for p in files}
         self.already = any(n.endswith(".orig") and n[: -len(".orig")] in names for n in names)
         configs = self._configs(files)
@@ -124,6 +269,8 @@ class _Planner:
             unmapped=tuple(self.unmapped),
             is_reference_workspace=self.reference,
             already_migrated=self.already,
+            unreadable=tuple(self.unreadable[k] for k in sorted(self.unreadable)),
+            symlinks=tuple(self.symlinks),
         )
 
     # -- configs/eval and configs/training ---------------------------------------------------------
@@ -134,7 +281,7 @@ class _Planner:
             if path.suffix != ".toml" or path.parent.parent != self.root / "configs":
                 continue
             kind = path.parent.name
-            text = _read(path) or ""
+            text = self.read(path) or ""
             if kind == "benchmark" and "[experiment]" in text:
                 self.reference = True
                 self.unmapped.append(
@@ -167,7 +314,7 @@ class _Planner:
         return found
 
     def _config(self, path: Path) -> None:
-        text = _read(path)
+        text = self.read(path)
         if text is None:
             return
         rel = self.rel(path)
@@ -223,7 +370,7 @@ class _Planner:
         decorate = None
         for path in files:
             is_entry = path in entrypoints
-            text = _read(path)
+            text = self.read(path)
             if text is None:
                 continue
             if "osmosis_ai" not in text and not is_entry:
@@ -255,7 +402,7 @@ class _Planner:
             is_requirements = re.fullmatch(r"requirements.*\.txt", path.name) is not None
             if path.name != "pyproject.toml" and not is_requirements:
                 continue
-            text = _read(path)
+            text = self.read(path)
             if text is None or not re.search(r"osmosis[-_.]ai", text, re.IGNORECASE):
                 continue
             self.reference = True
@@ -311,7 +458,7 @@ class _Planner:
         for path in files:
             if not (path.name.startswith("Dockerfile") or path.suffix in (".sh", ".cfg") or path.name == "Makefile"):
                 continue
-            text = _read(path) or ""
+            text = self.read(path) or ""
             for number, line in enumerate(text.splitlines(), start=1):
                 if re.search(r"osmosis[-_]ai", line, re.IGNORECASE):
                     self.unmapped.append(
@@ -384,8 +531,12 @@ def apply_migration(plan: MigrationPlan) -> list[Path]:
         path = root / change.rel
         if change.old is not None:
             backup = path.with_name(path.name + ".orig")
-            with open(path, "rb") as source, open(backup, "xb") as copy:
-                copy.write(source.read())
+            try:
+                original = _read_bytes(path)
+            except _Unreadable as exc:
+                raise MigrateError(f"{change.rel}: {exc} (it changed since the migration was planned)") from None
+            with open(backup, "xb") as copy:
+                copy.write(original)
             os.chmod(backup, path.stat().st_mode & 0o7777)
         path.parent.mkdir(parents=True, exist_ok=True)
         _write(path, change)

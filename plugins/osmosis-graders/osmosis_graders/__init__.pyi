@@ -2,6 +2,7 @@ from osmosis_graders.base import AnswerConfig as AnswerConfig
 from osmosis_graders.base import AnswerGrader as AnswerGrader
 from osmosis_graders.base import Verdict as Verdict
 from osmosis_graders.cas_pool import CasResult as CasResult
+from osmosis_graders.cas_pool import CasTiming as CasTiming
 from osmosis_graders.cas_pool import CasUnavailable as CasUnavailable
 from osmosis_graders.cas_pool import cas_check as cas_check
 from osmosis_graders.contains import ContainsConfig as ContainsConfig

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 import attrs
 
 from osmosis_core import Grader, GraderConfig, GraderContext
-from osmosis_graders.extract import ALIASES, EXTRACTORS, Extraction, extract_answer, final_text
+from osmosis_graders.extract import ALIASES, EXTRACTORS, Extraction, answer_start_before, extract_answer, final_text
 
 __all__ = [
     "AnswerConfig",
@@ -233,15 +233,39 @@ class AnswerGrader[C: AnswerConfig](Grader[C]):
         text = final_text(ctx.sample)
         answer = self.extract(text)
         if answer is None:
-            tried = ", ".join(self.config.extract)
-            why = "empty reply" if not text.strip() else f"no answer found (tried {tried})"
-            verdict = Verdict(0.0, reason=why)
+            verdict = self._nothing_found(text)
         else:
             verdict = await self.judge(answer, self.labels(ctx.label), ctx)
         if not math.isfinite(verdict.score):
             raise ValueError(f"{self.name}: the score {verdict.score!r} is not a finite number")
         record_metrics(ctx.sample.metrics, self.prefix, answer, verdict)
         return verdict.score
+
+    def _nothing_found(self, text: str) -> Verdict:
+        """Why no answer was found: an empty reply, an answer larger than the part read, or none at all."""
+        config = self.config
+        tried = ", ".join(config.extract)
+        if not text.strip():
+            return Verdict(0.0, reason="empty reply")
+        cut = len(text) - config.max_chars
+        if cut <= 0:
+            return Verdict(0.0, reason=f"no answer found (tried {tried})")
+        limit = {"limit": "max_chars"}
+        start = answer_start_before(text, cut, config.extract, tag=config.tag)
+        if start is not None:
+            marker, at = start
+            return Verdict(
+                0.0,
+                reason=f"answer too large to parse ({len(text) - at:,} chars > limit {config.max_chars:,}, max_chars): "
+                f"its {marker} starts before the part read",
+                metrics=limit,
+            )
+        return Verdict(
+            0.0,
+            reason=f"no answer found in the last {config.max_chars:,} chars read (the reply has {len(text):,} "
+            f"> limit {config.max_chars:,}, max_chars; tried {tried})",
+            metrics=limit,
+        )
 
     @abc.abstractmethod
     async def judge(self, answer: Extraction, labels: list[str], ctx: GraderContext[C]) -> Verdict:

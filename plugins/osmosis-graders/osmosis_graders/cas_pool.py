@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import attrs
 
-__all__ = ["CasResult", "CasUnavailable", "cas_check", "cas_pool", "default_workers"]
+__all__ = ["CasResult", "CasTiming", "CasUnavailable", "cas_check", "cas_pool", "default_workers"]
 
 STARTUP_SEC: Final = 120.0
 """How long a new worker may take to import math-verify (the grader's own timeout usually ends it first)."""
@@ -61,10 +61,48 @@ class CasResult:
     :ivar outcome: ``equal``, ``different``, ``unparsed``, ``timeout``, ``error`` (math-verify
         raised), or ``crashed`` (the worker died).
     :ivar detail: a few words on an unusual outcome (which side was unparsed, the error).
+    :ivar wait_sec: seconds it waited for a worker (a free one, or a new one's start-up).
+    :ivar compute_sec: seconds from handing the job to a worker to its answer (or its kill).
     """
 
     outcome: str
     detail: str | None = None
+    wait_sec: float = 0.0
+    compute_sec: float = 0.0
+
+
+@attrs.define
+class CasTiming:
+    """Where one check's time has gone, kept up to date while it runs: a check cancelled from outside
+    (the grader's timeout) still tells whether it was waiting for a worker or computing.
+
+    :ivar phase: ``queued`` (all of this loop's workers busy), ``starting`` (a new worker imports
+        math-verify), ``computing``, or ``done``.
+    """
+
+    phase: str = "queued"
+    wait_sec: float = 0.0
+    compute_sec: float = 0.0
+    workers: int = 0
+    """This loop's worker slots (all busy while ``queued``)."""
+    ahead: int = 0
+    """Checks already waiting when this one started to wait."""
+    limit: float = 0.0
+    """The per-comparison compute limit."""
+
+    def describe(self) -> str:
+        """What it was doing, in a few words: ``waiting for a CAS worker: ...`` or ``computing: ...``."""
+        if self.phase == "queued":
+            return (
+                f"waiting for a CAS worker: {self.wait_sec:.1f} s waited, all {self.workers} busy, "
+                f"{self.ahead} comparison(s) queued ahead; its comparison never started"
+            )
+        if self.phase == "starting":
+            return f"waiting for a CAS worker to start (importing math-verify): {self.wait_sec:.1f} s waited"
+        return (
+            f"computing: the CAS ran {self.compute_sec:.1f} s (per-comparison limit {self.limit:g} s) "
+            f"after {self.wait_sec:.1f} s waiting for a worker"
+        )
 
 
 class CasUnavailable(RuntimeError):
@@ -201,6 +239,7 @@ class CasPool:
             weakref.WeakKeyDictionary()
         )
         self._keep = 1
+        self._queued = 0
         self.started = 0
         """Worker processes started so far (a test or the bench reads it)."""
         self.killed = 0
@@ -246,31 +285,70 @@ class CasPool:
         self._dying = [w for w in self._dying if w.proc.poll() is None]
 
     async def check(
-        self, gold: str, answer: str, *, limit: float, workers: int | None = None, **options: Any
+        self,
+        gold: str,
+        answer: str,
+        *,
+        limit: float,
+        workers: int | None = None,
+        timing: CasTiming | None = None,
+        **options: Any,
     ) -> CasResult:
-        """Whether ``answer`` is equivalent to ``gold`` by math-verify, within ``limit`` seconds.
+        """Whether ``answer`` is equivalent to ``gold`` by math-verify, within ``limit`` seconds of computing.
+
+        The time spent waiting for a worker does not count against ``limit``; the result says how
+        long it waited and how long it computed. Cancelled (the grader's timeout), the
+        ``CancelledError`` carries a note saying which of the two it was doing (:meth:`CasTiming.describe`).
 
         :param workers: this loop's concurrency (processes); default :func:`default_workers`.
+        :param timing: filled in as the check goes (for a caller that may cancel it).
         :param options: ``float_rounding``, ``numeric_precision``, ``strict``, ``allow_set_relation_comp``.
         :raises CasUnavailable: no worker can start.
         """
         size = workers or default_workers()
         self._keep = max(self._keep, size)
-        async with self._semaphore(size):
+        timing = timing if timing is not None else CasTiming()
+        timing.phase, timing.workers, timing.ahead, timing.limit = "queued", size, self._queued, limit
+        loop = asyncio.get_running_loop()
+        start = begun = loop.time()
+        semaphore = self._semaphore(size)
+        self._queued += 1
+        try:
+            await semaphore.acquire()
+        except BaseException as exc:
+            timing.wait_sec = loop.time() - start
+            _note(exc, timing)
+            raise
+        finally:
+            self._queued -= 1
+        try:
             worker = self._take()
             try:
+                if not worker.ready:
+                    timing.phase = "starting"
+                    await worker.start()
+                begun = loop.time()
+                timing.phase, timing.wait_sec = "computing", begun - start
                 result = await worker.run({"gold": gold, "answer": answer, "limit": limit, **options}, limit)
-            except BaseException:
+            except BaseException as exc:
+                if timing.phase == "computing":
+                    timing.compute_sec = loop.time() - begun
+                else:
+                    timing.wait_sec = loop.time() - start
+                _note(exc, timing)
                 with self._lock:
                     if worker.ready:
                         self.killed += 1
                     self._retire(worker)  # mid-job or not started: never reused
                 raise
+            timing.phase, timing.compute_sec = "done", loop.time() - begun
             if worker.dead:
                 with self._lock:
                     self.killed += 1
             self._give_back(worker)
-            return result
+            return attrs.evolve(result, wait_sec=timing.wait_sec, compute_sec=timing.compute_sec)
+        finally:
+            semaphore.release()
 
     async def warm_up(self, workers: int | None = None) -> None:
         """Start ``workers`` processes now and wait until they are ready (so the first gradings do not wait)."""
@@ -328,6 +406,12 @@ class CasPool:
             return {"live": len(self._live), "idle": len(self._idle), "started": self.started, "killed": self.killed}
 
 
+def _note(exc: BaseException, timing: CasTiming) -> None:
+    """Say on a cancellation what the check was doing (the grader's timeout message shows it)."""
+    if isinstance(exc, asyncio.CancelledError):
+        exc.add_note(timing.describe())
+
+
 _orphans: list[_Worker] = []
 _pool: CasPool | None = None
 _pool_lock = threading.Lock()
@@ -353,6 +437,14 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-async def cas_check(gold: str, answer: str, *, limit: float, workers: int | None = None, **options: Any) -> CasResult:
+async def cas_check(
+    gold: str,
+    answer: str,
+    *,
+    limit: float,
+    workers: int | None = None,
+    timing: CasTiming | None = None,
+    **options: Any,
+) -> CasResult:
     """:meth:`CasPool.check` on the shared pool."""
-    return await cas_pool().check(gold, answer, limit=limit, workers=workers, **options)
+    return await cas_pool().check(gold, answer, limit=limit, workers=workers, timing=timing, **options)

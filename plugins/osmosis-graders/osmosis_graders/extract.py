@@ -37,6 +37,7 @@ from osmosis_core import Message, RolloutSample, message_text
 __all__ = [
     "EXTRACTORS",
     "Extraction",
+    "answer_start_before",
     "extract_answer",
     "final_text",
     "find_boxed",
@@ -281,6 +282,48 @@ def extract_answer(
         if answer is not None:
             return Extraction(answer, name)
     return None
+
+
+_ANSWER_WORD: Final = re.compile(r"(?i)\banswer\s*(?:\*\*)?\s*(?::|：|\bis\b)")
+
+
+def _last_match(pattern: re.Pattern[str], text: str) -> int:
+    found = -1
+    for match in pattern.finditer(text):
+        found = match.start()
+    return found
+
+
+_MARKERS: Final[dict[str, tuple[str, Callable[[str, str], int]]]] = {
+    "boxed": ("\\boxed{", lambda text, tag: _last_match(_BOXED, text)),
+    "hash": (_HASH, lambda text, tag: text.rfind(_HASH)),
+    "answer-line": ("answer:", lambda text, tag: _last_match(_ANSWER_WORD, text)),
+    "tag": ("<answer>", lambda text, tag: text.rfind(f"<{tag}>")),
+    "json": ("{", lambda text, tag: text.rfind("{")),
+}
+"""Extractor -> (how its answer starts, shown; where the last such start is in a text, or -1)."""
+
+
+def answer_start_before(
+    text: str, end: int, extractors: Sequence[str], *, tag: str = "answer"
+) -> tuple[str, int] | None:
+    """Where the last answer that one of ``extractors`` would read starts in ``text[:end]``: ``(marker, index)``.
+
+    For a reply longer than the part read: tells an answer too large to read from no answer at all.
+
+    >>> answer_start_before("Work. \\\\boxed{" + "1" * 50, 8, ["boxed", "hash"])
+    ('\\\\boxed{', 6)
+    """
+    best: tuple[str, int] | None = None
+    head = text[: end + len(tag) + 16]  # a marker cut in two by ``end`` starts before it too
+    for name in extractors:
+        marker = _MARKERS.get(ALIASES.get(name, name))
+        if marker is None:
+            continue
+        at = marker[1](head, tag)
+        if 0 <= at < end and (best is None or at > best[1]):
+            best = (marker[0].replace("answer>", f"{tag}>"), at)
+    return best
 
 
 def final_text(sample: RolloutSample) -> str:

@@ -14,7 +14,14 @@ How it stays cheap and safe on the rollout's event loop:
 2. **The CAS, off the loop**: everything else goes to math-verify in a worker process
    (:mod:`osmosis_graders.cas_pool`) with a hard limit of ``cas_timeout_sec`` per comparison: a
    hostile expression (``9^{9^{9^{9}}}``) costs one worker (killed and replaced), scores 0.0, and
-   says so in the metrics (``math.reason``).
+   says so in the metrics (``math.reason``). An answer longer than ``max_answer_chars`` or with
+   braces nested deeper than ``max_brace_depth`` (math-verify's parse time grows exponentially with
+   bare ``{{{...}}}``) never reaches it: it scores 0.0 with that limit as the reason (``math.limit``).
+
+The metrics of a comparison the CAS decided say where its time went: ``math.cas_wait_sec``
+(waiting for a free worker, or a new one's start-up) and ``math.cas_compute_sec``. A grading the
+grader timeout ends while it waits for a worker says so, in ``math.reason`` and in the timeout's
+message, apart from one that ends while the CAS computes.
 
 In a run config::
 
@@ -38,6 +45,7 @@ answer it cannot read scores 0.0.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from typing import Any, ClassVar, Final
@@ -56,11 +64,11 @@ from osmosis_graders.base import (
     positive_int,
     shown,
 )
-from osmosis_graders.cas_pool import cas_check, cas_pool
+from osmosis_graders.cas_pool import CasResult, CasTiming, cas_check, cas_pool
 from osmosis_graders.extract import Extraction
 from osmosis_graders.normalize import clean_latex, numbers_equal, parse_number
 
-__all__ = ["MathConfig", "MathGrader", "fast_equivalent"]
+__all__ = ["MathConfig", "MathGrader", "brace_depth", "fast_equivalent"]
 
 
 def _seconds(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -91,6 +99,7 @@ class MathConfig(AnswerConfig):
     :ivar allow_set_relation_comp: let ``1 < x < 2`` equal ``(1, 2)`` (math-verify's switch).
     :ivar fast_path: decide plain numbers and identical answers on the loop (turn off to send all to the CAS).
     :ivar max_answer_chars: a longer extracted answer scores 0.0 without reaching the CAS.
+    :ivar max_brace_depth: an answer with braces nested deeper scores 0.0 without reaching the CAS.
     """
 
     extract: ExtractorChain = attrs.field(
@@ -104,9 +113,27 @@ class MathConfig(AnswerConfig):
     allow_set_relation_comp: bool = False
     fast_path: bool = True
     max_answer_chars: int = attrs.field(default=1000, validator=positive_int)
+    max_brace_depth: int = attrs.field(default=32, validator=positive_int)
 
 
 _NO_SPACE: Final = re.compile(r"\s+")
+_ANY_BRACE: Final = re.compile(r"[{}]")
+
+
+def brace_depth(text: str) -> int:
+    """How deep braces nest in ``text`` (escaped ``\\{`` too: a set nests like a group).
+
+    >>> brace_depth("\\\\frac{1}{\\\\sqrt{2}}"), brace_depth("{{{1}}}"), brace_depth("x")
+    (2, 3, 0)
+    """
+    depth = deepest = 0
+    for match in _ANY_BRACE.finditer(text):
+        if match.group(0) == "{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif depth:
+            depth -= 1
+    return deepest
 
 
 def _math_form(text: str) -> str:
@@ -146,7 +173,10 @@ class MathGrader(AnswerGrader[MathConfig]):
         config = self.config
         if len(answer.text) > config.max_answer_chars:
             return Verdict(
-                0.0, reason=f"answer too long for the CAS ({len(answer.text)} > {config.max_answer_chars} chars)"
+                0.0,
+                reason=f"answer too large to parse ({len(answer.text):,} chars > limit {config.max_answer_chars:,}, "
+                "max_answer_chars)",
+                metrics={"limit": "max_answer_chars"},
             )
         undecided = []
         for label in labels:
@@ -159,31 +189,57 @@ class MathGrader(AnswerGrader[MathConfig]):
                 undecided.append(label)
         if not undecided:
             return Verdict(0.0, reason="not equal", metrics={"path": "fast"})
-        reasons = []
-        for label in undecided:
-            result = await cas_check(
-                label,
-                answer.text,
-                limit=config.cas_timeout_sec,
-                workers=config.cas_workers,
-                float_rounding=config.float_rounding,
-                numeric_precision=config.numeric_precision,
-                strict=config.strict,
-                allow_set_relation_comp=config.allow_set_relation_comp,
+        depth = brace_depth(answer.text)
+        if depth > config.max_brace_depth:
+            return Verdict(
+                0.0,
+                reason=f"braces nested deeper than {config.max_brace_depth} ({depth} levels, max_brace_depth): "
+                "not sent to the CAS",
+                metrics={"limit": "max_brace_depth"},
             )
+        reasons = []
+        waited = computed = 0.0
+        for label in undecided:
+            timing = CasTiming()
+            try:
+                result = await cas_check(
+                    label,
+                    answer.text,
+                    limit=config.cas_timeout_sec,
+                    workers=config.cas_workers,
+                    timing=timing,
+                    float_rounding=config.float_rounding,
+                    numeric_precision=config.numeric_precision,
+                    strict=config.strict,
+                    allow_set_relation_comp=config.allow_set_relation_comp,
+                )
+            except asyncio.CancelledError:  # the grader's timeout (or the run's end): say where it was
+                metrics = ctx.sample.metrics
+                metrics[f"{self.prefix}.reason"] = timing.describe()
+                metrics[f"{self.prefix}.path"] = "cas"
+                metrics[f"{self.prefix}.cas_wait_sec"] = round(waited + timing.wait_sec, 3)
+                metrics[f"{self.prefix}.cas_compute_sec"] = round(computed + timing.compute_sec, 3)
+                raise
+            waited += result.wait_sec
+            computed += result.compute_sec
+            cas = {"path": "cas", "cas_wait_sec": round(waited, 3), "cas_compute_sec": round(computed, 3)}
             if result.outcome == "equal":
-                return Verdict(1.0, metrics={"path": "cas"})
+                return Verdict(1.0, metrics=cas)
             if result.outcome == "unparsed" and result.detail and "label" in result.detail:
                 raise ValueError(f"math: math-verify cannot read the label {shown(label)!r}")
-            reasons.append(_reason(result.outcome, result.detail, config.cas_timeout_sec))
-        return Verdict(0.0, reason="; ".join(dict.fromkeys(reasons)), metrics={"path": "cas"})
+            reasons.append(_reason(result, config.cas_timeout_sec))
+        return Verdict(0.0, reason="; ".join(dict.fromkeys(reasons)), metrics=cas)
 
 
-def _reason(outcome: str, detail: str | None, limit: float) -> str:
+def _reason(result: CasResult, limit: float) -> str:
+    outcome, detail = result.outcome, result.detail
     if outcome == "different":
         return "not equivalent"
     if outcome == "timeout":
-        return f"the CAS ran past its {limit:g} s limit"
+        return (
+            f"computing: the CAS ran past its {limit:g} s per-comparison limit "
+            f"(after {result.wait_sec:.1f} s waiting for a worker)"
+        )
     if outcome == "unparsed":
         return detail or "math-verify cannot read the answer"
     return f"CAS {outcome}: {detail}" if detail else f"CAS {outcome}"

@@ -214,7 +214,38 @@ def test_math_fast_path(grade, reply, label, reward):
 
 def test_a_long_answer_never_reaches_the_cas(grade):
     reward, sample = grade(MathGrader(MathConfig(max_answer_chars=10)), r"\boxed{" + "x+" * 20 + "1}", "1")
-    assert reward == 0.0 and "answer too long for the CAS" in sample.metrics["math.reason"]
+    assert reward == 0.0
+    assert sample.metrics["math.reason"] == "answer too large to parse (41 chars > limit 10, max_answer_chars)"
+    assert sample.metrics["math.limit"] == "max_answer_chars"
+
+
+def test_a_megabyte_boxed_answer_names_the_size_limit(grade):
+    reply = r"\boxed{" + "1" * (1 << 20) + "}"
+    reward, sample = grade(MathGrader(), reply, "1")
+    assert reward == 0.0
+    assert sample.metrics["math.reason"] == (
+        "answer too large to parse (1,048,584 chars > limit 100,000, max_chars): "
+        r"its \boxed{ starts before the part read"
+    )
+    assert sample.metrics["math.limit"] == "max_chars"
+
+
+def test_deeply_nested_braces_name_the_depth_limit(grade):
+    reward, sample = grade(MathGrader(), r"\boxed{" + "{" * 40 + "1" + "}" * 40 + "}", "1")
+    assert reward == 0.0 and "math.path" not in sample.metrics  # never sent to the CAS
+    assert sample.metrics["math.reason"].startswith("braces nested deeper than 32 (40 levels, max_brace_depth)")
+    assert sample.metrics["math.limit"] == "max_brace_depth"
+    # nested so deep that the reply outgrows the part read: the size limit is the cause
+    reward, sample = grade(MathGrader(), r"\boxed{" + "{" * 60_000 + "1" + "}" * 60_000 + "}", "1")
+    assert reward == 0.0 and sample.metrics["math.reason"].startswith("answer too large to parse (120,009 chars > ")
+
+
+def test_a_long_reply_without_an_answer_says_only_its_end_was_read(grade):
+    reward, sample = grade(ExactMatchGrader(ExactMatchConfig(extract="hash", max_chars=100)), "x" * 500, "1")
+    assert reward == 0.0
+    assert sample.metrics["exact-match.reason"] == (
+        "no answer found in the last 100 chars read (the reply has 500 > limit 100, max_chars; tried hash)"
+    )
 
 
 # -- configs read from a [rollout.grader_config] table ---------------------------------------------

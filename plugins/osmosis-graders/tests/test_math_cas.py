@@ -9,7 +9,16 @@ import time
 
 import pytest
 
-from osmosis_core import GraderContext, RolloutSample
+from osmosis_core import (
+    AgentWorkflow,
+    ErrorCategory,
+    ExecutionRequest,
+    ExecutionResult,
+    GraderContext,
+    LocalBackend,
+    PolicyEndpoint,
+    RolloutSample,
+)
 from osmosis_graders import MathConfig, MathGrader
 from osmosis_graders.cas_pool import GRACE_SEC, CasPool, CasUnavailable, cas_check, cas_pool
 
@@ -87,7 +96,7 @@ def test_a_hostile_expression_ends_within_its_time_limit_and_the_pool_recovers()
 
     elapsed, worst_gap, reward, sample = asyncio.run(main())
     assert reward == 0.0
-    assert sample.metrics["math.reason"] == "the CAS ran past its 1 s limit"
+    assert sample.metrics["math.reason"].startswith("computing: the CAS ran past its 1 s per-comparison limit (after ")
     assert elapsed < limit + GRACE_SEC + 0.5, elapsed
     assert worst_gap < 0.2, worst_gap
     # the worker stopped itself (its alarm) or was killed: either way the next comparison works
@@ -186,6 +195,9 @@ def test_a_cancelled_grading_kills_its_worker():
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.5):  # what the backend's grader timeout does
                 await grader.grade(GraderContext(sample, "1", [], {}, grader.config))
+        # it timed out computing, not waiting for a worker, and says so
+        assert sample.metrics["math.reason"].startswith("computing: the CAS ran ")
+        assert sample.metrics["math.cas_compute_sec"] >= 0.4
 
     killed = cas_pool().stats()["killed"]
     live = cas_pool().stats()["live"]
@@ -204,3 +216,55 @@ def test_a_worker_that_cannot_import_math_verify_is_a_clear_error(tmp_path, monk
         assert pool.stats()["live"] == 0
     finally:
         pool.shutdown()
+
+
+class _Replies(AgentWorkflow):
+    """Answers with the prompt's text (the answer under test)."""
+
+    async def run(self, ctx):
+        return [*ctx.prompt, {"role": "assistant", "content": ctx.prompt[-1]["content"]}]
+
+
+def test_a_saturated_cas_tells_waiting_for_a_worker_from_computing():
+    """One CAS worker, held by a hostile expression: a grading whose timeout comes while it waits for the
+    worker says so (reason, metrics and the timeout's message), and one that waits it out records its wait
+    apart from its compute time; the hostile one ran past the per-comparison compute limit."""
+    backend = LocalBackend(_Replies, grader=MathGrader, grader_config=MathConfig(cas_workers=1, cas_timeout_sec=3))
+    policy = PolicyEndpoint("http://127.0.0.1:9/v1", "m")
+
+    async def one(i: int, reply: str, label: str, timeout: float, delay: float) -> ExecutionResult:
+        await asyncio.sleep(delay)
+        results: list[ExecutionResult] = []
+
+        async def keep(result: ExecutionResult) -> None:
+            results.append(result)
+
+        prompt = [{"role": "user", "content": reply}]
+        request = ExecutionRequest(f"r{i}", prompt, policy, label=label, grader_timeout_sec=timeout)
+        await backend.execute(request, keep, keep)
+        return results[-1]
+
+    async def main() -> list[ExecutionResult]:
+        return await asyncio.gather(
+            one(0, rf"\boxed{{{HOSTILE}}}", "1", 120, 0.0),  # holds the only worker for 3 s + grace
+            one(1, r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}", 1.0, 0.3),  # times out in the queue
+            one(2, r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}", 120, 0.5),  # waits, then computes
+        )
+
+    hostile, queued, waited = asyncio.run(main())
+    assert hostile.reward == 0.0
+    assert hostile.sample.metrics["math.reason"].startswith("computing: the CAS ran past its 3 s per-comparison limit")
+    assert hostile.sample.metrics["math.cas_compute_sec"] >= 3.0
+
+    assert queued.error is not None and queued.error.category is ErrorCategory.TIMEOUT
+    assert queued.error.message.startswith("the grader ran past its 1 s timeout (waiting for a CAS worker: ")
+    assert "all 1 busy" in queued.error.message and "its comparison never started" in queued.error.message
+    metrics = queued.sample.metrics
+    assert metrics["math.reason"].startswith("waiting for a CAS worker: ")
+    assert metrics["math.cas_wait_sec"] >= 0.9 and metrics["math.cas_compute_sec"] == 0.0
+
+    assert waited.reward == 1.0
+    metrics = waited.sample.metrics
+    assert metrics["math.path"] == "cas"
+    assert metrics["math.cas_wait_sec"] >= 2.5  # behind the hostile one (and the replacement's start-up)
+    assert 0.0 < metrics["math.cas_compute_sec"] < metrics["math.cas_wait_sec"]
