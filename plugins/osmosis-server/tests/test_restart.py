@@ -209,7 +209,7 @@ def test_kill_9_at_random_instants_never_records_an_id_twice_nor_forgets_one(tmp
         server = start(tmp_path, port, f"run{restart}")
         stop = threading.Event()
 
-        def submitter(url: str = server.url) -> None:
+        def submitter(url: str = server.url, stop: threading.Event = stop) -> None:
             nonlocal serial
             with httpx.Client(base_url=url, headers={**AUTH, "Content-Type": "application/json"}, timeout=5) as http:
                 while not stop.is_set():
