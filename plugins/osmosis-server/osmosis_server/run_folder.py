@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
-import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any, Final
 
 from osmosis_core import ExecutionResult, OsmosisError
 from osmosis_core.plugin import ResultWriter, RunLock, result_line
-from osmosis_server.ledger import LEDGER, Known, Ledger
+from osmosis_server.ledger import Known, Ledger
 
 __all__ = ["RESULTS", "RUN_META", "TOKEN_FILE", "RunFolder"]
 
@@ -40,8 +39,6 @@ RESULTS: Final = "results.jsonl"
 RUN_META: Final = "run.json"
 TOKEN_FILE: Final = "server-token"
 KIND: Final = "serve"
-
-log = logging.getLogger("osmosis_server")
 
 
 class RunFolder:
@@ -60,9 +57,8 @@ class RunFolder:
         self._secrets = tuple(s for s in secrets if s and len(s) >= 4)
         self._lock = RunLock(self.path)
         self._writer: ResultWriter | None = None
-        self.ledger = Ledger(self.path / LEDGER)
+        self.ledger = Ledger(self.path)
         self._end = 0
-        self._unmarked: dict[str, Known] = {}
         self.written = 0
 
     @property
@@ -154,17 +150,26 @@ class RunFolder:
 
         :raises OSError: the ledger cannot be read.
         """
-        unmarked = self._unmarked.get(rollout_id)
-        return unmarked if unmarked is not None else self.ledger.lookup(rollout_id)
+        return self.ledger.lookup(rollout_id)
 
     def admit(
-        self, rollout_id: str, digest: bytes, row: int, sample_index: int, label: Any, *, again: bool = False
+        self,
+        rollout_id: str,
+        digest: bytes,
+        row: int,
+        sample_index: int,
+        label: Any,
+        *,
+        attempts: int = 1,
+        auto_row: bool = False,
     ) -> None:
-        """Record an admission durably, before the server answers it (``again``: a lost id once more).
+        """Record an admission durably, before the server answers it (``attempts`` > 1: a lost id
+        admitted again; ``auto_row``: ``row`` came from :meth:`next_row`).
 
         :raises OSError: it could not be recorded.
         """
-        self.ledger.admit(rollout_id, digest, row, sample_index, label if isinstance(label, str) else None, again=again)
+        known = Known(rollout_id, digest, attempts, row, sample_index, label if isinstance(label, str) else None)
+        self.ledger.admit(known, auto_row=auto_row)
 
     def record(
         self,
@@ -175,12 +180,11 @@ class RunFolder:
         *,
         lease_expired: bool = False,
     ) -> int:
-        """Append the line of one finished rollout (``secrets`` are that rollout's own: its key),
-        then mark it recorded in the ledger; return where the line starts.
+        """Append the line of one finished rollout (``secrets`` are that rollout's own: its key)
+        and note it in the ledger; return where the line starts.
 
         :raises TypeError, ValueError: the line is not JSON (a sample the workflow filled with objects).
-        :raises OSError: the line could not be written (or, after it was, the ledger not updated:
-            the next start finds the line anyway).
+        :raises OSError: the line could not be written.
         """
         if self._writer is None:
             raise RuntimeError("the run folder is not open")
@@ -188,25 +192,12 @@ class RunFolder:
         self._writer.write(result_line(row, sample_index, result), secrets)
         self._end = self.results_path.stat().st_size
         self.written += 1
-        status = result.status.value
-        try:
-            self.ledger.recorded(result.rollout_id, start, self._end, status, lease_expired=lease_expired)
-        except OSError as exc:
-            # the line is written: remember it here (the next start finds it in results.jsonl)
-            log.error("%s; kept in memory until the server stops", exc)
-            known = self.ledger.lookup_or_none(result.rollout_id)
-            self._unmarked[result.rollout_id] = Known(
-                result.rollout_id,
-                known.digest if known is not None else b"",
-                known.attempts if known is not None else 1,
-                row,
-                sample_index,
-                known.label if known is not None else None,
-                start,
-                status,
-                lease_expired,
-            )
+        self.ledger.recorded(result.rollout_id, start, self._end, result.status.value, lease_expired=lease_expired)
         return start
+
+    def flush(self) -> None:
+        """Write the ledger's pending changes to its index (the server does it about once a second)."""
+        self.ledger.flush()
 
     def read_line(self, known: Known) -> dict[str, Any]:
         """The results line of a recorded rollout, read back from ``results.jsonl``.

@@ -456,15 +456,20 @@ class RolloutService:
         entry.secrets = tuple(s for s in (body.llm_api_key, body.callback_api_key) if s)
         row = body.row if body.row is not None else _index(metadata.get("row"))
         sample_index = body.sample_index if body.sample_index is not None else _index(metadata.get("sample_index"))
+        auto_row = False
         if known is not None:  # lost: it keeps its place
             entry.row = row if row is not None else known.row
             entry.sample_index = sample_index if sample_index is not None else known.sample_index
         else:
+            auto_row = row is None
             entry.row = row if row is not None else self.folder.next_row()
             entry.sample_index = sample_index or 0
         admission = self._admission(entry)
+        attempts = 1 if known is None else known.attempts + 1
         try:  # durable before the 202: a server killed from here on knows the id
-            self.folder.admit(entry.id, digest, entry.row, entry.sample_index, body.label, again=known is not None)
+            self.folder.admit(
+                entry.id, digest, entry.row, entry.sample_index, body.label, attempts=attempts, auto_row=auto_row
+            )
         except OSError as exc:
             self.counts["refused_unrecordable"] += 1
             log.error("rollout %s: not admitted: %s", entry.id, exc)
@@ -483,7 +488,7 @@ class RolloutService:
         task.add_done_callback(self._task_done(entry))
         if known is not None:
             self.counts["admitted_again"] += 1
-            log.info("rollout %s: lost by an earlier server; admitted again (attempt %d)", entry.id, known.attempts + 1)
+            log.info("rollout %s: lost by an earlier server; admitted again (attempt %d)", entry.id, attempts)
         else:
             log.debug("rollout %s: queued", entry.id)
         return admission
@@ -877,6 +882,8 @@ class RolloutService:
             entry = retained.popleft()
             if table.get(entry.id) is entry:
                 del table[entry.id]
+        if self.started and not self.closed:
+            self.folder.flush()
 
     async def _sweep(self) -> None:
         shortest = min(self.settings.lease_timeout_sec, self.settings.retention_sec or 1.0)
