@@ -49,6 +49,7 @@ LOG_COMPACT_BYTES: Final = 4 << 20
 """An admissions log this large, wholly in the index, is emptied."""
 
 log = logging.getLogger("osmosis_server")
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -317,7 +318,7 @@ class Ledger:
         }
         if auto_row:
             entry["auto_row"] = True
-        data = (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        data = (_encode(entry) + "\n").encode()
         written = os.write(self._fd, data)
         if written != len(data):
             raise OSError(f"{self.log_path}: a short write ({written} of {len(data)} bytes)")

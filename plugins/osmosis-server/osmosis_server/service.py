@@ -4,7 +4,10 @@ It holds no HTTP: :mod:`osmosis_server.app` maps routes to its methods. Per roll
 small record and one task; every bookkeeping step is O(1) (a poll waits on the rollout's own
 event, leases expire from the front of an ordered map, retention from the front of a queue), so a
 training run of millions of rollouts costs the same per rollout at the end as at the start, and
-memory holds only what is in flight plus what finished within ``retention_sec``.
+memory holds only what is in flight plus what finished within ``retention_sec``. Every admission
+is recorded in the run folder before it is answered (:mod:`osmosis_server.ledger`), so an id is
+admitted once per folder, and a server started again on the folder answers the results it recorded
+and reports the rollouts it lost.
 
 Lifecycle of a rollout::
 

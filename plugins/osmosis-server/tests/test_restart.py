@@ -115,6 +115,7 @@ def test_after_kill_9_a_restart_answers_recorded_rollouts_and_reports_lost_ones_
             rerun = http.post("/rollout", content=encoded(slow[0]))  # lost: it runs once more
             rerun_again = http.post("/rollout", content=encoded(slow[0]))
             while_running = poll("s-0")
+            documented = http.get("/openapi.json").json()["paths"]["/rollout/{rollout_id}/result"]["get"]
 
         async def polling_trainer():
             client = RolloutClient(second.url, token=TOKEN)
@@ -140,6 +141,7 @@ def test_after_kill_9_a_restart_answers_recorded_rollouts_and_reports_lost_ones_
     assert answer["sample"]["messages"][-1]["content"] == "#### 42" and answer["sample"]["label"] == "42"
     assert lost.status_code == 410, lost.text
     assert lost.json()["status"] == "lost" and "submit it again" in lost.json()["detail"]
+    assert "410" in documented["responses"]
     assert wrong_lease.status_code == 403 and unknown.status_code == 404
     assert same_again.status_code == 409 and same_again.json()["polling_lease_token"] == leases["q-0"]
     assert other_body.status_code == 409 and "polling_lease_token" not in other_body.json()
