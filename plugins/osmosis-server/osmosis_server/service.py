@@ -644,7 +644,10 @@ class RolloutService:
                 entry.id,
                 _WF,
                 ExecutionStatus.FAILURE,
-                error=ErrorInfo(ErrorCategory.INFRA_ERROR, f"the server could not report the result: {exc!r}"[:1000]),
+                error=ErrorInfo(
+                    ErrorCategory.INFRA_ERROR,
+                    "the server could not report the result: " + clip(repr(exc), self._server_secrets + entry.secrets),
+                ),
             )
             body = dumps(result_document(final))
         entry.result_body = body

@@ -15,8 +15,8 @@ import signal
 import time
 
 import httpx
-from server_helpers import TOKEN, ServeProcess, read_lines, run
-from test_serve import config
+from server_helpers import TOKEN, read_lines, run
+from test_serve import serve_config
 
 from osmosis_core import (
     ExecutionBackend,
@@ -57,13 +57,7 @@ BAD_IDS = {
 
 
 def test_ids_that_cannot_be_a_path_segment_or_a_header_are_refused_and_nothing_is_admitted(tmp_path):
-    cfg = config(tmp_path, server="grace_sec = 2\nresult_wait_sec = 1.0")
-    served = ServeProcess(
-        [str(cfg), "--port", "0", "--output", str(tmp_path / "run"), "--log-level", "debug"],
-        cwd=tmp_path,
-        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
-        log=tmp_path / "serve.log",
-    )
+    served = serve_config(tmp_path, "--log-level", "debug", server="grace_sec = 2\nresult_wait_sec = 1.0")
     try:
         with httpx.Client(base_url=served.url, headers=AUTH, timeout=30) as http:
             answers = {}
@@ -118,13 +112,7 @@ def test_ids_that_cannot_be_a_path_segment_or_a_header_are_refused_and_nothing_i
 
 
 def test_an_empty_cancel_prefix_is_refused_and_cancels_nothing(tmp_path):
-    cfg = config(tmp_path, server="grace_sec = 1\nresult_wait_sec = 1.0")
-    served = ServeProcess(
-        [str(cfg), "--port", "0", "--output", str(tmp_path / "run")],
-        cwd=tmp_path,
-        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
-        log=tmp_path / "serve.log",
-    )
+    served = serve_config(tmp_path, server="grace_sec = 1\nresult_wait_sec = 1.0")
     try:
         with httpx.Client(base_url=served.url, headers=AUTH, timeout=30) as http:
             for i in range(3):
@@ -143,13 +131,7 @@ def test_an_empty_cancel_prefix_is_refused_and_cancels_nothing(tmp_path):
 
 
 def test_serve_prints_the_address_it_listens_on(tmp_path):
-    cfg = config(tmp_path)
-    served = ServeProcess(
-        [str(cfg), "--host", "0.0.0.0", "--port", "0", "--output", str(tmp_path / "run")],
-        cwd=tmp_path,
-        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
-        log=tmp_path / "serve.log",
-    )
+    served = serve_config(tmp_path, "--host", "0.0.0.0")
     try:
         assert re.fullmatch(r"http://0\.0\.0\.0:\d+", served.url), served.stdout
         port = int(served.url.rsplit(":", 1)[1])

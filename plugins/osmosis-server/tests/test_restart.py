@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from server_helpers import TOKEN, ServeProcess, read_lines, run
-from test_serve import config
+from test_serve import serve_config
 from workflows import EndsWithLabel, Trivial
 
 from osmosis_core import LocalBackend
@@ -52,14 +52,8 @@ def encoded(req: RolloutRequest) -> bytes:
     return json.dumps(req.to_json(), separators=(",", ":")).encode()
 
 
-def start(tmp_path: Path, port: int, name: str, server: str = "") -> ServeProcess:
-    cfg = config(tmp_path, server=server or "grace_sec = 1\nresult_wait_sec = 1.0")
-    return ServeProcess(
-        [str(cfg), "--port", str(port), "--output", str(tmp_path / "run")],
-        cwd=tmp_path,
-        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
-        log=tmp_path / f"{name}.log",
-    )
+def start(tmp_path: Path, port: int, name: str) -> ServeProcess:
+    return serve_config(tmp_path, "--port", str(port), server="grace_sec = 1\nresult_wait_sec = 1.0", log=name)
 
 
 def wait_for_lines(path: Path, count: int, timeout: float = 30) -> None:
