@@ -49,7 +49,7 @@ LOG_COMPACT_BYTES: Final = 4 << 20
 """An admissions log this large, wholly in the index, is emptied."""
 
 log = logging.getLogger("osmosis_server")
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_string = json.JSONEncoder(ensure_ascii=False).encode  # a str as a JSON string
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -73,6 +73,7 @@ _UPSERT: Final = (
     "sample_index = excluded.sample_index, label = excluded.label, line_offset = excluded.line_offset, "
     "status = excluded.status, lease_expired = excluded.lease_expired"
 )
+_SELECT: Final = f"SELECT {_COLUMNS} FROM rollouts WHERE id = ?"
 # what results.jsonl says of an id: it is recorded there (first line wins)
 _MARK: Final = (
     f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?, x'', 1, ?, ?, NULL, ?, ?, 0) ON CONFLICT (id) DO UPDATE SET "
@@ -184,6 +185,7 @@ class Ledger:
         self.path = folder / LEDGER
         self.log_path = folder / ADMISSIONS_LOG
         self._db: sqlite3.Connection | None = None
+        self._reader: sqlite3.Cursor | None = None
         self._fd: int | None = None
         self._pending: dict[str, Known] = {}
         self._log_end = 0
@@ -219,6 +221,7 @@ class Ledger:
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.executescript(_SCHEMA)
                 self._db = db
+                self._reader = db.cursor()
                 size = self._catch_up(results)
             except BaseException:
                 self._db = None
@@ -291,8 +294,10 @@ class Ledger:
         pending = self._pending.get(rollout_id)
         if pending is not None:
             return pending
+        if self._reader is None:
+            raise RuntimeError("the admissions ledger is not open")
         try:
-            found = self.db.execute(f"SELECT {_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
+            found = self._reader.execute(_SELECT, (rollout_id,)).fetchone()
         except sqlite3.Error as exc:
             raise OSError(f"{self.path}: cannot be read: {exc}") from None
         if found is None:
@@ -308,32 +313,23 @@ class Ledger:
         """
         if self._fd is None:
             raise RuntimeError("the admissions ledger is not open")
-        entry: dict[str, Any] = {
-            "id": known.rollout_id,
-            "digest": known.digest.hex(),
-            "attempts": known.attempts,
-            "row": known.row,
-            "sample_index": known.sample_index,
-            "label": known.label,
-        }
-        if auto_row:
-            entry["auto_row"] = True
-        data = (_encode(entry) + "\n").encode()
+        data = (
+            f'{{"id":{_string(known.rollout_id)},"digest":"{known.digest.hex()}","attempts":{known.attempts:d},'
+            f'"row":{known.row:d},"sample_index":{known.sample_index:d},'
+            f'"label":{"null" if known.label is None else _string(known.label)}'
+            f"{',"auto_row":true' if auto_row else ''}}}\n"
+        ).encode()
         written = os.write(self._fd, data)
         if written != len(data):
             raise OSError(f"{self.log_path}: a short write ({written} of {len(data)} bytes)")
         self._log_end += written
         self._hold(known)
 
-    def recorded(self, rollout_id: str, offset: int, end: int, status: str, *, lease_expired: bool = False) -> None:
-        """Note that ``rollout_id``'s line starts at ``offset`` of results.jsonl (now ``end`` bytes)."""
-        try:
-            known = self.lookup(rollout_id)
-        except OSError:
-            known = None
-        known = known or Known(rollout_id, b"", 1, 0, 0, None)
+    def recorded(self, known: Known, end: int) -> None:
+        """Note a recorded rollout (``known.offset``: where its line starts in results.jsonl, which
+        is now ``end`` bytes long); the index follows with the next batch."""
         self.results_end = end
-        self._hold(attrs.evolve(known, offset=offset, status=status, lease_expired=lease_expired))
+        self._hold(known)
 
     def _hold(self, known: Known) -> None:
         self._pending[known.rollout_id] = known
@@ -365,7 +361,7 @@ class Ledger:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-        db, self._db = self._db, None
+        db, self._db, self._reader = self._db, None, None
         if db is not None:
             with contextlib.suppress(sqlite3.Error):
                 db.close()

@@ -58,6 +58,7 @@ class RunFolder:
         self._lock = RunLock(self.path)
         self._writer: ResultWriter | None = None
         self.ledger = Ledger(self.path)
+        self._results = str(self.path / RESULTS)
         self._end = 0
         self.written = 0
 
@@ -179,9 +180,12 @@ class RunFolder:
         secrets: tuple[str, ...] = (),
         *,
         lease_expired: bool = False,
+        digest: bytes = b"",
+        attempts: int = 1,
+        label: Any = None,
     ) -> int:
         """Append the line of one finished rollout (``secrets`` are that rollout's own: its key)
-        and note it in the ledger; return where the line starts.
+        and note it in the ledger, with what :meth:`admit` was given; return where the line starts.
 
         :raises TypeError, ValueError: the line is not JSON (a sample the workflow filled with objects).
         :raises OSError: the line could not be written.
@@ -190,9 +194,20 @@ class RunFolder:
             raise RuntimeError("the run folder is not open")
         start = self._end
         self._writer.write(result_line(row, sample_index, result), secrets)
-        self._end = self.results_path.stat().st_size
+        self._end = os.stat(self._results).st_size  # (a str: a Path costs more than the call)
         self.written += 1
-        self.ledger.recorded(result.rollout_id, start, self._end, result.status.value, lease_expired=lease_expired)
+        known = Known(
+            result.rollout_id,
+            digest,
+            attempts,
+            row,
+            sample_index,
+            label if isinstance(label, str) else None,
+            start,
+            result.status.value,
+            lease_expired,
+        )
+        self.ledger.recorded(known, self._end)
         return start
 
     def flush(self) -> None:

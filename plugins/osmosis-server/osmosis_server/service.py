@@ -148,6 +148,7 @@ class Rollout:
     """One admitted rollout's record (kept until its retention ends)."""
 
     __slots__ = (
+        "attempts",
         "callback_api_key",
         "callback_url",
         "changed",
@@ -175,6 +176,7 @@ class Rollout:
     def __init__(self, rollout_id: str, digest: bytes) -> None:
         self.id = rollout_id
         self.digest = digest
+        self.attempts = 1
         self.status = RolloutStatus.QUEUED
         self.request: ExecutionRequest | None = None
         self.task: asyncio.Task[None] | None = None
@@ -468,7 +470,7 @@ class RolloutService:
             entry.row = row if row is not None else self.folder.next_row()
             entry.sample_index = sample_index or 0
         admission = self._admission(entry)
-        attempts = 1 if known is None else known.attempts + 1
+        attempts = entry.attempts = 1 if known is None else known.attempts + 1
         try:  # durable before the 202: a server killed from here on knows the id
             self.folder.admit(
                 entry.id, digest, entry.row, entry.sample_index, body.label, attempts=attempts, auto_row=auto_row
@@ -700,7 +702,16 @@ class RolloutService:
 
     def _record(self, entry: Rollout, final: ExecutionResult, lease_expired: bool) -> None:
         try:
-            self.folder.record(entry.row, entry.sample_index, final, entry.secrets, lease_expired=lease_expired)
+            self.folder.record(
+                entry.row,
+                entry.sample_index,
+                final,
+                entry.secrets,
+                lease_expired=lease_expired,
+                digest=entry.digest,
+                attempts=entry.attempts,
+                label=entry.label,
+            )
         except (OSError, TypeError, ValueError, RecursionError) as exc:
             self.counts["unrecorded"] += 1
             log.error("rollout %s: its result could not be written to %s: %s", entry.id, self.folder.results_path, exc)
