@@ -300,3 +300,48 @@ def test_a_line_cut_short_by_a_kill_is_removed_and_its_rollout_is_lost(serve, tm
     lines = read_lines(folder / "results.jsonl")  # valid JSONL: the cut line is gone
     assert [line["rollout_id"] for line in lines] == ["whole", "next"]
     assert lines[1]["row"] == 1  # rows continue after the folder's lines
+
+
+CHILD = """
+import os, signal, sys
+from osmosis_core import ExecutionResult, ExecutionStage, ExecutionStatus
+from osmosis_server import RunFolder
+
+folder = RunFolder(sys.argv[1]).open()
+label = "x" * 1000  # long lines: the admissions log passes its 4 MiB and is emptied on the way
+for i in range(6000):
+    rid = f"c-{i}"
+    folder.admit(rid, bytes([i % 256]) * 32, folder.next_row(), 0, label, auto_row=True)
+    if i % 2 == 0:
+        result = ExecutionResult(rid, ExecutionStage.WORKFLOW, ExecutionStatus.SUCCESS)
+        folder.record(i, 0, result, digest=bytes([i % 256]) * 32, label=label)
+    if i == 5000:
+        folder.flush()
+os.kill(os.getpid(), signal.SIGKILL)  # between two batches: the last thousand are in the files only
+"""
+
+
+def test_the_ledger_survives_a_kill_between_its_batches_and_after_emptying_its_log(tmp_path):
+    """A process that admits and records through RunFolder, empties its admissions log once on the
+    way, and is killed with changes still waiting for their batch: the next open knows every id."""
+    import subprocess
+    import sys
+
+    from osmosis_server import RunFolder
+
+    folder_path = tmp_path / "run"
+    child = subprocess.run([sys.executable, "-c", CHILD, str(folder_path)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    log_size = (folder_path / "admissions.log").stat().st_size
+    assert log_size < 6000 * 1000  # it was emptied once (else it would hold every line)
+    folder = RunFolder(folder_path).open()
+    try:
+        assert folder.recovered == {"recorded": 3000, "lost": 3000}
+        for i in (0, 1, 4998, 4999, 5998, 5999):
+            known = folder.lookup(f"c-{i}")
+            assert known is not None and known.digest == bytes([i % 256]) * 32, i
+            assert known.recorded == (i % 2 == 0) and known.label == "x" * 1000, (i, known)
+        assert folder.next_row() == 6000  # rows continue after the last one admitted
+    finally:
+        folder.close()
+    assert sorted(recorded_once(folder_path / "results.jsonl")) == sorted(f"c-{i}" for i in range(0, 6000, 2))
