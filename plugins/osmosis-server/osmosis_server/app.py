@@ -57,10 +57,13 @@ from osmosis_server.service import (
     BadLease,
     Conflict,
     Draining,
+    FolderError,
+    Lost,
     QueueFull,
     RolloutService,
     Unavailable,
     UnknownRollout,
+    Unreadable,
 )
 from osmosis_server.settings import DEFAULT_TOKEN_ENV, ServerSettings
 
@@ -312,6 +315,8 @@ def _routes(service: RolloutService, settings: ServerSettings) -> list[tuple[str
             return _problem(503, "the rollout server is shutting down", {"Retry-After": DRAIN_RETRY_AFTER})
         except Unavailable as exc:
             return _problem(503, f"the backend is unavailable: {exc}", {"Retry-After": DRAIN_RETRY_AFTER})
+        except FolderError as exc:
+            return _problem(503, f"the admission cannot be recorded: {exc}", {"Retry-After": DRAIN_RETRY_AFTER})
         except ClientDisconnect:
             return Response(b"", 400)
         encoded = dumps(admission)
@@ -334,6 +339,11 @@ def _routes(service: RolloutService, settings: ServerSettings) -> list[tuple[str
             return _problem(404, "unknown rollout_id")
         except BadLease:
             return _problem(403, "invalid polling lease")
+        except Lost as exc:
+            lost = {"detail": str(exc), "rollout_id": exc.rollout_id, "status": "lost", "attempts": exc.attempts}
+            return Response(dumps(lost), 410, None, json_type)
+        except Unreadable as exc:
+            return _problem(500, str(exc))
         return Response(body, 200, None, json_type)
 
     async def cancel(request: Request) -> Response:

@@ -32,10 +32,12 @@ A training step, end to end (needs a server: ``osmosis serve configs/training/mu
         async with http_scope():
             return [r async for r in client.run_many(requests, concurrency=64)]
 
-A rollout that the server lost (it restarted, or dropped the result after its retention) or that
-an earlier attempt admitted without the server handing back its lease (a reference server) is
-yielded by ``run_many`` as a failed result (``infra_error``) rather than raised; a rejected
-request (422), a wrong token (401) or a server that stays unreachable raise.
+A server restarted on the same run folder answers the rollouts it recorded and reports those it
+lost (410); :meth:`RolloutClient.run` submits a lost one once more. A rollout that still cannot be
+read (lost twice, unknown to the server, or admitted by an earlier attempt without the server
+handing back its lease, as a reference server does) is yielded by ``run_many`` as a failed result
+(``infra_error``) rather than raised; a rejected request (422), a wrong token (401) or a server
+that stays unreachable raise.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import asyncio
 import json
 import os
 import time
+import urllib.parse
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any, Final, NoReturn
 
@@ -107,7 +110,17 @@ class RolloutAlreadyAdmitted(RolloutConflict):
 
 
 class RolloutLost(RolloutClientError):
-    """The server no longer knows an admitted rollout (it restarted, or its result was dropped)."""
+    """The server cannot give an admitted rollout's result.
+
+    ``rerun`` is True when the server said the rollout is *lost* (410: a server on the same run
+    folder admitted it, then stopped before it finished): submitting it again runs it once more,
+    which :meth:`RolloutClient.run` does by itself. Otherwise the server does not know it (a
+    server on another run folder) or refused its lease.
+    """
+
+    def __init__(self, message: str, *, rerun: bool = False) -> None:
+        self.rerun = rerun
+        super().__init__(message)
 
 
 class ServerUnavailable(RolloutClientError):
@@ -436,7 +449,7 @@ class RolloutClient:
         server's wait); with ``until_final``, the status once the server's wait is over unless the
         rollout ended first. :raises RolloutLost: the server no longer knows the rollout."""
         headers = {**self._auth, LEASE_HEADER: admission.lease_token}
-        path = f"/rollout/{admission.rollout_id}/result"
+        path = f"/rollout/{urllib.parse.quote(admission.rollout_id, safe='')}/result"
         # ?wait=final (ours; other servers ignore it): one long poll per rollout, not one per status change
         query = "?wait=final" if until_final else ""
         status, content, _, _ = await self._call("GET", path + query, None, headers, admission.result_wait_sec + 10.0)
@@ -448,12 +461,10 @@ class RolloutClient:
             if result.rollout_id != admission.rollout_id:
                 raise RolloutProtocolError(f"GET {path}: the result of {result.rollout_id!r}", status=status)
             return result
+        if status == 410:
+            raise RolloutLost(f"rollout {admission.rollout_id}: {_detail(content)}", rerun=True)
         if status in (403, 404):
-            why = (
-                "its lease was refused"
-                if status == 403
-                else "the server does not know it (restarted, or past retention)"
-            )
+            why = "its lease was refused" if status == 403 else "the server does not know it"
             raise RolloutLost(f"rollout {admission.rollout_id}: {why}: {_detail(content)}")
         self._raise(f"GET {path}", status, content)
 
@@ -473,6 +484,15 @@ class RolloutClient:
         admission, result = await self._admit(request, wait=True)
         if result is not None and result.final:
             return result
+        try:
+            return await self.result(admission)
+        except RolloutLost as exc:
+            if not exc.rerun:
+                raise
+        # the server restarted and lost it before it finished: it runs once more on this submit
+        admission, result = await self._admit(request, wait=True)
+        if result is not None and result.final:
+            return result
         return await self.result(admission)
 
     async def cancel(
@@ -489,6 +509,8 @@ class RolloutClient:
         selectors = (ids is not None) + (prefix is not None) + bool(all)
         if selectors != 1:
             raise ValueError("pass exactly one of ids, prefix, all")
+        if prefix == "":
+            raise ValueError("an empty prefix would select every rollout: pass all=True for that")
         payload: dict[str, Any] = (
             {"ids": list(ids)} if ids is not None else {"prefix": prefix} if prefix is not None else {"all": True}
         )

@@ -40,7 +40,9 @@ SUBMIT_PROPERTIES: Final[dict[str, Any]] = {
         "type": "string",
         "minLength": 1,
         "maxLength": 512,
-        "description": "One path segment: no '/' or '\\', not '.' or '..'.",
+        "description": "One path segment, one header value, one log line: no '/' or '\\', not '.' or '..', "
+        "printable (no control, format or separator character but the space), valid UTF-8 (no lone "
+        "surrogate), at most 512 bytes of UTF-8. Admitted once per run folder.",
     },
     "initial_messages": {"type": "array", "items": {"type": "object"}, "description": "The prompt: chat messages."},
     "chat_completions_url": {
@@ -190,8 +192,9 @@ def openapi_document(version: str) -> dict[str, Any]:
                         "401": _UNAUTHORIZED,
                         "409": _json(
                             {"allOf": [_ref("Problem"), {"anyOf": [_ref("Admission"), {"type": "object"}]}]},
-                            "The id is taken. When the body is identical (a resubmit after a lost answer) the "
-                            "admission is included: the rollout is already running.",
+                            "The id is taken: in flight, or recorded in the run folder (by this server or an "
+                            "earlier one on the same folder). When the body is identical (a resubmit after a lost "
+                            "answer) the admission is included: poll its result with that lease.",
                         ),
                         "413": _problem("The body is over the size limit."),
                         "422": _problem("The body is not valid; the message names the field."),
@@ -200,7 +203,10 @@ def openapi_document(version: str) -> dict[str, Any]:
                             "headers": _RETRY_AFTER,
                         },
                         "503": {
-                            **_problem("The server is draining (shutting down) or its backend is unavailable."),
+                            **_problem(
+                                "The server is draining (shutting down), its backend is unavailable, or the "
+                                "admission cannot be recorded in the run folder. Nothing was admitted."
+                            ),
                             "headers": _RETRY_AFTER,
                         },
                     },
@@ -224,11 +230,34 @@ def openapi_document(version: str) -> dict[str, Any]:
                         },
                     ],
                     "responses": {
-                        "200": _json(_ref("Result"), "The result (final) or the current status."),
+                        "200": _json(
+                            _ref("Result"),
+                            "The result (final) or the current status. A result that left memory after "
+                            "retention_sec, or was recorded by an earlier server on the run folder, is read "
+                            "back from results.jsonl.",
+                        ),
                         "401": _UNAUTHORIZED,
                         "403": _problem("The lease token is not this rollout's."),
-                        "404": _problem("No such rollout (never admitted, or past its retention)."),
+                        "404": _problem("No such rollout: never admitted on this run folder."),
+                        "410": _json(
+                            {
+                                "allOf": [
+                                    _ref("Problem"),
+                                    {
+                                        "type": "object",
+                                        "properties": {
+                                            "rollout_id": {"type": "string"},
+                                            "status": {"const": "lost"},
+                                            "attempts": {"type": "integer", "minimum": 1},
+                                        },
+                                    },
+                                ]
+                            },
+                            "osmosis: lost. A server on this run folder admitted it, then stopped (killed, "
+                            "crashed) before it was recorded. Submit it again: it runs once more.",
+                        ),
                         "422": _problem("The lease header is missing."),
+                        "500": _problem("Recorded, but its line in results.jsonl cannot be read back."),
                     },
                 }
             },
@@ -296,7 +325,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                     "type": "object",
                     "properties": {
                         "ids": {"type": "array", "items": {"type": "string"}},
-                        "prefix": {"type": "string"},
+                        "prefix": {"type": "string", "minLength": 1, "description": "Not empty: all=true for all."},
                         "all": {"type": "boolean"},
                     },
                 },

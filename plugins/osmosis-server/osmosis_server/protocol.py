@@ -43,6 +43,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -60,13 +61,15 @@ __all__ = [
     "parse_cancel",
     "parse_submit",
     "result_document",
+    "result_from_line",
     "retry_after_seconds",
 ]
 
 LEASE_HEADER: Final = "X-Osmosis-Rollout-Lease"
 """The header a result poll carries its polling-lease token in (the reference's name)."""
 
-MAX_ID_LENGTH: Final = 512
+MAX_ID_BYTES: Final = 512
+"""The longest ``rollout_id``, in bytes of UTF-8."""
 
 
 class RolloutStatus(enum.StrEnum):
@@ -114,14 +117,53 @@ def _reject_constant(name: str) -> Any:
 _decode = json.JSONDecoder(parse_constant=_reject_constant).decode
 
 
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def loads(raw: bytes) -> Any:
-    """Parse a request body: strict UTF-8 JSON (no NaN or Infinity), any failure as :class:`BadRequest`."""
+    """Parse a request body: strict UTF-8 JSON (no NaN or Infinity), any failure as :class:`BadRequest`.
+
+    A ``\\uD800``-style escape that decodes to a lone surrogate is refused too (naming where it is):
+    such a string is not Unicode, so it could be neither logged, sent nor written as UTF-8.
+    """
     try:
-        return _decode(raw.decode("utf-8"))
+        data = _decode(raw.decode("utf-8"))
     except RecursionError:
         raise BadRequest("the body is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not JSON: {exc}") from None
+    if _SURROGATE_ESCAPE.search(raw):  # rare: only then look (a pair of escapes is one valid character)
+        where = _lone_surrogate(data, "$")
+        if where is not None:
+            raise BadRequest(f"a string holds a lone surrogate (\\ud800-\\udfff escape); not valid UTF-8 @ {where}")
+    return data
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """Where the first string (or key) holding a lone surrogate is, as ``$.a[0].b``; None when none does."""
+    if isinstance(value, str):
+        return path if _has_surrogate(value) else None
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if _has_surrogate(key):
+                return f"{path} (a key)"
+            found = _lone_surrogate(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    return None
 
 
 _dumps_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
@@ -198,12 +240,23 @@ class SubmitBody:
 
 
 def _rollout_id(value: Any) -> str:
+    """An id that is one path segment, one header value and one log line: printable, valid UTF-8,
+    no separator, at most :data:`MAX_ID_BYTES` bytes."""
     if not isinstance(value, str):
         raise BadRequest(f"expected a string, got {_kind(value)} @ $.rollout_id")
-    if not value or value in (".", "..") or "/" in value or "\\" in value or "\x00" in value:
+    if not value or value in (".", "..") or "/" in value or "\\" in value:
         raise BadRequest("rollout_id must be a single path segment (no '/' or '\\', not '.' or '..') @ $.rollout_id")
-    if len(value) > MAX_ID_LENGTH:
-        raise BadRequest(f"rollout_id is longer than {MAX_ID_LENGTH} characters @ $.rollout_id")
+    if _has_surrogate(value):
+        raise BadRequest("rollout_id holds a lone surrogate: it is not valid UTF-8 @ $.rollout_id")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise BadRequest(
+            f"rollout_id must be printable: it holds U+{ord(bad):04X} (a control, format or separator character, "
+            "which cannot be a header value or part of one log line) @ $.rollout_id"
+        )
+    size = len(value.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise BadRequest(f"rollout_id is {size} bytes of UTF-8, more than {MAX_ID_BYTES} @ $.rollout_id")
     return value
 
 
@@ -350,6 +403,8 @@ def parse_cancel(raw: bytes) -> CancelBody:
     prefix = data.get("prefix")
     if prefix is not None and not isinstance(prefix, str):
         raise BadRequest(f"expected a string, got {_kind(prefix)} @ $.prefix")
+    if prefix == "":
+        raise BadRequest('an empty prefix would select every rollout; send {"all": true} for that @ $.prefix')
     everything = data.get("all", False)
     if not isinstance(everything, bool):
         raise BadRequest(f"expected true or false, got {_kind(everything)} @ $.all")
@@ -403,6 +458,29 @@ def result_document(result: ExecutionResult, *, label: Any = None, lease_expired
         "stage": result.stage.value,
         "timings": {k: round(v, 6) for k, v in result.timings.items()},
     }
+
+
+def result_from_line(line: Mapping[str, Any]) -> ExecutionResult:
+    """The final result a ``results.jsonl`` line records (the inverse of
+    :func:`osmosis_core.plugin.result_line`): how a restarted server answers a recorded rollout.
+
+    :raises ValueError, KeyError: not a result line.
+    """
+    from osmosis_core.plugin import result_from_json
+
+    sample = line.get("sample")
+    return result_from_json(
+        {
+            "rollout_id": line["rollout_id"],
+            "stage": line["stage"],
+            "status": line["status"],
+            "error": line.get("error"),
+            "timings": line.get("timings") or {},
+            "sample": None
+            if sample is None
+            else {**sample, "reward": line.get("reward"), "metrics": line.get("metrics") or {}},
+        }
+    )
 
 
 def retry_after_seconds(value: str | None, default: float) -> float:

@@ -1,4 +1,5 @@
-"""The server's run folder: the same ``results.jsonl`` as ``osmosis run``, ``run.json``, the token file.
+"""The server's run folder: the same ``results.jsonl`` as ``osmosis run``, ``run.json``, the token
+file, and the admissions ledger that lets a restarted server pick up where the last one stopped.
 
 Every finished rollout is appended to ``results.jsonl`` the moment it is final (the line format of
 ``osmosis run``, :func:`osmosis_core.plugin.result_line`), so a training run served by
@@ -6,6 +7,11 @@ Every finished rollout is appended to ``results.jsonl`` the moment it is final (
 holds a secret: the rollout's ``llm_api_key``, the server's token and the configured header values
 are redacted from every string of every line. One process writes a folder at a time
 (:class:`osmosis_core.plugin.RunLock`).
+
+Every admission is recorded in ``admissions.db`` (:mod:`osmosis_server.ledger`) before the server
+answers it, so a server started again on the folder (after a crash, a ``kill -9``, a redeploy)
+knows each id it ever admitted: a recorded one answers its result (read back from its line) and
+is never run again; one admitted but never recorded is *lost* and may be submitted once more.
 
 ``row`` and ``sample_index`` of a line: the request's own ``row`` / ``sample_index`` fields when it
 sends them (or whole numbers under those names in its ``metadata``, for a reference client); else
@@ -25,6 +31,7 @@ from typing import Any, Final
 
 from osmosis_core import ExecutionResult, OsmosisError
 from osmosis_core.plugin import ResultWriter, RunLock, result_line
+from osmosis_server.ledger import Known, Ledger
 
 __all__ = ["RESULTS", "RUN_META", "TOKEN_FILE", "RunFolder"]
 
@@ -32,16 +39,6 @@ RESULTS: Final = "results.jsonl"
 RUN_META: Final = "run.json"
 TOKEN_FILE: Final = "server-token"
 KIND: Final = "serve"
-
-
-def _count_lines(path: Path) -> int:
-    if not path.exists():
-        return 0
-    count = 0
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            count += block.count(b"\n")
-    return count
 
 
 class RunFolder:
@@ -60,7 +57,9 @@ class RunFolder:
         self._secrets = tuple(s for s in secrets if s and len(s) >= 4)
         self._lock = RunLock(self.path)
         self._writer: ResultWriter | None = None
-        self._next_row = 0
+        self.ledger = Ledger(self.path)
+        self._results = str(self.path / RESULTS)
+        self._end = 0
         self.written = 0
 
     @property
@@ -95,7 +94,7 @@ class RunFolder:
                 raise OsmosisError(
                     f"{self.path} holds the results of an `osmosis run`, not of a server; choose another --output"
                 )
-            self._next_row = _count_lines(self.results_path)
+            self._end = self.ledger.open(self.results_path)
             from osmosis_core import __version__ as core_version
             from osmosis_server import __version__
 
@@ -112,6 +111,7 @@ class RunFolder:
             meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
             self._writer = ResultWriter(self.results_path, self._secrets)
         except BaseException:
+            self.ledger.close()
             self._lock.release()
             raise
         return self
@@ -130,21 +130,108 @@ class RunFolder:
         os.replace(temporary, target)
         return target
 
+    @property
+    def lease_key(self) -> bytes:
+        """The key polling leases are derived from: the folder's own, so they outlive a restart."""
+        return self.ledger.lease_key
+
+    @property
+    def recovered(self) -> dict[str, int]:
+        """What :meth:`open` found of earlier servers: ``{"recorded": n, "lost": m}`` rollout ids."""
+        return dict(self.ledger.recovered)
+
     def next_row(self) -> int:
-        """A fresh running row index (for a rollout that names none)."""
-        row = self._next_row
-        self._next_row += 1
+        """A fresh running row index (for a rollout that names none); kept by the next :meth:`admit`."""
+        row = self.ledger.next_row
+        self.ledger.next_row += 1
         return row
 
-    def record(self, row: int, sample_index: int, result: ExecutionResult, secrets: tuple[str, ...] = ()) -> None:
-        """Append the line of one finished rollout; ``secrets`` are that rollout's own (its key).
+    def lookup(self, rollout_id: str) -> Known | None:
+        """What this folder knows of ``rollout_id`` (None: never admitted here).
+
+        :raises OSError: the ledger cannot be read.
+        """
+        return self.ledger.lookup(rollout_id)
+
+    def admit(
+        self,
+        rollout_id: str,
+        digest: bytes,
+        row: int,
+        sample_index: int,
+        label: Any,
+        *,
+        attempts: int = 1,
+        auto_row: bool = False,
+    ) -> None:
+        """Record an admission durably, before the server answers it (``attempts`` > 1: a lost id
+        admitted again; ``auto_row``: ``row`` came from :meth:`next_row`).
+
+        :raises OSError: it could not be recorded.
+        """
+        known = Known(rollout_id, digest, attempts, row, sample_index, label if isinstance(label, str) else None)
+        self.ledger.admit(known, auto_row=auto_row)
+
+    def record(
+        self,
+        row: int,
+        sample_index: int,
+        result: ExecutionResult,
+        secrets: tuple[str, ...] = (),
+        *,
+        lease_expired: bool = False,
+        digest: bytes = b"",
+        attempts: int = 1,
+        label: Any = None,
+    ) -> int:
+        """Append the line of one finished rollout (``secrets`` are that rollout's own: its key)
+        and note it in the ledger, with what :meth:`admit` was given; return where the line starts.
 
         :raises TypeError, ValueError: the line is not JSON (a sample the workflow filled with objects).
+        :raises OSError: the line could not be written.
         """
         if self._writer is None:
             raise RuntimeError("the run folder is not open")
+        start = self._end
         self._writer.write(result_line(row, sample_index, result), secrets)
+        self._end = os.stat(self._results).st_size  # (a str: a Path costs more than the call)
         self.written += 1
+        known = Known(
+            result.rollout_id,
+            digest,
+            attempts,
+            row,
+            sample_index,
+            label if isinstance(label, str) else None,
+            start,
+            result.status.value,
+            lease_expired,
+        )
+        self.ledger.recorded(known, self._end)
+        return start
+
+    def flush(self) -> None:
+        """Write the ledger's pending changes to its index (the server does it about once a second)."""
+        self.ledger.flush()
+
+    def read_line(self, known: Known) -> dict[str, Any]:
+        """The results line of a recorded rollout, read back from ``results.jsonl``.
+
+        :raises ValueError: the line there is not that rollout's (the file was changed by hand).
+        :raises OSError: it cannot be read.
+        """
+        if known.offset is None:
+            raise ValueError(f"rollout {known.rollout_id} is not recorded")
+        with self.results_path.open("rb") as handle:
+            handle.seek(known.offset)
+            raw = handle.readline()
+        try:
+            line = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"{self.results_path} at byte {known.offset}: not a JSON line ({exc})") from None
+        if not isinstance(line, dict) or line.get("rollout_id") != known.rollout_id:
+            raise ValueError(f"{self.results_path} at byte {known.offset}: not the line of {known.rollout_id}")
+        return line
 
     def close(self) -> None:
         """Flush the results to disk and release the folder (idempotent)."""
@@ -153,4 +240,5 @@ class RunFolder:
             if writer is not None:
                 writer.close()
         finally:
+            self.ledger.close()
             self._lock.release()

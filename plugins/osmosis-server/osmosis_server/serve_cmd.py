@@ -48,7 +48,11 @@ _NOT_FOR_SERVE = {
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds without a poll before a rollout is cancelled.",
 )
-@click.option("--retention", type=click.FloatRange(min=0), help="Seconds a finished result stays readable.")
+@click.option(
+    "--retention",
+    type=click.FloatRange(min=0),
+    help="Seconds a finished result stays in memory (then a poll reads it back from results.jsonl).",
+)
 @click.option("--grace", type=click.FloatRange(min=0), help="Seconds running rollouts get to finish after SIGTERM.")
 @click.option(
     "--result-wait", type=click.FloatRange(min=0, min_open=True), help="The longest a result poll waits, in seconds."

@@ -4,7 +4,10 @@ It holds no HTTP: :mod:`osmosis_server.app` maps routes to its methods. Per roll
 small record and one task; every bookkeeping step is O(1) (a poll waits on the rollout's own
 event, leases expire from the front of an ordered map, retention from the front of a queue), so a
 training run of millions of rollouts costs the same per rollout at the end as at the start, and
-memory holds only what is in flight plus what finished within ``retention_sec``.
+memory holds only what is in flight plus what finished within ``retention_sec``. Every admission
+is recorded in the run folder before it is answered (:mod:`osmosis_server.ledger`), so an id is
+admitted once per folder, and a server started again on the folder answers the results it recorded
+and reports the rollouts it lost.
 
 Lifecycle of a rollout::
 
@@ -27,6 +30,7 @@ import enum
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
 import time
@@ -44,9 +48,17 @@ from osmosis_core import (
     ExecutionStage,
     ExecutionStatus,
     PolicyEndpoint,
+    RolloutSample,
 )
 from osmosis_core.plugin import clip, error_info
-from osmosis_server.protocol import CancelBody, RolloutStatus, SubmitBody, dumps, result_document
+from osmosis_server.protocol import (
+    CancelBody,
+    RolloutStatus,
+    SubmitBody,
+    dumps,
+    result_document,
+    result_from_line,
+)
 from osmosis_server.push import Pusher
 from osmosis_server.run_folder import RunFolder
 from osmosis_server.settings import ServerSettings
@@ -55,10 +67,13 @@ __all__ = [
     "BadLease",
     "Conflict",
     "Draining",
+    "FolderError",
+    "Lost",
     "QueueFull",
     "RolloutService",
     "Unavailable",
     "UnknownRollout",
+    "Unreadable",
 ]
 
 log = logging.getLogger("osmosis_server")
@@ -93,8 +108,30 @@ class Unavailable(Exception):
     """503: the backend can no longer run rollouts (its message says why)."""
 
 
+class FolderError(Exception):
+    """503: the run folder cannot record the admission (its message says why); nothing was admitted."""
+
+
 class UnknownRollout(KeyError):
-    """404: no such rollout (never admitted, or dropped after its retention)."""
+    """404: no such rollout (never admitted on this run folder)."""
+
+
+class Lost(Exception):
+    """410: admitted on this run folder by an earlier server that stopped before the rollout was
+    recorded. Submitting it again runs it once more."""
+
+    def __init__(self, rollout_id: str, attempts: int) -> None:
+        self.rollout_id = rollout_id
+        self.attempts = attempts
+        times = "once" if attempts == 1 else f"{attempts} times"
+        super().__init__(
+            f"rollout {rollout_id} is lost: it was admitted ({times}) but the server stopped before it finished, "
+            "so it was never recorded; submit it again to run it once more"
+        )
+
+
+class Unreadable(Exception):
+    """500: a recorded rollout whose line cannot be read back from results.jsonl."""
 
 
 class BadLease(PermissionError):
@@ -111,6 +148,7 @@ class Rollout:
     """One admitted rollout's record (kept until its retention ends)."""
 
     __slots__ = (
+        "attempts",
         "callback_api_key",
         "callback_url",
         "changed",
@@ -138,6 +176,7 @@ class Rollout:
     def __init__(self, rollout_id: str, digest: bytes) -> None:
         self.id = rollout_id
         self.digest = digest
+        self.attempts = 1
         self.status = RolloutStatus.QUEUED
         self.request: ExecutionRequest | None = None
         self.task: asyncio.Task[None] | None = None
@@ -158,6 +197,31 @@ class Rollout:
         self.secrets: tuple[str, ...] = ()
         self.read = False
         self.finished_at = 0.0
+
+
+def _malformed(result: Any) -> str | None:
+    """What is wrong with a backend's report, None when it is a well-formed ExecutionResult."""
+    if not isinstance(result, ExecutionResult):
+        return f"the backend reported {type(result).__name__}, not an ExecutionResult"
+    if not isinstance(result.stage, ExecutionStage) or not isinstance(result.status, ExecutionStatus):
+        return f"the backend reported a result whose stage or status is not one ({result.stage!r}, {result.status!r})"
+    if result.sample is not None and not isinstance(result.sample, RolloutSample):
+        return f"the backend reported a sample that is not a RolloutSample: {type(result.sample).__name__}"
+    if result.error is not None and not isinstance(result.error, ErrorInfo):
+        return f"the backend reported an error that is not an ErrorInfo: {type(result.error).__name__}"
+    timings = result.timings
+    if not isinstance(timings, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in timings.values()
+    ):
+        return f"the backend reported timings that are not numbers of seconds: {str(timings)[:200]}"
+    return None
+
+
+def _carried(last: ExecutionResult | None) -> tuple[RolloutSample | None, dict[str, float]]:
+    """The sample and timings a stage reported, carried into the final result (none from a malformed report)."""
+    if last is None or _malformed(last) is not None:
+        return None, {}
+    return last.sample, dict(last.timings)
 
 
 def _index(value: Any) -> int | None:
@@ -232,6 +296,16 @@ class RolloutService:
             return
         self.folder.add_secrets(*self._server_secrets)
         self.folder.open()
+        self._key = self.folder.lease_key
+        recovered = self.folder.recovered
+        if recovered["recorded"] or recovered["lost"]:
+            log.info(
+                "run folder %s: %d rollouts already recorded (their results are read back; a resubmit gets 409), "
+                "%d admitted by an earlier server and lost (a poll gets 410; a resubmit runs it once more)",
+                self.folder.path,
+                recovered["recorded"],
+                recovered["lost"],
+            )
         self._gate = asyncio.Semaphore(self.slots) if self.slots else None
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         self.started = True
@@ -323,18 +397,25 @@ class RolloutService:
         return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
     def _admission(self, entry: Rollout) -> dict[str, Any]:
+        return self._admission_of(entry.id, entry.digest, entry.status.value)
+
+    def _admission_of(self, rollout_id: str, digest: bytes, status: str) -> dict[str, Any]:
         return {
-            "rollout_id": entry.id,
-            "status": entry.status.value,
-            "polling_lease_token": self.lease_token(entry.id, entry.digest),
+            "rollout_id": rollout_id,
+            "status": status,
+            "polling_lease_token": self.lease_token(rollout_id, digest),
             "result_wait_timeout_sec": self.settings.result_wait_sec,
             "polling_lease_timeout_sec": self.settings.lease_timeout_sec,
         }
 
     def admit(self, body: SubmitBody, raw: bytes) -> dict[str, Any]:
-        """Admit one rollout and start it; return the admission document (202).
+        """Admit one rollout, record the admission in the run folder, and start it; return the
+        admission document (202). Nothing is admitted when it raises.
 
-        :raises Draining, Unavailable: 503. :raises Conflict: 409. :raises QueueFull: 429.
+        A rollout id is admitted once per run folder: one recorded there (by this server or an
+        earlier one) gets 409; one an earlier server admitted and lost is admitted once more.
+
+        :raises Draining, Unavailable, FolderError: 503. :raises Conflict: 409. :raises QueueFull: 429.
         """
         if self.draining or not self.started:
             raise Draining
@@ -345,6 +426,15 @@ class RolloutService:
         if existing is not None:
             same = hmac.compare_digest(existing.digest, digest)
             raise Conflict(self._admission(existing) if same else None)
+        try:
+            known = self.folder.lookup(body.rollout_id)
+        except OSError as exc:
+            raise FolderError(str(exc)) from None
+        if known is not None and known.recorded:
+            same = bool(known.digest) and hmac.compare_digest(known.digest, digest)
+            raise Conflict(
+                self._admission_of(known.rollout_id, known.digest, known.status or "unknown") if same else None
+            )
         if len(self._active) >= self.capacity:
             self.counts["refused_full"] += 1
             raise QueueFull
@@ -370,9 +460,25 @@ class RolloutService:
         entry.label = body.label
         entry.secrets = tuple(s for s in (body.llm_api_key, body.callback_api_key) if s)
         row = body.row if body.row is not None else _index(metadata.get("row"))
-        entry.row = row if row is not None else self.folder.next_row()
         sample_index = body.sample_index if body.sample_index is not None else _index(metadata.get("sample_index"))
-        entry.sample_index = sample_index or 0
+        auto_row = False
+        if known is not None:  # lost: it keeps its place
+            entry.row = row if row is not None else known.row
+            entry.sample_index = sample_index if sample_index is not None else known.sample_index
+        else:
+            auto_row = row is None
+            entry.row = row if row is not None else self.folder.next_row()
+            entry.sample_index = sample_index or 0
+        admission = self._admission(entry)
+        attempts = entry.attempts = 1 if known is None else known.attempts + 1
+        try:  # durable before the 202: a server killed from here on knows the id
+            self.folder.admit(
+                entry.id, digest, entry.row, entry.sample_index, body.label, attempts=attempts, auto_row=auto_row
+            )
+        except OSError as exc:
+            self.counts["refused_unrecordable"] += 1
+            log.error("rollout %s: not admitted: %s", entry.id, exc)
+            raise FolderError(str(exc)) from None
         loop = asyncio.get_running_loop()
         if body.callback_url is not None:
             entry.callback_url = body.callback_url
@@ -385,8 +491,12 @@ class RolloutService:
         self.counts["admitted"] += 1
         entry.task = task = loop.create_task(self._run(entry, body.grade))
         task.add_done_callback(self._task_done(entry))
-        log.debug("rollout %s: queued", entry.id)
-        return self._admission(entry)
+        if known is not None:
+            self.counts["admitted_again"] += 1
+            log.info("rollout %s: lost by an earlier server; admitted again (attempt %d)", entry.id, attempts)
+        else:
+            log.debug("rollout %s: queued", entry.id)
+        return admission
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -458,6 +568,8 @@ class RolloutService:
 
     def _on_workflow(self, entry: Rollout, grade: bool) -> Callable[[ExecutionResult], Awaitable[None]]:
         async def on_workflow_complete(result: ExecutionResult) -> None:
+            if not isinstance(result, ExecutionResult):
+                raise TypeError(f"on_workflow_complete takes an ExecutionResult, got {type(result).__name__}")
             if entry.workflow_result is not None or entry.result_body is not None:
                 return  # at most once per stage (a backend that calls twice is ignored)
             entry.workflow_result = result
@@ -474,6 +586,8 @@ class RolloutService:
 
     def _on_grader(self, entry: Rollout) -> Callable[[ExecutionResult], Awaitable[None]]:
         async def on_grader_complete(result: ExecutionResult) -> None:
+            if not isinstance(result, ExecutionResult):
+                raise TypeError(f"on_grader_complete takes an ExecutionResult, got {type(result).__name__}")
             if entry.grader_result is None and entry.result_body is None:
                 entry.grader_result = result
 
@@ -484,14 +598,14 @@ class RolloutService:
         return _GR if wf is not None and wf.ok else _WF
 
     def _failure(self, entry: Rollout, category: ErrorCategory, message: str) -> ExecutionResult:
-        last = entry.grader_result or entry.workflow_result
+        sample, timings = _carried(entry.grader_result or entry.workflow_result)
         return ExecutionResult(
             entry.id,
             self._stage(entry),
             ExecutionStatus.FAILURE,
-            sample=last.sample if last is not None else None,
+            sample=sample,
             error=ErrorInfo(category, message),
-            timings=dict(last.timings) if last is not None else {},
+            timings=timings,
         )
 
     def _cancelled(self, entry: Rollout, more: str = "") -> ExecutionResult:
@@ -505,60 +619,102 @@ class RolloutService:
         else:
             reason = why.value
         where = "while queued" if entry.disposition == "cancelled_queued" else f"during the {stage} stage"
+        sample, timings = _carried(reported)
         return ExecutionResult(
             entry.id,
             stage,
             ExecutionStatus.CANCELLED,
-            sample=reported.sample if reported is not None else None,
+            sample=sample,
             error=ErrorInfo(ErrorCategory.CANCELLED, f"{reason} {where}{more}"),
-            timings=dict(reported.timings) if reported is not None else {},
+            timings=timings,
         )
 
     def _finish(self, entry: Rollout, final: ExecutionResult) -> None:
+        """End a rollout: its result document, its line in the run folder, its counters, its push.
+
+        It never raises: whatever goes wrong here (a result no document can hold, a bug of ours)
+        still ends the rollout, as a recorded failure, and frees everything it held.
+        """
         if entry.result_body is not None:
             return
         lease_expired = entry.why is _Why.LEASE
         try:
-            body = dumps(result_document(final, label=entry.label, lease_expired=lease_expired))
-        except (TypeError, ValueError, RecursionError) as exc:
-            info = error_info(exc, secrets=entry.secrets, category=ErrorCategory.VALIDATION_ERROR)
+            final, body = self._document(entry, final, lease_expired)
+        except Exception as exc:  # not even a failure document could be made of it
+            log.error("rollout %s: its result cannot be reported", entry.id, exc_info=exc)
             final = ExecutionResult(
                 entry.id,
-                final.stage,
+                _WF,
                 ExecutionStatus.FAILURE,
                 error=ErrorInfo(
-                    ErrorCategory.VALIDATION_ERROR, f"the sample cannot be written as JSON: {info.message}"
+                    ErrorCategory.INFRA_ERROR,
+                    "the server could not report the result: " + clip(repr(exc), self._server_secrets + entry.secrets),
                 ),
-                timings=final.timings,
             )
-            body = dumps(result_document(final, label=entry.label))
+            body = dumps(result_document(final))
         entry.result_body = body
         entry.status = RolloutStatus(final.status.value)
         entry.finished_at = time.monotonic()
+        self._release(entry)
         try:
-            self.folder.record(entry.row, entry.sample_index, final, entry.secrets)
-        except (OSError, TypeError, ValueError) as exc:
+            self._record(entry, final, lease_expired)
+            self.counts["finished"] += 1
+            self.counts[final.status.value] += 1
+            if final.error is not None:
+                self.counts["error:" + final.error.category.value] += 1
+            if lease_expired:
+                entry.read = True  # nobody is listening
+            if entry.callback_url is not None:
+                self._push(entry, None, final=True)
+            self._log_final(entry, final)
+        except Exception as exc:
+            log.error("rollout %s: the server failed finishing it", entry.id, exc_info=exc)
+        finally:
+            # forget what is not needed any more: only the encoded result stays for its retention
+            entry.request = None
+            entry.workflow_result = entry.grader_result = None
+            entry.task = None
+            self._leases.pop(entry.id, None)
+            self._active.pop(entry.id, None)
+            self._retained.append(entry)
+            self._changed(entry)
+            if self._idle is not None and not self._active:
+                self._idle.set()
+
+    def _document(self, entry: Rollout, final: ExecutionResult, lease_expired: bool) -> tuple[ExecutionResult, bytes]:
+        """The final result and its encoded document. A malformed report of the backend's is an
+        infra_error failure; a sample that is not JSON (the workflow's doing) a validation_error one."""
+        problem = _malformed(final)
+        if problem is None:
+            try:
+                return final, dumps(result_document(final, label=entry.label, lease_expired=lease_expired))
+            except (TypeError, ValueError, RecursionError) as exc:
+                info = error_info(exc, secrets=self._server_secrets + entry.secrets)
+                category, problem = (
+                    ErrorCategory.VALIDATION_ERROR,
+                    f"the sample cannot be written as JSON: {info.message}",
+                )
+                stage = final.stage
+        else:
+            category, stage = ErrorCategory.INFRA_ERROR, _WF
+        failure = ExecutionResult(entry.id, stage, ExecutionStatus.FAILURE, error=ErrorInfo(category, problem))
+        return failure, dumps(result_document(failure, label=entry.label))
+
+    def _record(self, entry: Rollout, final: ExecutionResult, lease_expired: bool) -> None:
+        try:
+            self.folder.record(
+                entry.row,
+                entry.sample_index,
+                final,
+                entry.secrets,
+                lease_expired=lease_expired,
+                digest=entry.digest,
+                attempts=entry.attempts,
+                label=entry.label,
+            )
+        except (OSError, TypeError, ValueError, RecursionError) as exc:
             self.counts["unrecorded"] += 1
             log.error("rollout %s: its result could not be written to %s: %s", entry.id, self.folder.results_path, exc)
-        self.counts["finished"] += 1
-        self.counts[final.status.value] += 1
-        if final.error is not None:
-            self.counts["error:" + final.error.category.value] += 1
-        if lease_expired:
-            entry.read = True  # nobody is listening
-        if entry.callback_url is not None:
-            self._push(entry, None, final=True)
-        self._log_final(entry, final)
-        # forget what is not needed any more: only the encoded result stays for its retention
-        entry.request = None
-        entry.workflow_result = entry.grader_result = None
-        entry.task = None
-        self._leases.pop(entry.id, None)
-        self._active.pop(entry.id, None)
-        self._retained.append(entry)
-        self._changed(entry)
-        if self._idle is not None and not self._active:
-            self._idle.set()
 
     def _log_final(self, entry: Rollout, final: ExecutionResult) -> None:
         if not log.isEnabledFor(logging.INFO):
@@ -631,6 +787,9 @@ class RolloutService:
             ours: one poll per rollout instead of one per status change).
         :raises UnknownRollout: 404. :raises BadLease: 403.
         """
+        entry = self._table.get(rollout_id)
+        if entry is None:  # not in memory: finished past its retention, or by an earlier server
+            return await self._recorded(rollout_id, token)
         entry = self._check(rollout_id, token)
         body = entry.result_body
         if body is None:
@@ -652,6 +811,33 @@ class RolloutService:
                 return dumps({"rollout_id": entry.id, "status": entry.status.value})
         entry.read = True
         return body
+
+    async def _recorded(self, rollout_id: str, token: str) -> bytes:
+        """The result of a rollout this run folder recorded (read back from its line in
+        results.jsonl), checked against its lease as a live one is.
+
+        :raises UnknownRollout: never admitted here. :raises BadLease: 403. :raises Lost: 410.
+        :raises Unreadable: 500.
+        """
+        try:
+            known = self.folder.lookup(rollout_id)
+        except OSError as exc:
+            raise Unreadable(str(exc)) from None
+        if known is None:
+            raise UnknownRollout(rollout_id)
+        if not known.digest:
+            raise BadLease(f"{rollout_id} was recorded by a server that kept no admissions ledger: no lease is valid")
+        if not hmac.compare_digest(token.encode(), self.lease_token(rollout_id, known.digest).encode()):
+            raise BadLease(rollout_id)
+        if not known.recorded:
+            raise Lost(rollout_id, known.attempts)
+        try:
+            line = await asyncio.to_thread(self.folder.read_line, known)
+            result = result_from_line(line)
+            return dumps(result_document(result, label=known.label, lease_expired=known.lease_expired))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.error("rollout %s: its recorded result cannot be read back: %s", rollout_id, exc)
+            raise Unreadable(f"rollout {rollout_id} is recorded, but its line cannot be read back: {exc}") from None
 
     # -- cancel ----------------------------------------------------------------------------------
 
@@ -713,6 +899,8 @@ class RolloutService:
             entry = retained.popleft()
             if table.get(entry.id) is entry:
                 del table[entry.id]
+        if self.started and not self.closed:
+            self.folder.flush()
 
     async def _sweep(self) -> None:
         shortest = min(self.settings.lease_timeout_sec, self.settings.retention_sec or 1.0)
@@ -746,6 +934,7 @@ class RolloutService:
             "capacity": self.capacity,
             "backend_slots": self.slots,
             "retained_results": len(self._retained),
+            "recovered": self.folder.recovered if self.started else {"recorded": 0, "lost": 0},
             "draining": self.draining,
             "callbacks_pending": self.pusher.pending,
             "counts": dict(sorted(self.counts.items())),

@@ -46,12 +46,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def url_of(sock: socket.socket) -> str:
-    """``http://host:port`` of a listening socket (an unspecified address shown as loopback)."""
+    """``http://host:port`` of a listening socket, the address it is bound to (``0.0.0.0``: every
+    IPv4 address of the machine; ``[::]``: every address).
+
+    >>> with bind("127.0.0.1", 0) as s:
+    ...     url_of(s).startswith("http://127.0.0.1:")
+    True
+    """
     host, port = sock.getsockname()[:2]
-    if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 

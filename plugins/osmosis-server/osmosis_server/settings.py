@@ -8,7 +8,7 @@
     token_env = "OSMOSIS_SERVER_TOKEN"   # the variable holding the bearer token; unset: one is generated
     max_queued = 1024             # rollouts waiting beyond the backend's max_concurrency; past it: 429
     lease_timeout_sec = 120       # a rollout nobody polls (and without callback_url) this long is cancelled
-    retention_sec = 900           # a finished result stays readable this long, then it is dropped
+    retention_sec = 900           # a finished result stays in memory this long; then a poll reads it from results.jsonl
     grace_sec = 30                # on SIGTERM: how long running rollouts get to finish
     result_wait_sec = 30          # the longest a result poll waits for a change
 

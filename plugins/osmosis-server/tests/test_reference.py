@@ -96,3 +96,46 @@ def test_the_reference_client_drives_our_server(serve):
     assert got["status"] == "success" and got["reward"] == 1.0 and got["last"] == "#### 42"
     assert got["cancelled"] == {"ref-client-2": "cancelled_running"} and got["second"] == "cancelled"
     assert got["lifecycle"]["accepting_rollouts"] is True and got["idle"] == 0
+
+
+def test_results_read_back_from_the_run_folder_are_valid_for_the_reference_client(serve, tmp_path):
+    """A result past its retention (or recorded by an earlier server) is rebuilt from its results
+    line; osmosis-ai's own models accept it, and the 409 a recorded id gets, as they do the originals."""
+    import httpx
+
+    from osmosis_server import LEASE_HEADER
+
+    served = serve(LocalBackend(Sleepy, grader=EndsWithLabel), settings=ServerSettings(grace_sec=1, retention_sec=0.2))
+    http = httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    originals, read_back, admissions = [], [], []
+    for rid, metadata in (("ok", {}), ("bad", {"fail": "the tool broke"})):
+        body = {
+            "rollout_id": rid,
+            "initial_messages": [{"role": "user", "content": "hi"}],
+            "chat_completions_url": "http://127.0.0.1:9/v1",
+            "label": "42",
+            "metadata": metadata,
+        }
+        lease = http.post("/rollout", json=body).json()["polling_lease_token"]
+        originals.append(http.get(f"/rollout/{rid}/result?wait=final", headers={LEASE_HEADER: lease}).json())
+        while served.service.health()["server"]["retained_results"]:
+            time.sleep(0.05)
+        read_back.append(http.get(f"/rollout/{rid}/result", headers={LEASE_HEADER: lease}).json())
+        again = http.post("/rollout", json=body)
+        assert again.status_code == 409
+        admissions.append(again.json())
+    assert read_back == originals
+    documents = tmp_path / "documents.json"
+    documents.write_text(json.dumps({"results": read_back, "admissions": admissions}))
+    out = subprocess.run(
+        [REFERENCE, str(HERE / "reference" / "ref_validate.py"), str(documents)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    ok, bad = got["results"]
+    assert ok["status"] == "success" and ok["sample"]["reward"] == 1.0 and ok["sample"]["label"] == "42"
+    assert bad["status"] == "failure" and bad["err_category"] == "validation_error"
+    assert [a["rollout_id"] for a in got["admissions"]] == ["ok", "bad"]

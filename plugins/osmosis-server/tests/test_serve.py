@@ -41,6 +41,18 @@ concurrency = 8
     return path
 
 
+def serve_config(tmp_path: Path, *flags: str, server: str = "", log: str = "serve") -> ServeProcess:
+    """``osmosis serve`` of :func:`config` (``server``: its [server] table) on a free port (unless
+    ``flags`` name one), the run folder ``tmp_path/run``, the token TOKEN, stderr in ``<log>.log``."""
+    port = () if "--port" in flags else ("--port", "0")
+    return ServeProcess(
+        [str(config(tmp_path, server=server)), *port, "--output", str(tmp_path / "run"), *flags],
+        cwd=tmp_path,
+        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
+        log=tmp_path / f"{log}.log",
+    )
+
+
 def request(rid: str, policy: str = "http://127.0.0.1:9/v1", **more) -> RolloutRequest:
     return RolloutRequest(
         rollout_id=rid,
@@ -57,13 +69,7 @@ def osmosis(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproc
 
 
 def test_sigterm_under_load_ends_every_admitted_rollout_and_records_it(tmp_path):
-    cfg = config(tmp_path, server="grace_sec = 1.5\nresult_wait_sec = 1.0")
-    served = ServeProcess(
-        [str(cfg), "--port", "0", "--output", str(tmp_path / "run")],
-        cwd=tmp_path,
-        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
-        log=tmp_path / "serve.log",
-    )
+    served = serve_config(tmp_path, server="grace_sec = 1.5\nresult_wait_sec = 1.0")
     try:
         # 8 slots: 10 quick rollouts and 14 that would run for a minute; all polled by the client
         ids = [f"quick-{i}" for i in range(10)] + [f"long-{i}" for i in range(14)]
@@ -273,13 +279,8 @@ def test_serve_the_multiply_training_config_with_server_table_and_flags(tmp_path
 
 
 def test_a_run_folder_in_use_is_refused(tmp_path):
-    cfg = config(tmp_path)
-    served = ServeProcess(
-        [str(cfg), "--port", "0", "--output", str(tmp_path / "run")],
-        cwd=tmp_path,
-        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
-        log=tmp_path / "serve.log",
-    )
+    served = serve_config(tmp_path)
+    cfg = tmp_path / "serve.toml"
     try:
         second = osmosis(
             "serve",
