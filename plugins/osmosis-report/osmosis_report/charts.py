@@ -7,6 +7,7 @@ title. No script draws them: the page shows its plots before any script has run.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -144,7 +145,7 @@ def histogram(
     high = max(values) if hi is None else hi
     if len(distinct) <= 12 and all(round(v, 6) == v for v in distinct):
         edges = [(v, v) for v in distinct]
-        step = min((b - a for a, b in zip(distinct, distinct[1:], strict=False)), default=1.0) or 1.0
+        step = min((b - a for a, b in itertools.pairwise(distinct)), default=1.0) or 1.0
         low, high = distinct[0] - step / 2, distinct[-1] + step / 2
     else:
         if high <= low:
@@ -177,13 +178,25 @@ def histogram(
             if not n:
                 continue
             marks.append(
-                Mark("rect", cls, f"{span}: {n} {label}", left, y(base + n), max(right - left, 1.0), y(base) - y(base + n))
+                Mark(
+                    "rect",
+                    cls,
+                    f"{span}: {n} {label}",
+                    left,
+                    y(base + n),
+                    max(right - left, 1.0),
+                    y(base) - y(base + n),
+                )
             )
             base += n
     for label, at in rules:
         if low <= at <= high:
             marks.append(Mark("rule", "rule", f"{label} {at:.3g}", x(at), label=label))
-    xt = [(x(v), _fmt(v)) for v in (distinct if edges[0][0] == edges[0][1] else nice_ticks(low, high, 5)) if low <= v <= high]
+    xt = [
+        (x(v), _fmt(v))
+        for v in (distinct if edges[0][0] == edges[0][1] else nice_ticks(low, high, 5))
+        if low <= v <= high
+    ]
     legend = [(label, cls) for label, cls, vs in series if vs] if len(series) > 1 else []
     return Chart(title, marks, xt, [(y(t), _fmt(t)) for t in yt], x_label, "rollouts", legend, note, slug=slug)
 
@@ -256,7 +269,9 @@ def bars(
                 if n:
                     marks.append(Mark("rect", cls, f"{group}, {label}: {n}", left + s * w, y(n), w - 1, y(0) - y(n)))
             elif n:
-                marks.append(Mark("rect", cls, f"{group}, {label}: {n}", left, y(base + n), slot, y(base) - y(base + n)))
+                marks.append(
+                    Mark("rect", cls, f"{group}, {label}: {n}", left, y(base + n), slot, y(base) - y(base + n))
+                )
                 base += n
     xt = [(x(i + 0.5), g) for i, (g, _) in enumerate(groups)]
     legend = [(label, cls) for label, cls in stacks] if len(stacks) > 1 else []
@@ -264,7 +279,13 @@ def bars(
 
 
 def timeline(
-    title: str, ok: Sequence[float], failed: Sequence[float], *, start: float | None = None, note: str = "", slug: str = ""
+    title: str,
+    ok: Sequence[float],
+    failed: Sequence[float],
+    *,
+    start: float | None = None,
+    note: str = "",
+    slug: str = "",
 ) -> Chart:
     """Rollouts finished per time bucket (stacked: succeeded, failed) against seconds since the start.
 
@@ -291,12 +312,32 @@ def timeline(
         rate = (ok_counts[i] + fail_counts[i]) / width
         if ok_counts[i]:
             n = ok_counts[i]
-            marks.append(Mark("rect", "ok", f"{when}: {n} succeeded ({rate:.1f}/s)", x(a) + 0.5, y(n), x(b) - x(a) - 1, y(0) - y(n)))
+            marks.append(
+                Mark(
+                    "rect",
+                    "ok",
+                    f"{when}: {n} succeeded ({rate:.1f}/s)",
+                    x(a) + 0.5,
+                    y(n),
+                    x(b) - x(a) - 1,
+                    y(0) - y(n),
+                )
+            )
         if fail_counts[i]:
             n, base = fail_counts[i], ok_counts[i]
             marks.append(
-                Mark("rect", "fail", f"{when}: {n} failed", x(a) + 0.5, y(base + n), x(b) - x(a) - 1, y(base) - y(base + n))
+                Mark(
+                    "rect",
+                    "fail",
+                    f"{when}: {n} failed",
+                    x(a) + 0.5,
+                    y(base + n),
+                    x(b) - x(a) - 1,
+                    y(base) - y(base + n),
+                )
             )
     xt = [(x(v), _fmt(v)) for v in nice_ticks(0.0, span, 5) if v <= span]
     legend = [("succeeded", "ok"), ("failed", "fail")]
-    return Chart(title, marks, xt, [(y(t), _fmt(t)) for t in yt], "seconds since the start", "rollouts", legend, note, slug=slug)
+    return Chart(
+        title, marks, xt, [(y(t), _fmt(t)) for t in yt], "seconds since the start", "rollouts", legend, note, slug=slug
+    )

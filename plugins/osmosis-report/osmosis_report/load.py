@@ -163,7 +163,9 @@ def _text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            part if isinstance(part, str) else str(part.get("text", "")) for part in content if isinstance(part, (str, dict))
+            part if isinstance(part, str) else str(part.get("text", ""))
+            for part in content
+            if isinstance(part, (str, dict))
         )
     return "" if content is None else json.dumps(content, ensure_ascii=False, default=str)
 
@@ -336,8 +338,8 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
             row.prompt = _leading_prompt(rollout.first_messages) or None
         rollout.first_messages = None
         row.rollouts.append(rollout)
-    n_rows = meta.get("rows") if isinstance(meta.get("rows"), int) else len(rows)
-    n_samples = meta.get("n_samples") if isinstance(meta.get("n_samples"), int) else 1
+    n_rows: int = meta["rows"] if isinstance(meta.get("rows"), int) else len(rows)
+    n_samples: int = meta["n_samples"] if isinstance(meta.get("n_samples"), int) else 1
     if meta.get("kind") == "serve":  # a server's rows are whatever its requests named
         n_rows, n_samples = len(rows), max((len(r.rollouts) for r in rows.values()), default=1)
     summary = Summary.from_stats(

@@ -42,7 +42,8 @@ __all__ = ["DEFAULT_MAX_BYTES", "Built", "build_report", "render_runs", "run_fig
 DEFAULT_MAX_BYTES = 24 * 1024 * 1024
 """The page's size limit by default (trajectories are sampled past it)."""
 CHUNK = 200
-"""Trajectories per compressed chunk (the page unpacks one chunk to show one of them)."""
+"""The most trajectories per compressed chunk (the page unpacks one chunk to show one of them); a
+small run has smaller chunks (a fiftieth of its rollouts, at least 16), so its sample can be finer."""
 SEED = 0
 
 Progress = Callable[[str, int, int], None]
@@ -186,9 +187,7 @@ def _metric_charts(rollouts: Sequence[Rollout], slug: str) -> list[charts.Chart]
     texts: dict[str, Counter[str]] = {}
     for r in rollouts:
         for key, value in r.metrics.items():
-            if isinstance(value, bool):
-                numbers.setdefault(key, []).append(float(value))
-            elif isinstance(value, (int, float)) and math.isfinite(value):
+            if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
                 numbers.setdefault(key, []).append(float(value))
             elif isinstance(value, str):
                 texts.setdefault(key, Counter())[value[:40]] += 1
@@ -202,7 +201,9 @@ def _metric_charts(rollouts: Sequence[Rollout], slug: str) -> list[charts.Chart]
         rest = sum(texts[key].values()) - sum(n for _, n in common)
         note = f"{len(texts[key])} distinct values; the 8 commonest shown ({rest} others)" if rest else ""
         out.append(
-            charts.bars(f"metric: {key}", [(v, [n]) for v, n in common], [(key, "s1")], note=note, slug=f"{slug}-t-{key}")
+            charts.bars(
+                f"metric: {key}", [(v, [n]) for v, n in common], [(key, "s1")], note=note, slug=f"{slug}-t-{key}"
+            )
         )
     return out
 
@@ -228,7 +229,13 @@ def _rollout_json(r: Rollout, t0: float | None) -> dict[str, Any]:
     if r.finished_at is not None and t0 is not None:
         item["f"] = round(r.finished_at - t0, 2)
     if r.tokens is not None:
-        item["k"] = [r.tokens.calls, r.tokens.prompt, r.tokens.generated, int(r.tokens.complete), r.tokens.per_call[:50]]
+        item["k"] = [
+            r.tokens.calls,
+            r.tokens.prompt,
+            r.tokens.generated,
+            int(r.tokens.complete),
+            r.tokens.per_call[:50],
+        ]
     return item
 
 
@@ -251,8 +258,9 @@ def _pack(
         chunks: list[str] = []
         where: dict[int, tuple[int, int]] = {}
         used = 0
-        for start in range(0, len(order), CHUNK):
-            part = order[start : start + CHUNK]
+        size = min(CHUNK, max(16, len(order) // 50))
+        for start in range(0, len(order), size):
+            part = order[start : start + size]
             raw = ("[" + ",".join(rollouts[i].trajectory or "null" for i in part) + "]").encode()
             blob = base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
             done += len(part)
@@ -280,12 +288,12 @@ def _pack(
 
 def _rows_json(runs: Sequence[RunData], comparison: Comparison | None) -> list[dict[str, Any]]:
     """One entry per row (matched rows first when comparing), with each run's rollouts and figures."""
-    offsets = []
+    offsets: list[dict[int, list[int]]] = []
     for run in runs:
-        index = {}
+        by_row: dict[int, list[int]] = {}
         for i, r in enumerate(run.rollouts):
-            index.setdefault(r.row, []).append(i)
-        offsets.append(index)
+            by_row.setdefault(r.row, []).append(i)
+        offsets.append(by_row)
     indices = comparison.matched if comparison is not None else list(runs[0].rows)
     out = []
     for index in indices:
@@ -370,7 +378,10 @@ def render_runs(
         compare_charts.append(
             charts.lines(
                 "pass@k, overlaid",
-                [(f"{i + 1}. {f['name']}", colours[i], [(k, v) for k, v, _ in f["pass_at_k"]]) for i, f in enumerate(figures)],
+                [
+                    (f"{i + 1}. {f['name']}", colours[i], [(k, v) for k, v, _ in f["pass_at_k"]])
+                    for i, f in enumerate(figures)
+                ],
                 x_label="k (samples)",
                 y_label="pass@k",
                 slug="cmp-passk",
@@ -390,7 +401,14 @@ def render_runs(
         compare_charts.append(
             charts.histogram(
                 "Reward distribution, stacked by run",
-                [(f"{i + 1}. {run.name}", colours[i], [r.reward for r in run.rollouts if r.ok and r.reward is not None]) for i, run in enumerate(runs)],
+                [
+                    (
+                        f"{i + 1}. {run.name}",
+                        colours[i],
+                        [r.reward for r in run.rollouts if r.ok and r.reward is not None],
+                    )
+                    for i, run in enumerate(runs)
+                ],
                 x_label="reward",
                 slug="cmp-reward",
             )
@@ -409,29 +427,28 @@ def render_runs(
         "rows": rows_json,
         "categories": sorted({r.category for run in runs for r in run.rollouts if r.category}),
     }
-    data_text = _script_json(data)
-    budget = max(max_bytes - len(data_text.encode()) - 400_000, 0)
-    chunks, places, sample_note, embedded = _pack(runs, budget, progress)
-    data["places"] = [{str(i): list(p) for i, p in where.items()} for where in places]
-    data_text = _script_json(data)
     script = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
-    env = _environment()
-    html = env.get_template("report.html.j2").render(
-        runs=runs,
-        figures=figures,
-        run_charts=run_charts,
-        comparison=comparison,
-        compare_charts=compare_charts,
-        data=data_text,
-        chunks=chunks,
-        sample_note=sample_note,
-        style=markupsafe.Markup(_asset("report.css")),
-        script=markupsafe.Markup(script),
-        script_hash=digest,
-        generated=generated or _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        total_rollouts=sum(len(run.rollouts) for run in runs),
-    )
+    template = _environment().get_template("report.html.j2")
+    context = {
+        "runs": runs,
+        "figures": figures,
+        "run_charts": run_charts,
+        "comparison": comparison,
+        "compare_charts": compare_charts,
+        "style": markupsafe.Markup(_asset("report.css")),
+        "script": markupsafe.Markup(script),
+        "script_hash": digest,
+        "generated": generated or _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "total_rollouts": sum(len(run.rollouts) for run in runs),
+    }
+    # the page without trajectories, measured: what is left of max_bytes is theirs (and their index's)
+    bare = template.render(**context, data=_script_json(data), chunks=[], sample_note=None)
+    index_bytes = 14 * context["total_rollouts"]
+    budget = max(max_bytes - len(bare.encode()) - index_bytes - 600, 0)
+    chunks, places, sample_note, embedded = _pack(runs, budget, progress)
+    data["places"] = [{str(i): list(p) for i, p in where.items()} for where in places]
+    html = template.render(**context, data=_script_json(data), chunks=chunks, sample_note=sample_note)
     return html, embedded, comparison
 
 

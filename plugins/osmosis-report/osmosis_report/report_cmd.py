@@ -14,7 +14,9 @@ __all__ = ["print_report_summary", "report"]
 
 
 @click.command()
-@click.argument("runs", metavar="RUN [RUN ...]", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.argument(
+    "runs", metavar="RUN [RUN ...]", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path)
+)
 @click.option(
     "-o",
     "--output",
@@ -61,8 +63,8 @@ def report(runs: tuple[Path, ...], output: Path | None, open_: bool, max_mb: flo
     except OsmosisError:
         raise
     print_report_summary(console, built)
-    for run in built.runs:
-        for problem in run.damaged[:10]:
+    for data in built.runs:
+        for problem in data.damaged[:10]:
             err.print(f"damaged line skipped: {problem}", markup=False, soft_wrap=True)
     console.print(
         f"wrote {built.path} ({built.bytes / 2**20:.1f} MB, {built.rollouts:,} rollouts, "
@@ -133,14 +135,20 @@ def print_report_summary(console: Any, built: Built) -> None:
     row(
         "mean reward [95% CI]",
         [
-            "-" if f["interval"] is None else f"{f['interval'].value:.3f} [{f['interval'].low:.3f}, {f['interval'].high:.3f}]"
+            "-"
+            if f["interval"] is None
+            else f"{f['interval'].value:.3f} [{f['interval'].low:.3f}, {f['interval'].high:.3f}]"
             for f in figures
         ],
     )
     row("pass rate", ["-" if f["summary"].pass_rate is None else f"{f['summary'].pass_rate:.1%}" for f in figures])
     row(
         "pass@k",
-        [", ".join(f"@{k} {v:.3f}" for k, v, _ in f["pass_at_k"][:4]) + (" ..." if len(f["pass_at_k"]) > 4 else "") or "-" for f in figures],
+        [
+            ", ".join(f"@{k} {v:.3f}" for k, v, _ in f["pass_at_k"][:4]) + (" ..." if len(f["pass_at_k"]) > 4 else "")
+            or "-"
+            for f in figures
+        ],
     )
     row("ungraded", [str(f["summary"].ungraded) for f in figures])
     row(

@@ -11,9 +11,9 @@ __all__ = ["ReportSettings"]
 class ReportSettings:
     """``[report]``::
 
-        [report]
-        enabled = true     # write report.html into the run folder, during the run and at its end
-        max_mb = 24        # past it, the page keeps a stated sample of the trajectories
+    [report]
+    enabled = true     # write report.html into the run folder, during the run and at its end
+    max_mb = 24        # past it, the page keeps a stated sample of the trajectories
     """
 
     enabled: bool = True

@@ -110,5 +110,5 @@ def paired_bootstrap(differences: Sequence[float], *, resamples: int = 2000, see
     values = list(differences)
     means = sorted(math.fsum(rng.choices(values, k=m)) / m for _ in range(resamples))
     low = means[int(0.025 * (resamples - 1))]
-    high = means[int(math.ceil(0.975 * (resamples - 1)))]
+    high = means[math.ceil(0.975 * (resamples - 1))]
     return Interval(mean, low, high, m)

@@ -65,7 +65,7 @@ def test_the_paired_bootstrap_is_seeded_and_brackets_the_mean():
     diffs = [0.0, 1.0, 0.0, 0.0, -1.0, 1.0, 0.5, 0.0, 1.0, 0.0]
     first = paired_bootstrap(diffs, seed=7)
     assert first == paired_bootstrap(diffs, seed=7)
-    assert first is not None and first.low < first.value == pytest.approx(0.25) < first.high
+    assert first is not None and first.low < first.value < first.high and first.value == pytest.approx(0.25)
     # the percentile interval of the resampled means is about the normal one for a sample this size
     se = statistics.stdev(diffs) / math.sqrt(len(diffs))
     assert first.high - first.low == pytest.approx(2 * 1.96 * se, rel=0.25)
