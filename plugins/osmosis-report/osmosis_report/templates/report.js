@@ -234,7 +234,7 @@
     for (const call of m.tool_calls || []) {
       const fn = call.function || {};
       names[call.id] = fn.name;
-      blocks.push(el("div", { class: "call tool-call" }, el("div", { class: "fn", text: "\u2192 " + (fn.name || "?") + "(" + ")" + (call.id ? " \u00b7 " + call.id : "") }), el("pre", { class: "args", text: pretty(fn.arguments) })));
+      blocks.push(el("div", { class: "call tool-call" }, el("div", { class: "fn", text: "\u2192 " + (fn.name || "?") + (call.id ? " \u00b7 " + call.id : "") }), el("pre", { class: "args", text: pretty(fn.arguments) })));
     }
     if (!m.role && !m.content) blocks.push(el("pre", { class: "json", text: pretty(m) }));
     box.append(...blocks);
