@@ -248,6 +248,46 @@ def _dataset_rows(meta: dict[str, Any]) -> dict[int, tuple[list[dict[str, Any]],
     return {row.index: (row.prompt, row.label) for row in rows}
 
 
+_PROMPT_IDS = b'"prompt_token_ids"'
+_GENERATED_IDS = b'"generated_token_ids"'
+
+
+def _count_ids(raw: bytes, key: bytes) -> list[int]:
+    """The length of each ``key: [ids]`` list in a trace line, counted without parsing the ids."""
+    counts = []
+    at = raw.find(key)
+    while at >= 0:
+        start = raw.index(b"[", at + len(key))
+        end = raw.index(b"]", start)
+        body = raw[start + 1 : end]
+        counts.append(body.count(b",") + 1 if body.strip() else 0)
+        at = raw.find(key, end)
+    return counts
+
+
+def _trace_tokens(raw: bytes) -> tuple[str, Tokens]:
+    """(rollout id, token counts) of one ``traces.jsonl`` line; the id lists are counted, not parsed
+    (a trace holds every token id of every call: parsing them all would take most of a report's time).
+    A line this shortcut cannot follow (keys in another order) is parsed whole."""
+    try:
+        head = raw[: raw.index(b'"calls"')].rstrip().rstrip(b",")
+        meta = json.loads(head + b"}")
+        prompts, generated = _count_ids(raw, _PROMPT_IDS), _count_ids(raw, _GENERATED_IDS)
+        if not isinstance(meta, dict) or "rollout_id" not in meta or len(prompts) != len(generated):
+            raise ValueError("not in the usual order")
+        calls = list(zip(prompts, generated, strict=True))
+    except ValueError:
+        meta = json.loads(raw)
+        calls = [
+            (len(call.get("prompt_token_ids") or ()), len(call.get("generated_token_ids") or ()))
+            for call in meta.get("calls") or ()
+        ]
+    tokens = Tokens(
+        len(calls), sum(p for p, _ in calls), sum(g for _, g in calls), bool(meta.get("complete", True)), calls
+    )
+    return str(meta["rollout_id"]), tokens
+
+
 def _read_traces(path: Path, damaged: list[str]) -> dict[str, Tokens]:
     """Token counts per rollout id from ``traces.jsonl`` (absent: none)."""
     found: dict[str, Tokens] = {}
@@ -258,20 +298,11 @@ def _read_traces(path: Path, damaged: list[str]) -> dict[str, Tokens]:
             if not raw.endswith(b"\n") or not raw.strip():
                 continue
             try:
-                line = json.loads(raw)
-                calls = [
-                    (len(call.get("prompt_token_ids") or ()), len(call.get("generated_token_ids") or ()))
-                    for call in line.get("calls") or ()
-                ]
-                found[str(line["rollout_id"])] = Tokens(
-                    len(calls),
-                    sum(p for p, _ in calls),
-                    sum(g for _, g in calls),
-                    bool(line.get("complete", True)),
-                    calls,
-                )
+                rollout_id, tokens = _trace_tokens(raw)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 damaged.append(f"{path}:{number}: not a trace line ({type(exc).__name__}: {exc})")
+                continue
+            found[rollout_id] = tokens
     return found
 
 
@@ -400,7 +431,9 @@ def _rollout(line: dict[str, Any]) -> Rollout:
         body = {"messages": messages, "system_prompt": sample.get("system_prompt")}
         if isinstance(readable, list):
             body["native"] = len(sample.get("messages") or [])
-        trajectory = json.dumps(clip_strings(body), ensure_ascii=False, separators=(",", ":"), default=str)
+        trajectory = json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=str)
+        if len(trajectory) > MAX_STRING:  # (else no string in it can be longer than the limit)
+            trajectory = json.dumps(clip_strings(body), ensure_ascii=False, separators=(",", ":"), default=str)
     return Rollout(
         row=line["row"],
         sample=line["sample_index"],

@@ -164,7 +164,7 @@ def test_two_runs_in_the_browser_show_the_rows_that_flipped(browser, run_a, run_
     flips = "return [...document.querySelectorAll('td[data-flip]')].map(td => td.dataset.flip)"
     assert browser.execute_script(flips) == ["up", "up", "down"]
     # a rollout of the second run opens from its own column
-    browser.execute_script("document.querySelector('tr[data-row=\"3\"] button.chip[data-run=\"1\"]').click()")
+    browser.execute_script('document.querySelector(\'tr[data-row="3"] button.chip[data-run="1"]\').click()')
     assert wait_for(browser, "return document.getElementById('viewer-title').innerText.includes('2. b')")
     browser.execute_script("document.getElementById('rows').scrollIntoView()")
     shot(browser, "report-comparison.png")
