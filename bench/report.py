@@ -22,40 +22,7 @@ import time
 from pathlib import Path
 
 CATEGORIES = ["policy_error", "timeout", "agent_error", "validation_error", "infra_error"]
-WORDS = [
-    "the",
-    "model",
-    "considers",
-    "the",
-    "request",
-    "then",
-    "calls",
-    "the",
-    "tool",
-    "with",
-    "both",
-    "operands",
-    "and",
-    "checks",
-    "the",
-    "product",
-    "against",
-    "its",
-    "own",
-    "estimate",
-    "before",
-    "it",
-    "writes",
-    "the",
-    "final",
-    "answer",
-    "on",
-    "the",
-    "last",
-    "line",
-    "as",
-    "asked",
-]
+WORDS = "the model considers the request then calls the tool with both operands and checks the product".split(" ")  # noqa: SIM905
 
 
 def sentence(rng: random.Random, n: int) -> str:
@@ -69,7 +36,7 @@ def write_run(folder: Path, rows: int, samples: int, seed: int = 0) -> int:
     system = "You are a careful calculator. Use the multiply tool, then answer on the last line as: #### <number>"
     prompts = []
     with dataset.open("w") as handle:
-        for i in range(rows):
+        for _ in range(rows):
             a, b = rng.randint(10, 9999), rng.randint(10, 9999)
             prompts.append((a, b))
             handle.write(
@@ -81,8 +48,16 @@ def write_run(folder: Path, rows: int, samples: int, seed: int = 0) -> int:
     import hashlib
 
     digest = hashlib.sha256(dataset.read_bytes()).hexdigest()
-    meta = {"osmosis_core": "0.1.0", "config": "configs/eval/bench.toml", "dataset": str(dataset), "dataset_sha256": digest,
-            "rows": rows, "n_samples": samples, "stub_policy": False, "started": "2026-12-01T10:00:00+00:00"}  # fmt: skip
+    meta = {
+        "osmosis_core": "0.1.0",
+        "config": "configs/eval/bench.toml",
+        "dataset": str(dataset),
+        "dataset_sha256": digest,
+        "rows": rows,
+        "n_samples": samples,
+        "stub_policy": False,
+        "started": "2026-12-01T10:00:00+00:00",
+    }
     (folder / "run.json").write_text(json.dumps(meta, indent=2))
     (folder / "config.toml").write_text(
         '[policy]\nmodel = "Qwen/Qwen3-8B"\n\n[run]\nbackend = "local"\npass_threshold = 1.0\n'
@@ -102,9 +77,19 @@ def write_run(folder: Path, rows: int, samples: int, seed: int = 0) -> int:
                 ]
                 for turn in range(rng.randint(1, 5)):
                     call = f"call_{i}_{s}_{turn}"
-                    messages.append({"role": "assistant", "content": sentence(rng, rng.randint(10, 60)),
-                                     "tool_calls": [{"id": call, "type": "function", "function": {"name": "multiply",
-                                                     "arguments": json.dumps({"a": a, "b": b})}}]})  # fmt: skip
+                    messages.append(
+                        {
+                            "role": "assistant",
+                            "content": sentence(rng, rng.randint(10, 60)),
+                            "tool_calls": [
+                                {
+                                    "id": call,
+                                    "type": "function",
+                                    "function": {"name": "multiply", "arguments": json.dumps({"a": a, "b": b})},
+                                }
+                            ],
+                        }
+                    )
                     messages.append({"role": "tool", "tool_call_id": call, "content": str(a * b)})
                 right = rng.random() > (0.7 if hard else 0.1)
                 answer = a * b if right else a * b + rng.randint(1, 99)
@@ -112,19 +97,34 @@ def write_run(folder: Path, rows: int, samples: int, seed: int = 0) -> int:
                 failed = rng.random() < 0.04
                 category = rng.choice(CATEGORIES) if failed else None
                 line = {
-                    "row": i, "sample_index": s, "rollout_id": rollout_id,
+                    "row": i,
+                    "sample_index": s,
+                    "rollout_id": rollout_id,
                     "status": "failure" if failed else "success",
                     "stage": "workflow" if failed else "grader",
-                    "error": {"category": category, "message": f"{category}: the endpoint answered 503 (at main.py:81 in run)"} if failed else None,
+                    "error": {"category": category, "message": f"{category}: answered 503 (at main.py:81 in run)"}
+                    if failed
+                    else None,
                     "reward": None if failed else float(right),
-                    "metrics": {} if failed else {"extracted": str(answer), "reason": "match" if right else "wrong number", "turns": len(messages) // 2},
+                    "metrics": {}
+                    if failed
+                    else {
+                        "extracted": str(answer),
+                        "reason": "match" if right else "wrong",
+                        "turns": len(messages) // 2,
+                    },
                     "timings": {"queued": rng.random() * 0.1, "workflow": rng.lognormvariate(0.5, 0.6), "grader": 0.01},
                     "finished_at": round(clock, 3),
                     "sample": None if failed else {"messages": messages, "system_prompt": None, "chat_messages": None},
-                }  # fmt: skip
+                }
                 out.write(json.dumps(line) + "\n")
-                calls = [{"prompt_token_ids": list(range(rng.randint(60, 200))), "generated_token_ids": list(range(rng.randint(10, 60)))}
-                         for _ in range((len(messages) - 2) // 2)]  # fmt: skip
+                calls = [
+                    {
+                        "prompt_token_ids": list(range(rng.randint(60, 200))),
+                        "generated_token_ids": list(range(rng.randint(10, 60))),
+                    }
+                    for _ in range((len(messages) - 2) // 2)
+                ]
                 traces.write(json.dumps({"rollout_id": rollout_id, "complete": True, "calls": calls}) + "\n")
                 lines += 1
     return lines
@@ -178,14 +178,14 @@ def main() -> None:
     n = write_run(folder, args.rows, args.samples)
     size = (folder / "results.jsonl").stat().st_size
     print(
-        f"synthetic run: {n:,} rollouts, results.jsonl {size / 2**20:.0f} MB, written in {time.perf_counter() - started:.1f} s"
+        f"synthetic run: {n:,} rollouts, results.jsonl {size / 2**20:.0f} MB ({time.perf_counter() - started:.0f} s to write)"
     )
     cpu = time.process_time()
     built = build_report([folder], folder / "report.html")
     cpu = time.process_time() - cpu
     print(f"render: {built.seconds:.2f} s wall, {cpu:.2f} s CPU (target < 10 s)")
     print(
-        f"file: {built.bytes / 2**20:.1f} MB (target < 25 MB); trajectories embedded: {built.embedded:,} of {built.rollouts:,}"
+        f"file: {built.bytes / 2**20:.1f} MB (target < 25 MB); trajectories in it: {built.embedded:,} of {built.rollouts:,}"
     )
     ready = page_ready_seconds(built.path)
     if ready is None:
