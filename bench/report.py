@@ -177,16 +177,14 @@ def main() -> None:
     started = time.perf_counter()
     n = write_run(folder, args.rows, args.samples)
     size = (folder / "results.jsonl").stat().st_size
-    print(
-        f"synthetic run: {n:,} rollouts, results.jsonl {size / 2**20:.0f} MB ({time.perf_counter() - started:.0f} s to write)"
-    )
+    took = time.perf_counter() - started
+    print(f"synthetic run: {n:,} rollouts, results.jsonl {size / 2**20:.0f} MB ({took:.0f} s to write)")
     cpu = time.process_time()
     built = build_report([folder], folder / "report.html")
     cpu = time.process_time() - cpu
     print(f"render: {built.seconds:.2f} s wall, {cpu:.2f} s CPU (target < 10 s)")
-    print(
-        f"file: {built.bytes / 2**20:.1f} MB (target < 25 MB); trajectories in it: {built.embedded:,} of {built.rollouts:,}"
-    )
+    mb = built.bytes / 2**20
+    print(f"file: {mb:.1f} MB (target < 25 MB); trajectories in it: {built.embedded:,} of {built.rollouts:,}")
     ready = page_ready_seconds(built.path)
     if ready is None:
         print("page ready: not measured (no chromium and chromedriver)")

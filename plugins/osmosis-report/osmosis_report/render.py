@@ -430,7 +430,8 @@ def render_runs(
     script = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     template = _environment().get_template("report.html.j2")
-    context = {
+    total = sum(len(run.rollouts) for run in runs)
+    context: dict[str, Any] = {
         "runs": runs,
         "figures": figures,
         "run_charts": run_charts,
@@ -440,11 +441,11 @@ def render_runs(
         "script": markupsafe.Markup(script),
         "script_hash": digest,
         "generated": generated or _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "total_rollouts": sum(len(run.rollouts) for run in runs),
+        "total_rollouts": total,
     }
     # the page without trajectories, measured: what is left of max_bytes is theirs (and their index's)
     bare = template.render(**context, data=_script_json(data), chunks=[], sample_note=None)
-    index_bytes = 14 * context["total_rollouts"]
+    index_bytes = 14 * total
     budget = max(max_bytes - len(bare.encode()) - index_bytes - 600, 0)
     chunks, places, sample_note, embedded = _pack(runs, budget, progress)
     data["places"] = [{str(i): list(p) for i, p in where.items()} for where in places]
