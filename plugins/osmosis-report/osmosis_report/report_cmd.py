@@ -130,6 +130,7 @@ def print_report_summary(console: Any, built: Built) -> None:
     def row(name: str, values: list[str]) -> None:
         table.add_row(name, *values)
 
+    row("status", [_status(f) for f in figures])
     row("model", [str(f["model"] or "-") for f in figures])
     row("finished", [f"{f['summary'].finished} / {f['summary'].expected}" for f in figures])
     row(
@@ -175,3 +176,11 @@ def _signed(interval: Any) -> str:
     if interval is None:
         return "-"
     return f"{interval.value:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
+
+
+def _status(figures: dict[str, Any]) -> str:
+    if figures["live"]:
+        return "partial (the run is still going)"
+    if figures["summary"].interrupted:
+        return "partial (interrupted)"
+    return "partial" if figures["partial"] else "complete"

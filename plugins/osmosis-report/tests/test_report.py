@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
+import time
 
 from report_helpers import clean_env, make_run, osmosis_exe, scripted
 
@@ -119,3 +121,24 @@ def test_an_unknown_report_key_is_named_and_does_not_fail_the_run(workspace):
     assert r.returncode == 0, r.stderr
     assert "enabeld" in r.stderr and "$.report" in r.stderr
     assert load_run(workspace / "runs" / "typo").summary.finished == 2
+
+
+def test_a_run_still_going_is_reported_as_partial_and_an_interrupted_one_says_so(workspace, tmp_path):
+    with ScriptedPolicyServer(latency=0.25) as server:
+        args = [osmosis_exe(), "run", "configs/eval/multiply-plain.toml", "--policy-url", server.url,
+                "--concurrency", "1", "--output", "runs/live"]  # fmt: skip
+        run = subprocess.Popen(args, cwd=workspace, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        results = workspace / "runs" / "live" / "results.jsonl"
+        deadline = time.monotonic() + 60
+        while not (results.exists() and results.read_text().count("\n") >= 3) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = osmosis("report", "runs/live", "-o", str(tmp_path / "live.html"), cwd=workspace)
+        assert r.returncode == 0, r.stderr
+        assert "partial (the run is still going)" in r.stdout
+        live = (tmp_path / "live.html").read_text()
+        assert "data-partial" in live and "the run is still going" in live
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    final = (workspace / "runs" / "live" / "report.html").read_text()  # written by the run as it stopped
+    assert "data-partial" in final and "the run was interrupted" in final and "still going" not in final
