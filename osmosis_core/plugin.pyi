@@ -34,6 +34,7 @@ from osmosis_core.results import ResultStats as ResultStats
 from osmosis_core.results import ResultWriter as ResultWriter
 from osmosis_core.results import RunProgress as RunProgress
 from osmosis_core.results import Summary as Summary
+from osmosis_core.results import folder_progress as folder_progress
 from osmosis_core.results import latest_records as latest_records
 from osmosis_core.results import percentile as percentile
 from osmosis_core.results import summary_fields as summary_fields

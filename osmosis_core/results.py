@@ -27,6 +27,7 @@ __all__ = [
     "ResultWriter",
     "RunProgress",
     "Summary",
+    "folder_progress",
     "json_ready",
     "latest_records",
     "percentile",
@@ -330,3 +331,19 @@ class RunProgress:
     kind: Literal["run", "serve"] = "run"
     config: RunConfig | None = None
     """The run's resolved config (plugins read their own table from it, e.g. ``config.report``)."""
+
+
+def folder_progress(
+    run_dir: Path, *, final: bool, kind: Literal["run", "serve"] = "serve", config: RunConfig | None = None
+) -> RunProgress:
+    """How a run folder stands, read from its ``results.jsonl`` (what ``osmosis serve`` tells the
+    ``osmosis_run_progress`` hooks: a server has no dataset, so each row it saw counts once)."""
+    threshold = config.run.pass_threshold if config is not None else 1.0
+    stats = ResultStats(pass_threshold=threshold)
+    latest = latest_records(Path(run_dir) / "results.jsonl", repair=False, damaged=[])
+    for line in latest.values():
+        if line["status"] != ExecutionStatus.CANCELLED.value:
+            stats.add(line)
+    rows = len({row for row, _ in latest})
+    summary = Summary.from_stats(stats, rows=rows, n_samples=1, wall_sec=0.0, interrupted=False, stub_policy=False)
+    return RunProgress(Path(run_dir), summary, final, kind, config)

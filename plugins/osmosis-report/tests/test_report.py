@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from report_helpers import clean_env, make_run, osmosis_exe, scripted
 
 from osmosis_core.testing import ScriptedPolicyServer
@@ -142,3 +143,49 @@ def test_a_run_still_going_is_reported_as_partial_and_an_interrupted_one_says_so
     assert run.returncode == 130, err
     final = (workspace / "runs" / "live" / "report.html").read_text()  # written by the run as it stopped
     assert "data-partial" in final and "the run was interrupted" in final and "still going" not in final
+
+
+def test_osmosis_serve_writes_its_report_when_it_stops(workspace):
+    pytest.importorskip("osmosis_server", reason="osmosis-server is not installed")
+    import asyncio
+
+    from osmosis_server import RolloutClient, RolloutRequest
+
+    folder = workspace / "runs" / "served"
+    with ScriptedPolicyServer() as policy:
+        serve = subprocess.Popen(
+            [osmosis_exe(), "serve", "configs/eval/multiply-plain.toml", "--port", "0", "--no-auth",
+             "--output", str(folder)],
+            cwd=workspace, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        url = ""
+        for out in serve.stdout:
+            if match := re.search(r"listening on (http://\S+)", out):
+                url = match.group(1)
+                break
+        assert url, serve.stderr.read()
+
+        async def go():
+            client = RolloutClient(url)
+            prompts = [("val1 = 3\nval2 = 4", "12"), ("val1 = 5\nval2 = 6", "30"), ("val1 = 7\nval2 = 8", "1")]
+            admissions = [
+                await client.submit(
+                    RolloutRequest(
+                        rollout_id=f"s-{i}",
+                        initial_messages=[{"role": "user", "content": text}],
+                        chat_completions_url=policy.url,
+                        label=label,
+                    )
+                )
+                for i, (text, label) in enumerate(prompts)
+            ]
+            return [await client.result(a) for a in admissions]
+
+        assert len(asyncio.run(go())) == 3
+        serve.send_signal(signal.SIGTERM)
+        serve.communicate(timeout=60)
+    page = folder / "report.html"
+    assert page.is_file(), "osmosis serve wrote no report when it stopped"
+    data = load_run(folder)
+    assert data.kind == "serve" and data.summary.finished == 3 and data.summary.pass_rate == 2 / 3
+    assert "3 rollouts" in page.read_text()
