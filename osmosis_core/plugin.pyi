@@ -12,6 +12,7 @@ from osmosis_core.cli.common import resolve_config as resolve_config
 from osmosis_core.config import structure_table as structure_table
 from osmosis_core.context import current_rollout_context as current_rollout_context
 from osmosis_core.dataset import DatasetRow as DatasetRow
+from osmosis_core.dataset import fingerprint as fingerprint
 from osmosis_core.dataset import read_dataset as read_dataset
 from osmosis_core.errors import BackendUnavailable as BackendUnavailable
 from osmosis_core.errors import clip as clip

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import os
 import re
@@ -30,7 +29,7 @@ import attrs
 from osmosis_core import __version__
 from osmosis_core.backend import BackendSetup, ExecutionBackend
 from osmosis_core.config import RunConfig, api_key_from_env, structure_table
-from osmosis_core.dataset import DatasetRow, read_dataset
+from osmosis_core.dataset import DatasetRow, fingerprint, read_dataset
 from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
 from osmosis_core.loader import LoadedRollout, load_rollout
 from osmosis_core.plugins.registry import PluginRegistry, get_registry
@@ -119,14 +118,6 @@ class RunOutcome:
     """Why the run stopped before its end on its own (the backend became unusable); resumable."""
     failing: str | None = None
     """Why the run counts as failed (every rollout failed, or more than ``[run] max_failure_rate``)."""
-
-
-def _fingerprint(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _latest_run(root: Path, name: str) -> Path | None:
@@ -271,7 +262,7 @@ def prepare_run(
         "osmosis_core": __version__,
         "config": str(config.source) if config.source else None,
         "dataset": str(dataset_path),
-        "dataset_sha256": _fingerprint(dataset_path),
+        "dataset_sha256": fingerprint(dataset_path),
         "rows": len(rows),
         "n_samples": config.run.n_samples,
         "stub_policy": policy_override is not None,

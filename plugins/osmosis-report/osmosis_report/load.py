@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from osmosis_core import OsmosisError
-from osmosis_core.plugin import ResultStats, Summary, latest_records, read_dataset, summary_fields
+from osmosis_core.plugin import ResultStats, Summary, fingerprint, latest_records, read_dataset, summary_fields
 
 __all__ = ["Rollout", "Row", "RunData", "Tokens", "load_run", "prompt_hash", "prompt_text"]
 
@@ -225,14 +225,6 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _fingerprint(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _dataset_rows(meta: dict[str, Any]) -> dict[int, tuple[list[dict[str, Any]], Any]] | None:
     """Row index -> (prompt, label) from the run's dataset, when it is still the file the run read."""
     name = meta.get("dataset")
@@ -240,7 +232,7 @@ def _dataset_rows(meta: dict[str, Any]) -> dict[int, tuple[list[dict[str, Any]],
         return None
     path = Path(name)
     try:
-        if not path.is_file() or _fingerprint(path) != meta["dataset_sha256"]:
+        if not path.is_file() or fingerprint(path) != meta["dataset_sha256"]:
             return None
         rows = read_dataset(path, limit=meta.get("rows") if isinstance(meta.get("rows"), int) else None)
     except (OSError, OsmosisError, ValueError):

@@ -96,29 +96,24 @@ def test_every_run_writes_its_report_by_itself_unless_told_not_to(workspace):
     assert "multiply" in page and "data-partial" not in page  # the final report: not partial
     off = make_run(workspace, "off", scripted(), n_samples=1, extra=("--no-report",))
     assert not (off / "report.html").exists()
-    config = workspace / "configs" / "eval" / "no-report.toml"
-    config.write_text(
-        (workspace / "configs" / "eval" / "multiply-plain.toml").read_text() + "\n[report]\nenabled = false\n"
-    )
-    with ScriptedPolicyServer() as server:
-        r = subprocess.run(
-            [osmosis_exe(), "run", str(config), "--policy-url", server.url, "--limit", "2", "--output", "runs/off2"],
-            cwd=workspace, env=clean_env(), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+    r = run_with_report_table(workspace, "off2", "enabled = false")
     assert r.returncode == 0, r.stderr
     assert not (workspace / "runs" / "off2" / "report.html").exists()
 
 
-def test_an_unknown_report_key_is_named_and_does_not_fail_the_run(workspace):
-    config = workspace / "configs" / "eval" / "typo.toml"
-    config.write_text(
-        (workspace / "configs" / "eval" / "multiply-plain.toml").read_text() + "\n[report]\nenabeld = false\n"
-    )
+def run_with_report_table(workspace, name: str, table: str) -> subprocess.CompletedProcess:
+    """Two rows of the example, with a ``[report]`` table added to its config."""
+    config = workspace / "configs" / "eval" / f"{name}.toml"
+    config.write_text((workspace / "configs" / "eval" / "multiply-plain.toml").read_text() + f"\n[report]\n{table}\n")
     with ScriptedPolicyServer() as server:
-        r = subprocess.run(
-            [osmosis_exe(), "run", str(config), "--policy-url", server.url, "--limit", "2", "--output", "runs/typo"],
+        return subprocess.run(
+            [osmosis_exe(), "run", str(config), "--policy-url", server.url, "--limit", "2", "--output", f"runs/{name}"],
             cwd=workspace, env=clean_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
+
+
+def test_an_unknown_report_key_is_named_and_does_not_fail_the_run(workspace):
+    r = run_with_report_table(workspace, "typo", "enabeld = false")
     assert r.returncode == 0, r.stderr
     assert "enabeld" in r.stderr and "$.report" in r.stderr
     assert load_run(workspace / "runs" / "typo").summary.finished == 2
