@@ -144,6 +144,7 @@ def test_osmosis_serve_writes_its_report_when_it_stops(workspace):
     pytest.importorskip("osmosis_server", reason="osmosis-server is not installed")
     import asyncio
 
+    from osmosis_core.plugin import http_scope
     from osmosis_server import RolloutClient, RolloutRequest
 
     folder = workspace / "runs" / "served"
@@ -160,7 +161,7 @@ def test_osmosis_serve_writes_its_report_when_it_stops(workspace):
                 break
         assert url, serve.stderr.read()
 
-        async def go():
+        async def submit_and_wait():
             client = RolloutClient(url)
             prompts = [("val1 = 3\nval2 = 4", "12"), ("val1 = 5\nval2 = 6", "30"), ("val1 = 7\nval2 = 8", "1")]
             admissions = [
@@ -175,6 +176,10 @@ def test_osmosis_serve_writes_its_report_when_it_stops(workspace):
                 for i, (text, label) in enumerate(prompts)
             ]
             return [await client.result(a) for a in admissions]
+
+        async def go():
+            async with http_scope():  # the loop's shared HTTP session, closed with it
+                return await submit_and_wait()
 
         assert len(asyncio.run(go())) == 3
         serve.send_signal(signal.SIGTERM)
