@@ -125,3 +125,20 @@ def test_the_report_of_a_real_run_reads_prompts_from_its_dataset(run_a, tmp_path
     moved = load_run(copy)
     assert moved.prompt_source == "samples"
     assert moved.rows[5].hash == data.rows[5].hash
+
+
+def test_the_plugin_writes_a_partial_report_during_a_run_and_no_more_often_than_it_can_afford(tmp_path):
+    from osmosis_core.plugin import RunProgress
+    from osmosis_report import plugin
+
+    run = write_run(tmp_path / "r", [line(0, 0), line(1, 0)])
+    summary = load_run(run).summary
+    page = run / "report.html"
+    with RunLock(run):  # the run holds its folder while it goes
+        plugin.osmosis_run_progress(RunProgress(run, summary, final=False))
+        assert "the run is still going" in page.read_text()
+        written = page.stat().st_mtime_ns
+        plugin.osmosis_run_progress(RunProgress(run, summary, final=False))  # at once again: skipped
+        assert page.stat().st_mtime_ns == written
+    plugin.osmosis_run_progress(RunProgress(run, summary, final=True))  # the end is always written
+    assert page.stat().st_mtime_ns != written and "still going" not in page.read_text()
