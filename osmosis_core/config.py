@@ -134,6 +134,8 @@ class RunConfig:
     backend: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     server: dict[str, Any] = attrs.field(factory=dict)
     """``[server]``: the settings of ``osmosis serve`` (read by the osmosis-server plugin, which checks them)."""
+    report: dict[str, Any] = attrs.field(factory=dict)
+    """``[report]``: the settings of the run folder's ``report.html`` (read by the osmosis-report plugin)."""
     source: Path | None = attrs.field(default=None, eq=False)
     """The file it was read from (None when built in code)."""
     root: Path = attrs.field(factory=Path.cwd, eq=False)
@@ -311,8 +313,9 @@ def check_config(config: RunConfig) -> list[str]:
     for name, table in config.backend.items():
         if not isinstance(table, dict):
             problems.append(f"must be a table @ $.backend.{name}")
-    if not isinstance(config.server, dict):
-        problems.append("must be a table @ $.server")
+    for table_name in ("server", "report"):
+        if not isinstance(getattr(config, table_name), dict):
+            problems.append(f"must be a table @ $.{table_name}")
     return problems
 
 

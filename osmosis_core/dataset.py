@@ -10,6 +10,7 @@ kept as metadata for the workflow::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,17 @@ import attrs
 from osmosis_core.errors import DatasetError
 from osmosis_core.records import Message
 
-__all__ = ["DatasetRow", "read_dataset", "row_from_json"]
+__all__ = ["DatasetRow", "fingerprint", "read_dataset", "row_from_json"]
+
+
+def fingerprint(path: Path) -> str:
+    """The SHA-256 of a file, read in blocks (``run.json``'s ``dataset_sha256``)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
 
 MAX_REPORTED = 20
 MAX_DEPTH = 64

@@ -11,6 +11,9 @@ from osmosis_core.cli.common import make_console as make_console
 from osmosis_core.cli.common import resolve_config as resolve_config
 from osmosis_core.config import structure_table as structure_table
 from osmosis_core.context import current_rollout_context as current_rollout_context
+from osmosis_core.dataset import DatasetRow as DatasetRow
+from osmosis_core.dataset import fingerprint as fingerprint
+from osmosis_core.dataset import read_dataset as read_dataset
 from osmosis_core.deprecation import OsmosisDeprecationWarning as OsmosisDeprecationWarning
 from osmosis_core.deprecation import moved_names as moved_names
 from osmosis_core.deprecation import warn_deprecated as warn_deprecated
@@ -33,7 +36,12 @@ from osmosis_core.plugins.hookspecs import hookimpl as hookimpl
 from osmosis_core.plugins.registry import get_registry as get_registry
 from osmosis_core.results import ResultStats as ResultStats
 from osmosis_core.results import ResultWriter as ResultWriter
+from osmosis_core.results import RunProgress as RunProgress
 from osmosis_core.results import Summary as Summary
+from osmosis_core.results import folder_progress as folder_progress
+from osmosis_core.results import latest_records as latest_records
+from osmosis_core.results import percentile as percentile
+from osmosis_core.results import summary_fields as summary_fields
 from osmosis_core.run_lock import RunLock as RunLock
 from osmosis_core.runner import build_backend as build_backend
 from osmosis_core.templates import GUIDES_ROOT as GUIDES_ROOT

@@ -10,9 +10,9 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import attrs
 
@@ -20,25 +20,45 @@ from osmosis_core.deprecation import moved_names
 from osmosis_core.errors import redact
 from osmosis_core.records import ExecutionStatus
 
-__all__ = ["ResultStats", "ResultWriter", "Summary", "json_ready", "read_results", "scan_results"]
+if TYPE_CHECKING:
+    from osmosis_core.config import RunConfig
+
+__all__ = [
+    "ResultStats",
+    "ResultWriter",
+    "RunProgress",
+    "Summary",
+    "folder_progress",
+    "json_ready",
+    "latest_records",
+    "percentile",
+    "read_results",
+    "scan_results",
+    "summary_fields",
+]
 
 __getattr__ = moved_names(__name__, {"result_line": ("osmosis_core.wire:result_line", "0.2.0")})
 
 
-def scan_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def scan_results(
+    path: Path, *, repair: bool = True, damaged: list[str] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, record)`` for each line of an existing ``results.jsonl``, read as a stream.
 
     Only one line is held at a time (a results file can be hundreds of megabytes). A last line cut
     short by a crash is dropped and truncated from the file, so appending after it stays valid JSONL.
 
+    :param repair: ``False`` reads without writing: a last line without its newline (one a live run
+        is still writing) is skipped and the file left as it is.
+    :param damaged: when given, a damaged line is described here (``file:line: why``) and skipped.
     :raises ValueError: a damaged line (not JSON, or without the keys of a result), naming it as
-        ``file:line``.
+        ``file:line``, when ``damaged`` is not given.
     """
     if not path.exists():
         return
     with path.open("rb") as handle:
         size = handle.seek(0, os.SEEK_END)
-        if size:
+        if size and repair:
             handle.seek(size - 1)
             if handle.read(1) != b"\n":  # a last line cut short: find where it starts, cut it off
                 keep = _last_newline(handle, size) + 1
@@ -53,14 +73,19 @@ def scan_results(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 line = json.loads(raw)
             except (ValueError, RecursionError) as exc:
-                raise ValueError(f"{path}:{number}: not a JSON line ({type(exc).__name__}: {exc})") from None
-            missing = [
-                key for key in ("row", "sample_index", "status") if not isinstance(line, dict) or key not in line
-            ]
-            if missing or not isinstance(line["row"], int) or not isinstance(line["sample_index"], int):
+                problem = f"{path}:{number}: not a JSON line ({type(exc).__name__}: {exc})"
+            else:
+                missing = [
+                    key for key in ("row", "sample_index", "status") if not isinstance(line, dict) or key not in line
+                ]
+                if not missing and isinstance(line["row"], int) and isinstance(line["sample_index"], int):
+                    yield number, line
+                    continue
                 what = f"missing {', '.join(missing)}" if missing else "row and sample_index must be whole numbers"
-                raise ValueError(f"{path}:{number}: not a result line ({what})")
-            yield number, line
+                problem = f"{path}:{number}: not a result line ({what})"
+            if damaged is None:
+                raise ValueError(problem)
+            damaged.append(problem)
 
 
 def _last_newline(handle: IO[bytes], size: int) -> int:
@@ -80,6 +105,39 @@ def _last_newline(handle: IO[bytes], size: int) -> int:
 def read_results(path: Path) -> list[dict[str, Any]]:
     """Every line of an existing ``results.jsonl`` (see :func:`scan_results`, which does not hold them all)."""
     return [line for _, line in scan_results(path)]
+
+
+def summary_fields(line: dict[str, Any]) -> dict[str, Any]:
+    """What :class:`ResultStats` counts of a line (status, error category, reward, timings): no sample."""
+    error = line.get("error")
+    timings = line.get("timings") or {}
+    return {
+        "status": line["status"],
+        "error": {"category": error.get("category")} if isinstance(error, dict) else None,
+        "reward": line.get("reward"),
+        "timings": {k: timings[k] for k in ("workflow", "grader") if k in timings},
+    }
+
+
+def latest_records(
+    path: Path,
+    keep: Callable[[dict[str, Any]], Any] = summary_fields,
+    *,
+    repair: bool = True,
+    damaged: list[str] | None = None,
+) -> dict[tuple[int, int], Any]:
+    """The latest record of each (row, sample) pair in a results file, read as a stream.
+
+    A pair run again (``--retry-failed``, a retried request) has several lines; the last one counts,
+    for ``--resume``, the summary and the report alike. Only ``keep(line)`` is held per pair (by
+    default :func:`summary_fields`, never a sample), so a results file of any size reads in little memory.
+
+    :param repair: and ``damaged``: as :func:`scan_results` takes them.
+    """
+    latest: dict[tuple[int, int], Any] = {}
+    for _number, line in scan_results(path, repair=repair, damaged=damaged):
+        latest[(line["row"], line["sample_index"])] = keep(line)
+    return latest
 
 
 class ResultWriter:
@@ -150,7 +208,8 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values``, linearly interpolated; None when there are none."""
     if not values:
         return None
     ordered = sorted(values)
@@ -249,8 +308,8 @@ class Summary:
             pass_rate=(stats.passed / (stats.finished - stats.ungraded)) if rewarded else None,
             pass_threshold=stats.pass_threshold,
             errors_by_category=dict(sorted(stats.errors.items())),
-            latency_p50_sec=_percentile(stats.latencies, 0.5),
-            latency_p95_sec=_percentile(stats.latencies, 0.95),
+            latency_p50_sec=percentile(stats.latencies, 0.5),
+            latency_p95_sec=percentile(stats.latencies, 0.95),
             wall_sec=wall_sec,
             interrupted=interrupted,
             stub_policy=stub_policy,
@@ -259,3 +318,35 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return attrs.asdict(self)
+
+
+@attrs.frozen
+class RunProgress:
+    """How a run (or a server) is going: what the ``osmosis_run_progress`` hook receives.
+
+    ``summary`` counts the latest result of each (row, sample) finished so far; ``final`` is True
+    once, when the run has ended (completed, interrupted or stopped: ``summary.interrupted`` says).
+    """
+
+    run_dir: Path
+    summary: Summary
+    final: bool
+    kind: Literal["run", "serve"] = "run"
+    config: RunConfig | None = None
+    """The run's resolved config (plugins read their own table from it, e.g. ``config.report``)."""
+
+
+def folder_progress(
+    run_dir: Path, *, final: bool, kind: Literal["run", "serve"] = "serve", config: RunConfig | None = None
+) -> RunProgress:
+    """How a run folder stands, read from its ``results.jsonl`` (what ``osmosis serve`` tells the
+    ``osmosis_run_progress`` hooks: a server has no dataset, so each row it saw counts once)."""
+    threshold = config.run.pass_threshold if config is not None else 1.0
+    stats = ResultStats(pass_threshold=threshold)
+    latest = latest_records(Path(run_dir) / "results.jsonl", repair=False, damaged=[])
+    for line in latest.values():
+        if line["status"] != ExecutionStatus.CANCELLED.value:
+            stats.add(line)
+    rows = len({row for row, _ in latest})
+    summary = Summary.from_stats(stats, rows=rows, n_samples=1, wall_sec=0.0, interrupted=False, stub_policy=False)
+    return RunProgress(Path(run_dir), summary, final, kind, config)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import os
 import re
@@ -30,7 +29,7 @@ import attrs
 from osmosis_core import __version__
 from osmosis_core.backend import BackendSetup, ExecutionBackend
 from osmosis_core.config import RunConfig, api_key_from_env, structure_table
-from osmosis_core.dataset import DatasetRow, read_dataset
+from osmosis_core.dataset import DatasetRow, fingerprint, read_dataset
 from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
 from osmosis_core.loader import LoadedRollout, load_rollout
 from osmosis_core.plugins.registry import PluginRegistry, get_registry
@@ -43,7 +42,7 @@ from osmosis_core.records import (
     ExecutionStatus,
     PolicyEndpoint,
 )
-from osmosis_core.results import ResultStats, ResultWriter, Summary, scan_results
+from osmosis_core.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
 from osmosis_core.run_lock import RunLock
 from osmosis_core.wire import result_line
 from osmosis_core.workflow import ConcurrencyConfig
@@ -54,6 +53,8 @@ RUN_META = "run.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 RESOLVED_CONFIG = "config.toml"
+PROGRESS_EVERY_SEC = 60.0
+"""How often a long run tells the ``osmosis_run_progress`` hooks how it is going."""
 
 
 class Reporter(Protocol):
@@ -97,6 +98,8 @@ class RunPlan:
     """The run folder's lock, held until :func:`execute_run` ends."""
     retried: int = 0
     """Pairs run again because their latest record failed (``--retry-failed``)."""
+    registry: PluginRegistry | None = None
+    """Whose ``osmosis_run_progress`` hooks hear how the run goes (None: the process-wide registry)."""
 
     @property
     def total(self) -> int:
@@ -115,14 +118,6 @@ class RunOutcome:
     """Why the run stopped before its end on its own (the backend became unusable); resumable."""
     failing: str | None = None
     """Why the run counts as failed (every rollout failed, or more than ``[run] max_failure_rate``)."""
-
-
-def _fingerprint(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _latest_run(root: Path, name: str) -> Path | None:
@@ -267,10 +262,11 @@ def prepare_run(
         "osmosis_core": __version__,
         "config": str(config.source) if config.source else None,
         "dataset": str(dataset_path),
-        "dataset_sha256": _fingerprint(dataset_path),
+        "dataset_sha256": fingerprint(dataset_path),
         "rows": len(rows),
         "n_samples": config.run.n_samples,
         "stub_policy": policy_override is not None,
+        "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     created = not run_dir.exists()
     lock = RunLock(run_dir).acquire()
@@ -289,7 +285,7 @@ def prepare_run(
                         f"--resume: {key} changed since {run_dir} was started ({before.get(key)} -> {meta[key]}); "
                         "start a new run instead"
                     )
-            latest = _latest_records(results)
+            latest = latest_records(results)
             again = {c.value for c in retry_failed or ()}
             for pair, line in latest.items():
                 category = (line.get("error") or {}).get("category")
@@ -327,26 +323,8 @@ def prepare_run(
         stub_policy=policy_override is not None,
         lock=lock,
         retried=retried,
+        registry=registry,
     )
-
-
-def _latest_records(results: Path) -> dict[tuple[int, int], dict[str, Any]]:
-    """The latest record of each (row, sample) pair in a results file, read as a stream.
-
-    Only what the summary needs is kept per pair (status, error category, reward, timings), never
-    a sample, so a results file of any size resumes in little memory.
-    """
-    latest: dict[tuple[int, int], dict[str, Any]] = {}
-    for _number, line in scan_results(results):
-        error = line.get("error")
-        timings = line.get("timings") or {}
-        latest[(line["row"], line["sample_index"])] = {
-            "status": line["status"],
-            "error": {"category": error.get("category")} if isinstance(error, dict) else None,
-            "reward": line.get("reward"),
-            "timings": {k: timings[k] for k in ("workflow", "grader") if k in timings},
-        }
-    return latest
 
 
 def _write_resolved_config(config: RunConfig, path: Path, policy: PolicyEndpoint, *, stub: bool) -> None:
@@ -371,6 +349,7 @@ async def execute_run(
     *,
     handle_signals: bool = True,
     exit_on_second_signal: bool = False,
+    progress_every: float = PROGRESS_EVERY_SEC,
 ) -> RunOutcome:
     """Run every pending pair of ``plan``; return the summary. Ctrl-C / SIGTERM stop it cleanly.
 
@@ -384,6 +363,10 @@ async def execute_run(
     even while a rollout blocks the event loop. What runs in processes the run started (workers,
     the stand-in server, bubblewrap sandboxes, a local Ray cluster) dies with it; a backend's
     resources elsewhere (a Harbor docker or cloud environment) are not stopped then.
+
+    The plugins' ``osmosis_run_progress`` hooks hear of the run every ``progress_every`` seconds
+    while results come in, and once at its end (interrupted or not), in a worker thread: never on
+    the rollouts' path, and a hook that raises is logged once and does not fail the run.
     """
     from osmosis_core.http_session import aclose_http, preload
 
@@ -501,6 +484,29 @@ async def execute_run(
         finally:
             os._exit(130)
 
+    registry = plan.registry or get_registry()
+    listening = registry.hears_progress()
+
+    def progress(final: bool) -> RunProgress:
+        now = Summary.from_stats(
+            stats,
+            rows=len(plan.rows),
+            n_samples=run.n_samples,
+            wall_sec=time.perf_counter() - started,
+            interrupted=False,
+            stub_policy=plan.stub_policy,
+        )
+        return RunProgress(plan.run_dir, summary if final and summary is not None else now, final, config=plan.config)
+
+    async def tell_progress() -> None:
+        """Every ``progress_every`` seconds in which results came in, in a thread (a hook may take seconds)."""
+        told = stats.finished
+        while True:
+            await anyio.sleep(progress_every)
+            if stats.finished != told:
+                told = stats.finished
+                await anyio.to_thread.run_sync(registry.tell_progress, progress(False))
+
     replaced: dict[int, Any] = {}
 
     async def watch_signals(scope: anyio.CancelScope) -> None:
@@ -527,6 +533,8 @@ async def execute_run(
         rollouts = anyio.CancelScope()
         if handle_signals:
             guard.start_soon(watch_signals, rollouts)
+        if listening:
+            guard.start_soon(tell_progress)
         try:
             with rollouts:
                 async with anyio.create_task_group() as workers:
@@ -549,6 +557,9 @@ async def execute_run(
                         if plan.lock is not None:
                             plan.lock.release()
                 guard.cancel_scope.cancel()
+                if listening:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(registry.tell_progress, progress(True))
                 for signum, handler in replaced.items():
                     signal.signal(signum, handler)
     assert summary is not None  # (written above, or its error raised)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
+import time
 from typing import Any
 
 import attrs
@@ -201,7 +202,10 @@ def policy_from_json(data: Any, api_key: str | None, headers: dict[str, str] | N
 
 
 def result_line(row: int, sample_index: int, result: ExecutionResult) -> dict[str, Any]:
-    """The ``results.jsonl`` record of one finished rollout (the same form ``osmosis serve`` writes)."""
+    """The ``results.jsonl`` record of one finished rollout (the same form ``osmosis serve`` writes).
+
+    ``finished_at`` is the wall-clock time it was made (Unix seconds): reports plot a run over time with it.
+    """
     data = result_to_json(result)
     sample = data.pop("sample")
     return {
@@ -214,6 +218,7 @@ def result_line(row: int, sample_index: int, result: ExecutionResult) -> dict[st
         "reward": sample["reward"] if sample is not None else None,
         "metrics": sample["metrics"] if sample is not None else {},
         "timings": {k: round(v, 6) for k, v in result.timings.items()},
+        "finished_at": round(time.time(), 3),
         "sample": None
         if sample is None
         else {

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from osmosis_core.runner import _latest_records
+from osmosis_core.results import latest_records as _latest_records
 from osmosis_core.testing import Fault, ScriptedPolicyServer
 
 RUN = ["run", "configs/eval/multiply-plain.toml"]

@@ -33,12 +33,16 @@ __all__ = ["run"]
     help="Use the scripted calculator server of osmosis_core.testing instead of a model (a stand-in).",
 )
 @click.option("--stub-latency", type=click.FloatRange(min=0), default=0.0, hidden=True)
+@click.option(
+    "--no-report", is_flag=True, help="Write no report.html into the run folder (osmosis-report; [report] enabled)."
+)
 def run(
     config_file: Path | None,
     resume: bool,
     retry_failed: str | None,
     stub_policy: bool,
     stub_latency: float,
+    no_report: bool,
     **flags: Any,
 ) -> None:
     """Run a rollout over a dataset: every row, n samples each, results written as they finish.
@@ -68,6 +72,8 @@ def run(
     from osmosis_core.runner import execute_run, prepare_run
 
     config = resolve_config(config_file, flags)
+    if no_report:
+        config.report["enabled"] = False
     categories = _categories(retry_failed)
     console = make_console()
     err = make_console(stderr=True)

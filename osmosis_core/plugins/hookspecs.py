@@ -6,8 +6,9 @@ A plugin is a module with ``@hookimpl`` functions, named in its distribution's m
     [project.entry-points.osmosis]
     echo = "osmosis_echo.plugin"
 
-Every hook is a *register* hook: it returns a list of small records, and the host collects them,
-picks by name, and reports a name that two plugins both claim. Keep the plugin module light:
+Every hook but one is a *register* hook: it returns a list of small records, and the host collects
+them, picks by name, and reports a name that two plugins both claim. ``osmosis_run_progress`` is
+the one that listens: it hears how a run or a server is going. Keep the plugin module light:
 import heavy frameworks inside the registered classes, not at module top.
 """
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     import click
 
     from osmosis_core.backend import BackendSpec
+    from osmosis_core.results import RunProgress
     from osmosis_core.templates import GraderSpec, TemplateSpec
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "osmosis_register_commands",
     "osmosis_register_graders",
     "osmosis_register_templates",
+    "osmosis_run_progress",
 ]
 
 PROJECT_NAME = "osmosis"
@@ -104,4 +107,24 @@ def osmosis_register_commands(cli: click.Group) -> None:
             def hello():
                 "Say hello."
                 click.echo("hello")
+    """
+
+
+@hookspec
+def osmosis_run_progress(progress: RunProgress) -> None:
+    """Hear how a run (``osmosis run``) or a server (``osmosis serve``) is going: to write a report,
+    or send the figures to W&B, MLflow or a dashboard.
+
+    Called in a worker thread, every minute or so while results come in, and once when it ends
+    (``progress.final``; ``progress.summary.interrupted`` when it was stopped early). A hook that
+    raises is logged once and never fails the run; one that is slow delays only the next call.
+
+    :param progress: the run folder, the summary so far, ``final``, ``kind`` and the run's config.
+
+    Example::
+
+        @hookimpl
+        def osmosis_run_progress(progress):
+            if progress.final:
+                wandb.log({"mean_reward": progress.summary.mean_reward})
     """

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import click
 
     from osmosis_core.backend import BackendSpec
+    from osmosis_core.results import RunProgress
     from osmosis_core.templates import GraderSpec, TemplateSpec
 
 __all__ = ["BUILTIN_PLUGINS", "PluginInfo", "PluginRegistry", "first_party_hint", "get_registry", "reset_registry"]
@@ -148,6 +149,7 @@ class PluginRegistry:
         self._plugins: list[PluginInfo] = []
         self._info_of: dict[int, PluginInfo] = {}  # id(registered plugin object) -> its record
         environ = os.environ if env is None else env
+        self._told_failure: set[str] = set()  # plugins whose progress hook raised (logged once each)
         self._disabled = _names(environ.get("OSMOSIS_DISABLE_PLUGINS")) or set()
         self._only = _names(environ.get("OSMOSIS_LOAD_PLUGINS"))
         version = _core_version()
@@ -395,6 +397,27 @@ class PluginRegistry:
             if added and key in self._info_of:
                 self._update(key, provides={**self._info_of[key].provides, "commands": added})
 
+    def hears_progress(self) -> bool:
+        """Whether any plugin implements ``osmosis_run_progress`` (else a run builds no progress records)."""
+        return bool(self.pm.hook.osmosis_run_progress.get_hookimpls())
+
+    def tell_progress(self, progress: RunProgress) -> None:
+        """Call every plugin's ``osmosis_run_progress``; one that raises is logged (once per plugin) and
+        the others are still called: a progress hook never fails a run or a server."""
+        for impl in self.pm.hook.osmosis_run_progress.get_hookimpls():
+            try:
+                impl.function(progress)
+            except Exception as exc:
+                name = self._info(impl.plugin).name
+                if name not in self._told_failure:
+                    self._told_failure.add(name)
+                    log.warning(
+                        "plugin %r raised in osmosis_run_progress (the run goes on; not logged again): %s: %s",
+                        name,
+                        type(exc).__name__,
+                        exc,
+                    )
+
 
 _FIRST_PARTY: dict[tuple[str, str], str] = {
     ("backend", "harbor"): "osmosis-harbor",
@@ -405,6 +428,7 @@ _FIRST_PARTY: dict[tuple[str, str], str] = {
     },
     ("template", "multiply-graders"): "osmosis-graders",
     ("command", "serve"): "osmosis-server",
+    ("command", "report"): "osmosis-report",
     ("template", "multiply-local-strands"): "osmosis-strands",
     ("template", "multiply-local-openai"): "osmosis-openai-agents",
     ("template", "multiply-harbor-strands"): "osmosis-harbor",

@@ -227,6 +227,9 @@ def serve(
         raise
     finally:
         folder.close()
+    from osmosis_core.plugin import folder_progress
+
+    registry.tell_progress(folder_progress(run_dir, final=True, config=config))  # report.html, dashboards
     console.print(f"stopped; results in {folder.results_path}", soft_wrap=True, markup=False)
 
 

@@ -1,0 +1,343 @@
+"""Charts as data: the geometry of each plot, drawn as inline SVG by ``templates/charts.html.j2``.
+
+Every plot is a :class:`Chart`: a plotting area, ticks, and marks (rectangles, paths, dots, rules)
+in pixel coordinates, each with a CSS class (colours come from the page's stylesheet) and a hover
+title. No script draws them: the page shows its plots before any script has run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import attrs
+
+__all__ = ["Chart", "Mark", "bars", "histogram", "lines", "nice_ticks", "timeline"]
+
+WIDTH = 440
+HEIGHT = 220
+MARGIN = (46, 12, 14, 34)
+"""left, top, right, bottom."""
+
+
+@attrs.frozen
+class Mark:
+    """One shape: ``rect`` (x, y, w, h), ``path`` (d), ``dot`` (x, y), ``rule`` (a vertical line at x)."""
+
+    kind: str
+    cls: str
+    title: str = ""
+    x: float = 0.0
+    y: float = 0.0
+    w: float = 0.0
+    h: float = 0.0
+    d: str = ""
+    label: str = ""
+
+
+@attrs.frozen
+class Chart:
+    """A plot, ready to draw."""
+
+    title: str
+    marks: list[Mark]
+    x_ticks: list[tuple[float, str]]
+    y_ticks: list[tuple[float, str]]
+    x_label: str = ""
+    y_label: str = ""
+    legend: list[tuple[str, str]] = attrs.field(factory=list)
+    note: str = ""
+    """Said instead of (or under) the plot: why it is empty, what it leaves out."""
+    width: int = WIDTH
+    height: int = HEIGHT
+    slug: str = ""
+
+    @property
+    def left(self) -> float:
+        return MARGIN[0]
+
+    @property
+    def top(self) -> float:
+        return MARGIN[1]
+
+    @property
+    def right(self) -> float:
+        return self.width - MARGIN[2]
+
+    @property
+    def bottom(self) -> float:
+        return self.height - MARGIN[3]
+
+    @property
+    def empty(self) -> bool:
+        return not self.marks
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """Round tick values covering ``lo``..``hi`` (1, 2, 2.5 or 5 times a power of ten apart)."""
+    if not math.isfinite(lo) or not math.isfinite(hi):
+        return [0.0]
+    if hi <= lo:
+        hi = lo + 1.0
+    raw = (hi - lo) / max(count, 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    start = math.floor(lo / step) * step
+    ticks = []
+    value = start
+    while value <= hi + step * 1e-9:
+        ticks.append(round(value, 10))
+        value += step
+    return ticks
+
+
+def _fmt(value: float) -> str:
+    if abs(value) >= 10_000:
+        return f"{value / 1000:.0f}k"
+    if abs(value) >= 1000:
+        return f"{value / 1000:.1f}k"
+    if value == int(value):
+        return str(int(value))
+    return f"{value:.3g}"
+
+
+class _Scale:
+    def __init__(self, lo: float, hi: float, a: float, b: float) -> None:
+        self.lo, self.hi, self.a, self.b = lo, hi if hi > lo else lo + 1.0, a, b
+
+    def __call__(self, value: float) -> float:
+        return self.a + (value - self.lo) / (self.hi - self.lo) * (self.b - self.a)
+
+
+def _frame(lo: float, hi: float, top: float, *, integer: bool = False) -> tuple[_Scale, _Scale, list[float]]:
+    """The y ticks and scale for 0..top and an x scale for lo..hi."""
+    ticks = nice_ticks(0.0, top if top > 0 else 1.0, 4)
+    if integer:
+        ticks = [t for t in ticks if t == int(t)] or [0.0, 1.0]
+    y = _Scale(0.0, ticks[-1], HEIGHT - MARGIN[3], MARGIN[1])
+    x = _Scale(lo, hi, MARGIN[0], WIDTH - MARGIN[2])
+    return x, y, ticks
+
+
+def histogram(
+    title: str,
+    series: Sequence[tuple[str, str, Sequence[float]]],
+    *,
+    bins: int = 24,
+    lo: float | None = None,
+    hi: float | None = None,
+    x_label: str = "",
+    rules: Sequence[tuple[str, float]] = (),
+    note: str = "",
+    slug: str = "",
+) -> Chart:
+    """Counts of values in equal bins; several series are stacked (``(label, css class, values)``).
+
+    Values that are few distinct numbers (rewards of 0 and 1) get one bar each instead of bins.
+    ``rules`` are labelled vertical lines (p50, p95, ...).
+    """
+    values = [v for _, _, vs in series for v in vs if math.isfinite(v)]
+    if not values:
+        return Chart(title, [], [], [], x_label, "rollouts", note=note or "no values", slug=slug)
+    distinct = sorted(set(values))
+    low = min(values) if lo is None else lo
+    high = max(values) if hi is None else hi
+    if len(distinct) <= 12 and all(round(v, 6) == v for v in distinct):
+        edges = [(v, v) for v in distinct]
+        step = min((b - a for a, b in itertools.pairwise(distinct)), default=1.0) or 1.0
+        low, high = distinct[0] - step / 2, distinct[-1] + step / 2
+    else:
+        if high <= low:
+            high = low + 1.0
+        width = (high - low) / bins
+        edges = [(low + i * width, low + (i + 1) * width) for i in range(bins)]
+    counts = [[0] * len(edges) for _ in series]
+    for s, (_, _, vs) in enumerate(series):
+        for v in vs:
+            if not math.isfinite(v):
+                continue
+            if edges[0][0] == edges[0][1]:
+                i = distinct.index(v) if v in distinct else 0
+            else:
+                i = min(max(int((v - low) / (high - low) * len(edges)), 0), len(edges) - 1)
+            counts[s][i] += 1
+    top = max(sum(c[i] for c in counts) for i in range(len(edges)))
+    x, y, yt = _frame(low, high, top, integer=True)
+    marks = []
+    for i, (a, b) in enumerate(edges):
+        if a == b:
+            left, right = x(a) - (x(high) - x(low)) / len(edges) * 0.35, x(a) + (x(high) - x(low)) / len(edges) * 0.35
+            span = _fmt(a)
+        else:
+            left, right = x(a) + 0.5, x(b) - 0.5
+            span = f"{_fmt(a)} to {_fmt(b)}"
+        base = 0
+        for s, (label, cls, _) in enumerate(series):
+            n = counts[s][i]
+            if not n:
+                continue
+            marks.append(
+                Mark(
+                    "rect",
+                    cls,
+                    f"{span}: {n} {label}",
+                    left,
+                    y(base + n),
+                    max(right - left, 1.0),
+                    y(base) - y(base + n),
+                )
+            )
+            base += n
+    for label, at in rules:
+        if low <= at <= high:
+            marks.append(Mark("rule", "rule", f"{label} {at:.3g}", x(at), label=label))
+    xt = [
+        (x(v), _fmt(v))
+        for v in (distinct if edges[0][0] == edges[0][1] else nice_ticks(low, high, 5))
+        if low <= v <= high
+    ]
+    legend = [(label, cls) for label, cls, vs in series if vs] if len(series) > 1 else []
+    return Chart(title, marks, xt, [(y(t), _fmt(t)) for t in yt], x_label, "rollouts", legend, note, slug=slug)
+
+
+def lines(
+    title: str,
+    series: Sequence[tuple[str, str, Sequence[tuple[float, float]]]],
+    *,
+    x_label: str = "",
+    y_label: str = "",
+    y_max: float | None = 1.0,
+    note: str = "",
+    slug: str = "",
+) -> Chart:
+    """Line plots with a dot per point (``(label, css class, [(x, y), ...])``), e.g. pass@k against k."""
+    points = [p for _, _, ps in series for p in ps]
+    if not points:
+        return Chart(title, [], [], [], x_label, y_label, note=note or "no values", slug=slug)
+    xs = [p[0] for p in points]
+    lo, hi = min(xs), max(xs)
+    if hi == lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    top = y_max if y_max is not None else max(p[1] for p in points)
+    ticks = nice_ticks(0.0, top or 1.0, 4)
+    y = _Scale(0.0, ticks[-1], HEIGHT - MARGIN[3], MARGIN[1])
+    x = _Scale(lo, hi, MARGIN[0] + 8, WIDTH - MARGIN[2] - 8)
+    marks = []
+    for label, cls, ps in series:
+        if not ps:
+            continue
+        d = "M" + " L".join(f"{x(a):.1f},{y(b):.1f}" for a, b in ps)
+        marks.append(Mark("path", cls, label, d=d))
+        for a, b in ps:
+            marks.append(Mark("dot", cls, f"{label}: {_fmt(a)} -> {b:.3f}", x(a), y(b)))
+    whole = sorted({a for a in xs})
+    step = max(1, math.ceil(len(whole) / 10))
+    xt = [(x(v), _fmt(v)) for v in whole[::step]]
+    legend = [(label, cls) for label, cls, _ in series] if len(series) > 1 else []
+    return Chart(title, marks, xt, [(y(t), _fmt(t)) for t in ticks], x_label, y_label, legend, note, slug=slug)
+
+
+def bars(
+    title: str,
+    groups: Sequence[tuple[str, Sequence[int]]],
+    stacks: Sequence[tuple[str, str]],
+    *,
+    grouped: bool = False,
+    note: str = "",
+    empty: str = "none",
+    slug: str = "",
+) -> Chart:
+    """Vertical bars per group (an error category), stacked (by stage) or side by side (by run).
+
+    :param groups: ``(group label, one count per stack)``.
+    :param stacks: ``(label, css class)`` of each count.
+    """
+    groups = [(g, counts) for g, counts in groups if sum(counts)]
+    if not groups:
+        return Chart(title, [], [], [], "", "rollouts", note=empty, slug=slug)
+    top = max((max(c) if grouped else sum(c)) for _, c in groups)
+    x, y, yt = _frame(0, len(groups), top, integer=True)
+    marks = []
+    slot = (x(1) - x(0)) * 0.7
+    for i, (group, counts) in enumerate(groups):
+        left = x(i) + (x(1) - x(0)) * 0.15
+        base = 0
+        for s, ((label, cls), n) in enumerate(zip(stacks, counts, strict=True)):
+            if grouped:
+                w = slot / len(stacks)
+                if n:
+                    marks.append(Mark("rect", cls, f"{group}, {label}: {n}", left + s * w, y(n), w - 1, y(0) - y(n)))
+            elif n:
+                marks.append(
+                    Mark("rect", cls, f"{group}, {label}: {n}", left, y(base + n), slot, y(base) - y(base + n))
+                )
+                base += n
+    xt = [(x(i + 0.5), g) for i, (g, _) in enumerate(groups)]
+    legend = [(label, cls) for label, cls in stacks] if len(stacks) > 1 else []
+    return Chart(title, marks, xt, [(y(t), _fmt(t)) for t in yt], "", "rollouts", legend, note, slug=slug)
+
+
+def timeline(
+    title: str,
+    ok: Sequence[float],
+    failed: Sequence[float],
+    *,
+    start: float | None = None,
+    note: str = "",
+    slug: str = "",
+) -> Chart:
+    """Rollouts finished per time bucket (stacked: succeeded, failed) against seconds since the start.
+
+    A stall shows as a gap, an endpoint outage as a run of failures.
+    """
+    times = [*ok, *failed]
+    if not times:
+        return Chart(title, [], [], [], "seconds", "rollouts", note=note or "no timestamps", slug=slug)
+    t0 = min(times) if start is None else min(start, min(times))
+    span = max(max(times) - t0, 1.0)
+    buckets = min(60, max(10, int(math.sqrt(len(times)))))
+    width = span / buckets
+    ok_counts, fail_counts = [0] * buckets, [0] * buckets
+    for t in ok:
+        ok_counts[min(int((t - t0) / width), buckets - 1)] += 1
+    for t in failed:
+        fail_counts[min(int((t - t0) / width), buckets - 1)] += 1
+    top = max(a + b for a, b in zip(ok_counts, fail_counts, strict=True))
+    x, y, yt = _frame(0.0, span, top, integer=True)
+    marks = []
+    for i in range(buckets):
+        a, b = i * width, (i + 1) * width
+        when = f"{a:.0f}-{b:.0f} s"
+        rate = (ok_counts[i] + fail_counts[i]) / width
+        if ok_counts[i]:
+            n = ok_counts[i]
+            marks.append(
+                Mark(
+                    "rect",
+                    "ok",
+                    f"{when}: {n} succeeded ({rate:.1f}/s)",
+                    x(a) + 0.5,
+                    y(n),
+                    x(b) - x(a) - 1,
+                    y(0) - y(n),
+                )
+            )
+        if fail_counts[i]:
+            n, base = fail_counts[i], ok_counts[i]
+            marks.append(
+                Mark(
+                    "rect",
+                    "fail",
+                    f"{when}: {n} failed",
+                    x(a) + 0.5,
+                    y(base + n),
+                    x(b) - x(a) - 1,
+                    y(base) - y(base + n),
+                )
+            )
+    xt = [(x(v), _fmt(v)) for v in nice_ticks(0.0, span, 5) if v <= span]
+    legend = [("succeeded", "ok"), ("failed", "fail")]
+    return Chart(
+        title, marks, xt, [(y(t), _fmt(t)) for t in yt], "seconds since the start", "rollouts", legend, note, slug=slug
+    )

@@ -1,0 +1,444 @@
+"""Reading a run folder (``osmosis run`` or ``osmosis serve``) into what a report shows.
+
+``results.jsonl`` is read as a stream and never written (a run may still be writing it): a
+damaged line is listed as ``file:line`` and skipped, a last line still being written is left for
+the next report. A (row, sample) pair with several records (retries) counts by its latest, as the
+core's summary counts it (:func:`osmosis_core.plugin.latest_records`). Prompts and labels come from
+the dataset named in ``run.json`` when it is still the file the run read (same SHA-256); else from
+the samples' own leading messages. ``traces.jsonl``, when the run captured traces, gives token
+counts per rollout.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import tomllib
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from osmosis_core import OsmosisError
+from osmosis_core.plugin import ResultStats, Summary, fingerprint, latest_records, read_dataset, summary_fields
+
+__all__ = ["Rollout", "Row", "RunData", "Tokens", "load_run", "prompt_hash", "prompt_text"]
+
+MAX_STRING = 20_000
+"""Characters kept of any one string of a trajectory (a longer one is clipped, and says so)."""
+
+
+@attrs.define(slots=True)
+class Tokens:
+    """Token counts of one rollout's model calls, from ``traces.jsonl``."""
+
+    calls: int
+    prompt: int
+    generated: int
+    complete: bool
+    per_call: list[tuple[int, int]]
+
+
+@attrs.define(slots=True)
+class Rollout:
+    """The latest record of one (row, sample) pair, without its sample (kept compact in ``trajectory``)."""
+
+    row: int
+    sample: int
+    rollout_id: str
+    status: str
+    stage: str
+    category: str | None
+    message: str | None
+    reward: float | None
+    timings: dict[str, float]
+    finished_at: float | None
+    metrics: dict[str, Any]
+    attempts: int
+    trajectory: str | None
+    """The compact JSON of the messages, system prompt, metrics, error and timings (None: no sample)."""
+    first_messages: list[dict[str, Any]] | None = None
+    tokens: Tokens | None = None
+    passed: bool | None = None
+
+    @property
+    def latency(self) -> float:
+        """Workflow plus grader seconds (what the core's summary calls latency)."""
+        return float(self.timings.get("workflow", 0.0)) + float(self.timings.get("grader", 0.0))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "success"
+
+    @property
+    def graded(self) -> bool:
+        """Counts for pass rates and pass@k: a failure (never passes) or a success with a reward."""
+        return self.status not in ("success", "cancelled") or self.reward is not None
+
+
+@attrs.define
+class Row:
+    """One dataset row and its rollouts."""
+
+    index: int
+    prompt: list[dict[str, Any]] | None
+    label: Any
+    rollouts: list[Rollout] = attrs.field(factory=list)
+
+    @property
+    def hash(self) -> str:
+        return prompt_hash(self.prompt)
+
+    @property
+    def text(self) -> str:
+        return prompt_text(self.prompt)
+
+    def counts(self) -> tuple[int, int]:
+        """``(n, c)``: graded samples and passing ones."""
+        graded = [r for r in self.rollouts if r.graded]
+        return len(graded), sum(bool(r.passed) for r in graded)
+
+    def rewards(self) -> list[float]:
+        return [r.reward for r in self.rollouts if r.ok and r.reward is not None]
+
+
+@attrs.define
+class RunData:
+    """A run folder, read."""
+
+    path: Path
+    meta: dict[str, Any]
+    config: dict[str, Any]
+    summary: Summary
+    rows: dict[int, Row]
+    damaged: list[str]
+    pass_threshold: float
+    prompt_source: str
+    """``dataset`` (the file the run read) or ``samples`` (each row's first sample)."""
+    live: bool
+    """Another process holds the run folder's lock (the run or server is still going)."""
+    traces: bool
+    cancelled: int
+    read_bytes: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for row in self.rows.values() for r in row.rollouts]
+
+    @property
+    def partial(self) -> bool:
+        return self.live or self.summary.interrupted or self.summary.finished < self.summary.expected
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta.get("kind", "run"))
+
+
+def prompt_hash(prompt: list[dict[str, Any]] | None) -> str:
+    """A short stable hash of a prompt's messages (rows of two runs match only when theirs agree)."""
+    if prompt is None:
+        return ""
+    text = json.dumps(prompt, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def prompt_text(prompt: list[dict[str, Any]] | None) -> str:
+    """The text of a prompt's last user message (what the row table shows)."""
+    for message in reversed(prompt or []):
+        if message.get("role") == "user":
+            return _text(message.get("content"))
+    return _text(prompt[-1].get("content")) if prompt else ""
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part if isinstance(part, str) else str(part.get("text", ""))
+            for part in content
+            if isinstance(part, (str, dict))
+        )
+    return "" if content is None else json.dumps(content, ensure_ascii=False, default=str)
+
+
+def clip_strings(value: Any, limit: int = MAX_STRING) -> Any:
+    """``value`` with every string longer than ``limit`` cut, saying how much was cut."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return value
+        return value[:limit] + f"\u2026 [clipped: {len(value) - limit:,} more characters]"
+    if isinstance(value, dict):
+        return {k: clip_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clip_strings(v, limit) for v in value]
+    return value
+
+
+def _leading_prompt(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages before the first answer of a sample (its prompt, as the workflow received it)."""
+    lead = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "developer"):
+            break
+        lead.append(message)
+    return lead
+
+
+def _is_live(path: Path) -> bool:
+    """Whether another process holds the run folder's lock (``.osmosis.lock``) right now."""
+    try:
+        fd = os.open(path / ".osmosis.lock", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _dataset_rows(meta: dict[str, Any]) -> dict[int, tuple[list[dict[str, Any]], Any]] | None:
+    """Row index -> (prompt, label) from the run's dataset, when it is still the file the run read."""
+    name = meta.get("dataset")
+    if not isinstance(name, str) or not meta.get("dataset_sha256"):
+        return None
+    path = Path(name)
+    try:
+        if not path.is_file() or fingerprint(path) != meta["dataset_sha256"]:
+            return None
+        rows = read_dataset(path, limit=meta.get("rows") if isinstance(meta.get("rows"), int) else None)
+    except (OSError, OsmosisError, ValueError):
+        return None
+    return {row.index: (row.prompt, row.label) for row in rows}
+
+
+_PROMPT_IDS = b'"prompt_token_ids"'
+_GENERATED_IDS = b'"generated_token_ids"'
+
+
+def _count_ids(raw: bytes, key: bytes) -> list[int]:
+    """The length of each ``key: [ids]`` list in a trace line, counted without parsing the ids."""
+    counts = []
+    at = raw.find(key)
+    while at >= 0:
+        start = raw.index(b"[", at + len(key))
+        end = raw.index(b"]", start)
+        body = raw[start + 1 : end]
+        counts.append(body.count(b",") + 1 if body.strip() else 0)
+        at = raw.find(key, end)
+    return counts
+
+
+def _trace_tokens(raw: bytes) -> tuple[str, Tokens]:
+    """(rollout id, token counts) of one ``traces.jsonl`` line; the id lists are counted, not parsed
+    (a trace holds every token id of every call: parsing them all would take most of a report's time).
+    A line this shortcut cannot follow (keys in another order) is parsed whole."""
+    try:
+        head = raw[: raw.index(b'"calls"')].rstrip().rstrip(b",")
+        meta = json.loads(head + b"}")
+        prompts, generated = _count_ids(raw, _PROMPT_IDS), _count_ids(raw, _GENERATED_IDS)
+        if not isinstance(meta, dict) or "rollout_id" not in meta or len(prompts) != len(generated):
+            raise ValueError("not in the usual order")
+        calls = list(zip(prompts, generated, strict=True))
+    except ValueError:
+        meta = json.loads(raw)
+        calls = [
+            (len(call.get("prompt_token_ids") or ()), len(call.get("generated_token_ids") or ()))
+            for call in meta.get("calls") or ()
+        ]
+    tokens = Tokens(
+        len(calls), sum(p for p, _ in calls), sum(g for _, g in calls), bool(meta.get("complete", True)), calls
+    )
+    return str(meta["rollout_id"]), tokens
+
+
+def _read_traces(path: Path, damaged: list[str]) -> dict[str, Tokens]:
+    """Token counts per rollout id from ``traces.jsonl`` (absent: none)."""
+    found: dict[str, Tokens] = {}
+    if not path.is_file():
+        return found
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.endswith(b"\n") or not raw.strip():
+                continue
+            try:
+                rollout_id, tokens = _trace_tokens(raw)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                damaged.append(f"{path}:{number}: not a trace line ({type(exc).__name__}: {exc})")
+                continue
+            found[rollout_id] = tokens
+    return found
+
+
+def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = None) -> RunData:
+    """Read a run folder (see the module's docstring).
+
+    :param on_lines: called now and then with the lines of ``results.jsonl`` read and their total
+        (a progress bar).
+    :raises OsmosisError: the folder holds no ``results.jsonl`` and no ``run.json``.
+    """
+    path = Path(path)
+    results = path / "results.jsonl"
+    meta = _read_json(path / "run.json")
+    if not results.is_file() and not meta:
+        raise OsmosisError(f"{path} is not a run folder (it holds no results.jsonl and no run.json)")
+    live = _is_live(path)
+    config = _read_toml(path / "config.toml")
+    written = _read_json(path / "summary.json")
+    threshold = config.get("run", {}).get("pass_threshold", written.get("pass_threshold", 1.0))
+    threshold = float(threshold) if isinstance(threshold, (int, float)) else 1.0
+    damaged: list[str] = []
+    attempts: Counter[tuple[int, int]] = Counter()
+    total = _count_lines(results)
+    read = [0]
+
+    def keep(line: dict[str, Any]) -> tuple[Rollout, dict[str, Any]]:
+        pair = (line["row"], line["sample_index"])
+        attempts[pair] += 1
+        read[0] += 1
+        if on_lines is not None and read[0] % 500 == 0:
+            on_lines(read[0], total)
+        return _rollout(line), summary_fields(line)
+
+    latest = latest_records(results, keep, repair=False, damaged=damaged)
+    size = results.stat().st_size if results.exists() else 0
+    if on_lines is not None:
+        on_lines(total, total)
+    traces = _read_traces(path / "traces.jsonl", damaged)
+    from_dataset = _dataset_rows(meta)
+    stats = ResultStats(pass_threshold=threshold)
+    rows: dict[int, Row] = {}
+    if from_dataset is not None:
+        for index, (prompt, label) in from_dataset.items():
+            rows[index] = Row(index, prompt, label)
+    cancelled = 0
+    for pair in sorted(latest):
+        rollout, fields = latest[pair]
+        rollout.attempts = attempts[pair]
+        rollout.tokens = traces.get(rollout.rollout_id)
+        if rollout.status == "cancelled":
+            cancelled += 1  # not counted, as the core's summary does not count it (--resume runs it again)
+        else:
+            stats.add(fields)
+        rollout.passed = (
+            rollout.ok and rollout.reward is not None and rollout.reward >= threshold
+            if rollout.graded and rollout.status != "cancelled"
+            else None
+        )
+        row = rows.get(pair[0])
+        if row is None:
+            lead = _leading_prompt(rollout.first_messages or [])
+            row = rows[pair[0]] = Row(pair[0], lead or None, None)
+        elif row.prompt is None and rollout.first_messages:
+            row.prompt = _leading_prompt(rollout.first_messages) or None
+        rollout.first_messages = None
+        row.rollouts.append(rollout)
+    n_rows: int = meta["rows"] if isinstance(meta.get("rows"), int) else len(rows)
+    n_samples: int = meta["n_samples"] if isinstance(meta.get("n_samples"), int) else 1
+    if meta.get("kind") == "serve":  # a server's rows are whatever its requests named
+        n_rows, n_samples = len(rows), max((len(r.rollouts) for r in rows.values()), default=1)
+    summary = Summary.from_stats(
+        stats,
+        rows=n_rows,
+        n_samples=n_samples,
+        wall_sec=float(written.get("wall_sec") or _span(latest.values())),
+        interrupted=bool(written.get("interrupted")) if written and not live else live,
+        stub_policy=bool(meta.get("stub_policy")),
+    )
+    return RunData(
+        path=path,
+        meta=meta,
+        config=config,
+        summary=summary,
+        rows=dict(sorted(rows.items())),
+        damaged=damaged,
+        pass_threshold=threshold,
+        prompt_source="dataset" if from_dataset is not None else "samples",
+        live=live,
+        traces=bool(traces),
+        cancelled=cancelled,
+        read_bytes=size,
+    )
+
+
+def _count_lines(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with path.open("rb") as handle:
+        return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+
+
+def _span(latest: Any) -> float:
+    times = [r.finished_at for r, _ in latest if r.finished_at is not None]
+    return (max(times) - min(times)) if len(times) > 1 else 0.0
+
+
+def _rollout(line: dict[str, Any]) -> Rollout:
+    error = line.get("error") if isinstance(line.get("error"), dict) else None
+    sample = line.get("sample") if isinstance(line.get("sample"), dict) else None
+    reward = line.get("reward")
+    reward = float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
+    timings = {
+        str(k): float(v)
+        for k, v in (line.get("timings") or {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    metrics = line.get("metrics") if isinstance(line.get("metrics"), dict) else {}
+    finished_at = line.get("finished_at")
+    trajectory = None
+    first: list[dict[str, Any]] | None = None
+    if sample is not None:
+        readable = sample.get("chat_messages")
+        messages = readable if isinstance(readable, list) else sample.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        first = [m for m in messages[:4] if isinstance(m, dict)]
+        body = {"messages": messages, "system_prompt": sample.get("system_prompt")}
+        if isinstance(readable, list):
+            body["native"] = len(sample.get("messages") or [])
+        trajectory = json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=str)
+        if len(trajectory) > MAX_STRING:  # (else no string in it can be longer than the limit)
+            trajectory = json.dumps(clip_strings(body), ensure_ascii=False, separators=(",", ":"), default=str)
+    return Rollout(
+        row=line["row"],
+        sample=line["sample_index"],
+        rollout_id=str(line.get("rollout_id", "")),
+        status=str(line["status"]),
+        stage=str(line.get("stage", "")),
+        category=str(error.get("category")) if error and error.get("category") is not None else None,
+        message=str(error.get("message"))[:2000] if error and error.get("message") is not None else None,
+        reward=reward,
+        timings=timings,
+        finished_at=float(finished_at) if isinstance(finished_at, (int, float)) else None,
+        metrics=clip_strings(metrics, 2000),
+        attempts=1,
+        trajectory=trajectory,
+        first_messages=first,
+    )
