@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
+from typing import Any, Final
 
 from osmosis_core.records import ErrorCategory, ErrorInfo
 
@@ -18,7 +20,9 @@ __all__ = [
     "classify_exception",
     "clip",
     "error_info",
+    "holds_secret",
     "redact",
+    "redact_data",
 ]
 
 
@@ -116,12 +120,111 @@ def classify_exception(exc: BaseException) -> ErrorCategory:
     return ErrorCategory.AGENT_ERROR
 
 
+FRAGMENT: Final = 8
+"""The shortest run of a secret's characters that is redacted wherever it appears (a masked key
+that shows its first 16 and last 4 characters shows such a run)."""
+_BLOCK: Final = 4
+_STRIDE: Final = FRAGMENT - _BLOCK + 1
+"""Every run of ``FRAGMENT`` characters of a secret holds one of its ``_BLOCK``-character blocks at
+offsets 0, 5, 10, ...: finding those with ``str.find`` (C speed, one pass per block) is the
+pre-check, extending each hit to the run around it is exact."""
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(secrets: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, tuple[tuple[str, int], ...]], ...]]:
+    """``(short secrets, ((block, ((secret, offset), ...)), ...))`` for :func:`redact`."""
+    short = tuple(s for s in secrets if _BLOCK <= len(s) < FRAGMENT)
+    blocks: dict[str, list[tuple[str, int]]] = {}
+    for secret in dict.fromkeys(s for s in secrets if len(s) >= FRAGMENT):
+        for offset in range(0, len(secret) - _BLOCK + 1, _STRIDE):
+            blocks.setdefault(secret[offset : offset + _BLOCK], []).append((secret, offset))
+    return short, tuple((block, tuple(places)) for block, places in blocks.items())
+
+
+def _usable(secrets: Iterable[str | None]) -> tuple[str, ...]:
+    return tuple(s for s in secrets if s and len(s) >= 4)  # shorter ones would redact ordinary words
+
+
+def _spans(text: str, probes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]) -> list[tuple[int, int]]:
+    """The ``(start, end)`` of every run of ``FRAGMENT`` or more consecutive characters of a secret."""
+    spans: list[tuple[int, int]] = []
+    size = len(text)
+    for block, places in probes:
+        at = text.find(block)
+        while at >= 0:
+            for secret, offset in places:
+                lo, left = at, offset
+                while lo and left and text[lo - 1] == secret[left - 1]:
+                    lo -= 1
+                    left -= 1
+                hi, right = at + _BLOCK, offset + _BLOCK
+                while hi < size and right < len(secret) and text[hi] == secret[right]:
+                    hi += 1
+                    right += 1
+                if hi - lo >= FRAGMENT:
+                    spans.append((lo, hi))
+            at = text.find(block, at + 1)
+    return spans
+
+
+def holds_secret(text: str, secrets: Iterable[str | None]) -> bool:
+    """Whether :func:`redact` would change ``text`` (a whole short secret, or a run of
+    ``FRAGMENT`` characters of a longer one)."""
+    short, probes = _plan(_usable(secrets))
+    if any(s in text for s in short):
+        return True
+    return any(block in text for block, _ in probes) and bool(_spans(text, probes))
+
+
 def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """Replace every secret (of four characters or more) in ``text`` with ``***``."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
+    """``text`` with every secret replaced by ``***``.
+
+    A secret of ``FRAGMENT`` (8) characters or more is redacted wherever any run of 8 or more of
+    its consecutive characters appears, so the head a provider echoes of a key
+    (``sk-proj-abcd1234********wxyz``) goes too; a shorter one (4 to 7 characters) where it
+    appears whole. Shorter values are not secrets (they would redact ordinary words).
+
+    >>> redact("Incorrect API key provided: sk-proj-abcd1234********wxyz", ["sk-proj-abcd1234efgh5678wxyz"])
+    'Incorrect API key provided: ***********wxyz'
+    """
+    short, probes = _plan(_usable(secrets))
+    if probes and any(block in text for block, _ in probes):
+        spans = _spans(text, probes)
+        if spans:
+            merged: list[list[int]] = []
+            for lo, hi in sorted(spans):
+                if merged and lo <= merged[-1][1]:  # overlapping or touching runs: one ***
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            parts: list[str] = []
+            done = 0
+            for lo, hi in merged:
+                parts += (text[done:lo], "***")
+                done = hi
+            parts.append(text[done:])
+            text = "".join(parts)
+    for secret in short:
+        if secret in text:
             text = text.replace(secret, "***")
     return text
+
+
+def redact_data(value: Any, secrets: Iterable[str | None]) -> Any:
+    """A copy of JSON-like ``value`` with :func:`redact` applied to every string (dict keys too);
+    tuples become lists. Strings that hold no secret are kept as they are."""
+    usable = _usable(secrets)
+    return _redact_data(value, usable) if usable else value
+
+
+def _redact_data(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, dict):
+        return {_redact_data(k, secrets): _redact_data(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_data(v, secrets) for v in value]
+    return value
 
 
 def clip(text: str, secrets: Iterable[str | None] = (), limit: int = 300) -> str:
