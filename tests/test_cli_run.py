@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from osmosis_core.testing import ScriptedPolicyServer
+from osmosis_core.testing import Fault, ScriptedPolicyServer
 
 
 def osmosis(exe: str, *args: str, cwd: Path, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
@@ -111,6 +111,53 @@ def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret
     assert [x["error"]["category"] for x in failed] == ["policy_error", "policy_error"]
     assert "401" in failed[0]["error"]["message"]
     assert "sk-wrong-key" not in (workspace / "out2" / "results.jsonl").read_text()
+
+
+def test_a_provider_echoing_a_masked_key_and_a_header_prefix_leaves_no_fragment_anywhere(
+    workspace, osmosis_exe, clean_env
+):
+    """OpenAI answers a wrong key with its first 16 and last 4 characters; a gateway may echo a header
+    value's head. No run of 8 characters of either reaches results, summary, config or output (issue 16.5)."""
+    key = "sk-proj-abcd1234EFGH5678ijkl9012MNOPqrst5678wxyz"
+    header = "org-0123456789abcdefXYZ"
+    echo = (
+        f"Incorrect API key provided: {key[:16]}{'*' * (len(key) - 20)}{key[-4:]}. You can find your API key at "
+        f"https://platform.openai.com/account/api-keys. Unknown organization {header[:16]}"
+    )
+    config = workspace / "configs" / "eval" / "multiply-plain.toml"
+    config.write_text(config.read_text() + f'\n[policy.headers]\nOpenAI-Organization = "{header}"\n')
+    with ScriptedPolicyServer() as server:
+        server.inject(Fault("status", status=401, message=echo), times=100)
+        r = osmosis(
+            osmosis_exe,
+            "run",
+            str(config),
+            "--policy-url",
+            server.url,
+            "--api-key-env",
+            "MY_KEY",
+            "--limit",
+            "3",
+            "--output",
+            "out",
+            cwd=workspace,
+            env={**clean_env, "MY_KEY": key},
+        )
+    assert r.returncode == 1, r.stderr
+    failed = lines(workspace / "out" / "results.jsonl")
+    assert [x["error"]["category"] for x in failed] == ["policy_error"] * 3
+    assert "401" in failed[0]["error"]["message"] and "Incorrect API key provided: ***" in failed[0]["error"]["message"]
+    everything = r.stdout + r.stderr
+    for path in (workspace / "out").rglob("*"):
+        if path.is_file():
+            everything += path.read_text(errors="replace")
+    leaked = [f for secret in (key, header) for f in fragments(secret) if f in everything]
+    assert not leaked, leaked
+
+
+def fragments(secret: str) -> set[str]:
+    """Every run of 8 characters of ``secret``."""
+    return {secret[i : i + 8] for i in range(len(secret) - 7)}
 
 
 def test_interrupt_then_resume_loses_nothing_and_duplicates_nothing(workspace, osmosis_exe, clean_env):

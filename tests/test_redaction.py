@@ -69,7 +69,9 @@ def test_short_secrets_are_redacted_only_whole_and_tiny_values_never():
 @settings(max_examples=300, deadline=None)
 @given(
     secrets=st.lists(st.text(alphabet="abcdeXY-01", min_size=4, max_size=30), min_size=1, max_size=3),
-    pieces=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(0, 30), st.text("abc XY01", max_size=6))),
+    pieces=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(0, 30), st.text("abc XY01", max_size=6))
+    ),
 )
 def test_redact_matches_the_brute_force_reference(secrets, pieces):
     text = "".join(secrets[k % len(secrets)][a:b] + filler for k, a, b, filler in pieces)

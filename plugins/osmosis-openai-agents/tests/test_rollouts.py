@@ -244,6 +244,39 @@ def test_a_broken_answer_fails_the_rollout_with_policy_error(
     assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == 1  # never sent twice
 
 
+NOT_A_COMPLETION = {
+    "bad_json": (Fault("bad_json"), "malformed JSON"),
+    "hello_world": (Fault("wrong_shape"), "no choices"),
+    "choices_not_a_list": (Fault("wrong_shape", document={"choices": {"0": {}}}), "not a list"),
+    "no_message_or_delta": (Fault("wrong_shape", document={"choices": [{"index": 0}]}), "without a"),
+}
+
+
+@pytest.mark.parametrize("streaming", MODES)
+@pytest.mark.parametrize("turn", [1, 2])
+@pytest.mark.parametrize("answer", sorted(NOT_A_COMPLETION))
+def test_an_answer_that_is_not_a_chat_completion_is_a_policy_error_on_any_turn(
+    policy_server: ScriptedPolicyServer, streaming: bool, turn: int, answer: str
+):
+    """Malformed JSON (in the body, or in an event of the stream) or JSON of the wrong shape, on the
+    first model call or a later one: policy_error naming the endpoint and the status (issue 16.4)."""
+    fault, expected = NOT_A_COMPLETION[answer]
+    if turn == 2:
+        policy_server.inject(Fault("delay"))  # the first call is answered normally
+    policy_server.inject(fault)
+    outcome = run_rollout_sync(
+        Workflow,
+        policy=_policy(policy_server, SECRET),
+        user_prompt="val1 = 6\nval2 = 7",
+        workflow_config=Config(streaming=streaming),
+    )
+    error = outcome.workflow.error
+    assert error is not None and error.category == "policy_error", error
+    assert f"policy endpoint {policy_server.url}/chat/completions answered 200 with" in error.message, error.message
+    assert expected in error.message and SECRET not in error.message
+    assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == turn  # never sent twice
+
+
 def test_an_unreachable_endpoint_is_a_policy_error():
     with ScriptedPolicyServer() as server:
         url = server.url
