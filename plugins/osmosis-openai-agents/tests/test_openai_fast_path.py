@@ -85,3 +85,52 @@ def test_anything_but_plain_json_takes_openais_path(value):
 
     assert not _plain_json({"messages": [{"role": "user", "content": value}]})
     assert _plain_json({"messages": MESSAGES, "tools": TOOLS, "temperature": 0.5})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
+    """A server that answers a streaming request with a JSON completion (which openai would read as an
+    empty stream), or a plain request with an event stream: policy_error naming endpoint and status."""
+    from aiohttp import web
+
+    from osmosis_core import PolicyError
+
+    choice = {"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
+    completion = {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if stream:  # the request asks for a stream: answer with JSON
+            return web.json_response(completion)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: " + json.dumps(completion).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        try:
+            async with http_scope():
+                with RolloutContext("mode", PolicyEndpoint(url, "m")), pytest.raises(Exception) as caught:
+                    reply = await rollout_openai_client().chat.completions.create(
+                        model="m", messages=MESSAGES[:2], stream=stream
+                    )
+                    if stream:
+                        [chunk async for chunk in reply]
+        finally:
+            await runner.cleanup()
+        from osmosis_core.openai_client import policy_error
+
+        error = policy_error(caught.value)
+        assert isinstance(error, PolicyError), caught.value
+        assert f"policy endpoint {url}/chat/completions answered 200 with" in str(error)
+        assert ("not the event stream" if stream else "an event stream to a request that asked for no stream") in str(
+            error
+        )
+
+    anyio.run(main)
