@@ -78,6 +78,19 @@ def test_redact_matches_the_brute_force_reference(secrets, pieces):
     assert redact(text, secrets) == reference(text, secrets)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    cuts=st.lists(st.tuples(st.integers(0, 170), st.integers(0, 170), st.text("ab ÿ€XY01", max_size=40)), max_size=8)
+)
+def test_long_secrets_take_the_one_pass_precheck_and_still_match_the_reference(cuts):
+    """A key of OpenAI's length has more blocks than ``_MANY_BLOCKS``: the set of its 4-byte windows
+    is the pre-check (non-ASCII text included); the result is still exactly the reference's."""
+    key = "sk-proj-" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7-_" * 5 + "ÿ€xyz"
+    secrets = [key, HEADER]
+    text = "".join(key[a:b] + filler for a, b, filler in cuts)
+    assert redact(text, secrets) == reference(text, secrets)
+
+
 def test_clip_redacts_fragments_before_cutting():
     message = f"policy endpoint http://x/v1 answered 401: Incorrect API key provided: {KEY[:16]}****{KEY[-4:]}"
     line = clip(message, [KEY], limit=60)
