@@ -39,9 +39,10 @@ import asyncio
 import contextvars
 import functools
 import json
+import json.scanner
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from osmosis_core.context import ROLLOUT_ID_HEADER, current_rollout_context, get_rollout_context
 from osmosis_core.errors import PolicyError, clip
@@ -217,7 +218,7 @@ def _checked_stream_class() -> type:
             if not self.chat:
                 return
             try:
-                doc = json.loads(data)
+                doc = _parse_json(data)
             except ValueError as exc:
                 what = f"malformed JSON in the event stream ({exc})"
                 raise _not_a_completion(self.url, self.status, self.ctx, what, data) from None
@@ -231,6 +232,22 @@ def _checked_stream_class() -> type:
             await self.stream.aclose()
 
     return CheckedStream
+
+
+_SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _parse_json(data: bytes) -> Any:
+    """``json.loads(data)`` for one event of a stream, through the C scanner alone (less than half
+    the CPU: no encoding detection, no Python layers), raising ValueError the same way."""
+    text = data.decode("utf-8").strip()
+    try:
+        doc, end = _SCAN(text, 0)
+    except StopIteration as exc:
+        raise json.JSONDecodeError("Expecting value", text, exc.value) from None
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+    return doc
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
