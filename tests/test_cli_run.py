@@ -17,6 +17,14 @@ def osmosis(exe: str, *args: str, cwd: Path, env: dict[str, str], timeout: float
     return subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_with_key(
+    exe: str, config: str, url: str, limit: str, output: str, *, cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """``osmosis run CONFIG`` against ``url`` with the key in ``$MY_KEY``."""
+    args = ["run", config, "--policy-url", url, "--api-key-env", "MY_KEY", "--limit", limit, "--output", output]
+    return osmosis(exe, *args, cwd=cwd, env=env)
+
+
 def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -66,20 +74,8 @@ def test_api_key_reaches_the_endpoint_but_no_file_or_output(workspace, osmosis_e
 
 def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret):
     env = {**clean_env, "MY_KEY": secret}
-    r = osmosis(
-        osmosis_exe,
-        "run",
-        "configs/eval/multiply-plain.toml",
-        "--policy-url",
-        policy_server.url,
-        "--api-key-env",
-        "MY_KEY",
-        "--limit",
-        "3",
-        "--output",
-        "out",
-        cwd=workspace,
-        env=env,
+    r = run_with_key(
+        osmosis_exe, "configs/eval/multiply-plain.toml", policy_server.url, "3", "out", cwd=workspace, env=env
     )
     assert r.returncode == 0, r.stderr
     assert len(policy_server.requests) == 6 and all(x.authorized for x in policy_server.requests)
@@ -90,20 +86,8 @@ def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret
 
     # a wrong key: every rollout fails as policy_error, and the message does not echo the key
     env["MY_KEY"] = "sk-wrong-key-9876543210"
-    r = osmosis(
-        osmosis_exe,
-        "run",
-        "configs/eval/multiply-plain.toml",
-        "--policy-url",
-        policy_server.url,
-        "--api-key-env",
-        "MY_KEY",
-        "--limit",
-        "2",
-        "--output",
-        "out2",
-        cwd=workspace,
-        env=env,
+    r = run_with_key(
+        osmosis_exe, "configs/eval/multiply-plain.toml", policy_server.url, "2", "out2", cwd=workspace, env=env
     )
     assert r.returncode == 1 and "run failed: every rollout failed (2 of 2: policy_error 2)" in r.stderr
     assert "--retry-failed" in r.stderr
@@ -128,20 +112,8 @@ def test_a_provider_echoing_a_masked_key_and_a_header_prefix_leaves_no_fragment_
     config.write_text(config.read_text() + f'\n[policy.headers]\nOpenAI-Organization = "{header}"\n')
     with ScriptedPolicyServer() as server:
         server.inject(Fault("status", status=401, message=echo), times=100)
-        r = osmosis(
-            osmosis_exe,
-            "run",
-            str(config),
-            "--policy-url",
-            server.url,
-            "--api-key-env",
-            "MY_KEY",
-            "--limit",
-            "3",
-            "--output",
-            "out",
-            cwd=workspace,
-            env={**clean_env, "MY_KEY": key},
+        r = run_with_key(
+            osmosis_exe, str(config), server.url, "3", "out", cwd=workspace, env={**clean_env, "MY_KEY": key}
         )
     assert r.returncode == 1, r.stderr
     failed = lines(workspace / "out" / "results.jsonl")
