@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import inspect
 import json
+from typing import Any
 
 import anyio
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from osmosis_core import PolicyEndpoint, RolloutContext
 from osmosis_core.http_session import http_scope
@@ -134,3 +137,48 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
         )
 
     anyio.run(main)
+
+
+def _check_in_pieces(body: bytes, cuts: list[int]) -> Any:
+    from osmosis_core.openai_client import _checked_stream
+
+    class Pieces:
+        async def __aiter__(self) -> Any:
+            start = 0
+            for cut in sorted(set(cuts)):
+                yield body[start:cut]
+                start = cut
+            yield body[start:]
+
+        async def aclose(self) -> None:
+            pass
+
+    async def main() -> list[bytes]:
+        stream = _checked_stream(Pieces(), 1 << 20, "http://x/v1/chat/completions", 200, None, sse=True, chat=True)
+        return [chunk async for chunk in stream]
+
+    return anyio.run(main)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cuts=st.lists(st.integers(0, 2000), max_size=12), crlf=st.booleans(), bad=st.sampled_from([None, "json", "shape"])
+)
+def test_the_event_check_does_not_depend_on_where_the_network_cuts_the_stream(cuts, crlf, bad):
+    """However the bytes arrive (a cut inside a line, between CR and LF), a good stream passes whole
+    and a bad event fails the call with a PolicyError."""
+    from osmosis_core import PolicyError
+    from osmosis_core.testing.policy_server import Reply, _stream_events
+
+    events = _stream_events(Reply(content="The product is 42.\n#### 42"), "m", 100, True)
+    if bad is not None:
+        events.insert(2, b'data: {"choices": [\n\n' if bad == "json" else b'data: {"hello": "world"}\n\n')
+    body = b"".join(events)
+    if crlf:
+        body = body.replace(b"\n", b"\r\n")
+    cuts = [c % (len(body) + 1) for c in cuts]
+    if bad is None:
+        assert b"".join(_check_in_pieces(body, cuts)) == body
+    else:
+        with pytest.raises(PolicyError, match="answered 200 with" + (" malformed JSON" if bad == "json" else " JSON")):
+            _check_in_pieces(body, cuts)
