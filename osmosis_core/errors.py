@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import array
+import functools
+import sys
 from collections.abc import Iterable
+from typing import Any, Final
 
 from osmosis_core.records import ErrorCategory, ErrorInfo
 
@@ -18,7 +22,9 @@ __all__ = [
     "classify_exception",
     "clip",
     "error_info",
+    "holds_secret",
     "redact",
+    "redact_data",
 ]
 
 
@@ -116,12 +122,142 @@ def classify_exception(exc: BaseException) -> ErrorCategory:
     return ErrorCategory.AGENT_ERROR
 
 
+FRAGMENT: Final = 8
+"""The shortest run of a secret's characters that is redacted wherever it appears (a masked key
+that shows its first 16 and last 4 characters shows such a run)."""
+_BLOCK: Final = 4
+_STRIDE: Final = FRAGMENT - _BLOCK + 1
+"""Every run of ``FRAGMENT`` characters of a secret holds one of its ``_BLOCK``-character blocks at
+offsets 0, 5, 10, ...: finding those (``str.find``, C speed) and extending each hit to the run
+around it finds every run exactly."""
+_MANY_BLOCKS: Final = 20
+"""With more blocks than this (a long key: an OpenAI project key has 33), the pre-check looks the
+text's own 4-byte blocks up in a set instead: one pass whatever the secrets' length, about as
+costly as 20 ``str.find`` here (bench/results_redaction.py)."""
+
+
+class _Plan:
+    """The secrets of :func:`redact`, prepared once: the short ones (redacted whole), the blocks of
+    the long ones, and the set of every 4 bytes of their UTF-8 (as native ``uint32``)."""
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self.short = tuple(s for s in secrets if len(s) < FRAGMENT)
+        blocks: dict[str, list[tuple[str, int]]] = {}
+        grams: set[int] = set()
+        for secret in dict.fromkeys(s for s in secrets if len(s) >= FRAGMENT):
+            for offset in range(0, len(secret) - _BLOCK + 1, _STRIDE):
+                blocks.setdefault(secret[offset : offset + _BLOCK], []).append((secret, offset))
+            raw = secret.encode("utf-8", "surrogatepass")
+            grams.update(int.from_bytes(raw[i : i + 4], sys.byteorder) for i in range(len(raw) - 3))
+        self.probes = tuple((block, tuple(places)) for block, places in blocks.items())
+        self.grams = frozenset(grams)
+
+    def may_hold(self, text: str) -> bool:
+        """False when no run of ``FRAGMENT`` characters of a long secret can be in ``text``.
+
+        Few blocks: ``str.find`` of each. Many: such a run is 8 bytes or more of UTF-8, so it holds
+        one of the text's 4-byte blocks at offsets 0, 4, 8, ...; those are looked up in ``grams``.
+        """
+        if not self.probes or len(text) < FRAGMENT:
+            return False
+        if len(self.probes) <= _MANY_BLOCKS:
+            return any(block in text for block, _ in self.probes)
+        data = text.encode("utf-8", "surrogatepass")
+        words = array.array("I")
+        words.frombytes(memoryview(data)[: len(data) & ~3])
+        return not self.grams.isdisjoint(words)
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """The ``(start, end)`` of every run of ``FRAGMENT`` or more consecutive characters of a secret."""
+        spans: list[tuple[int, int]] = []
+        size = len(text)
+        for block, places in self.probes:
+            at = text.find(block)
+            while at >= 0:
+                for secret, offset in places:
+                    lo, left = at, offset
+                    while lo and left and text[lo - 1] == secret[left - 1]:
+                        lo -= 1
+                        left -= 1
+                    hi, right = at + _BLOCK, offset + _BLOCK
+                    while hi < size and right < len(secret) and text[hi] == secret[right]:
+                        hi += 1
+                        right += 1
+                    if hi - lo >= FRAGMENT:
+                        spans.append((lo, hi))
+                at = text.find(block, at + 1)
+        return spans
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(secrets: tuple[str, ...]) -> _Plan:
+    return _Plan(secrets)
+
+
+def _usable(secrets: Iterable[str | None]) -> tuple[str, ...]:
+    return tuple(s for s in secrets if s and len(s) >= 4)  # shorter ones would redact ordinary words
+
+
+def holds_secret(text: str, secrets: Iterable[str | None]) -> bool:
+    """Whether :func:`redact` would change ``text`` (a whole short secret, or a run of
+    ``FRAGMENT`` characters of a longer one)."""
+    plan = _plan(_usable(secrets))
+    if any(s in text for s in plan.short):
+        return True
+    return plan.may_hold(text) and bool(plan.spans(text))
+
+
 def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """Replace every secret (of four characters or more) in ``text`` with ``***``."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
+    """``text`` with every secret replaced by ``***``.
+
+    A secret of ``FRAGMENT`` (8) characters or more is redacted wherever any run of 8 or more of
+    its consecutive characters appears, so the head a provider echoes of a key
+    (``sk-proj-abcd1234********wxyz``) goes too; a shorter one (4 to 7 characters) where it
+    appears whole. Shorter values are not secrets (they would redact ordinary words).
+
+    >>> redact("Incorrect API key provided: sk-proj-abcd1234********wxyz", ["sk-proj-abcd1234efgh5678wxyz"])
+    'Incorrect API key provided: ***********wxyz'
+    """
+    return _redact(text, _plan(_usable(secrets)))
+
+
+def _redact(text: str, plan: _Plan) -> str:
+    spans = plan.spans(text) if plan.may_hold(text) else None
+    if spans:
+        merged: list[list[int]] = []
+        for lo, hi in sorted(spans):
+            if merged and lo <= merged[-1][1]:  # overlapping or touching runs: one ***
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        parts: list[str] = []
+        done = 0
+        for lo, hi in merged:
+            parts += (text[done:lo], "***")
+            done = hi
+        parts.append(text[done:])
+        text = "".join(parts)
+    for secret in plan.short:
+        if secret in text:
             text = text.replace(secret, "***")
     return text
+
+
+def redact_data(value: Any, secrets: Iterable[str | None]) -> Any:
+    """A copy of JSON-like ``value`` with :func:`redact` applied to every string (dict keys too);
+    tuples become lists. Strings that hold no secret are kept as they are."""
+    usable = _usable(secrets)
+    return _redact_data(value, _plan(usable)) if usable else value
+
+
+def _redact_data(value: Any, plan: _Plan) -> Any:
+    if isinstance(value, str):
+        return _redact(value, plan)
+    if isinstance(value, dict):
+        return {_redact_data(k, plan): _redact_data(v, plan) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_data(v, plan) for v in value]
+    return value
 
 
 def clip(text: str, secrets: Iterable[str | None] = (), limit: int = 300) -> str:

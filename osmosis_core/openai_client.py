@@ -20,7 +20,10 @@ httpx transport slows to a crawl at a hundred concurrent requests, so:
   breaks it, and anything but plain JSON (or ``response_format``) takes openai's normal path;
 * what is not a chat completion fails the call with a :class:`~osmosis_core.PolicyError` before
   the SDK reads it: a body over the rollout's ``max_response_bytes``, an HTML page, malformed
-  JSON, a stream cut without a ``finish_reason`` (see :func:`_check_response`).
+  JSON (in a body or in an event of a stream), JSON of the wrong shape (no ``choices``, a choice
+  without its ``message`` or ``delta``), a stream cut without a ``finish_reason`` (see
+  :func:`_check_response`). The checks are shape checks on the parsed JSON, no model is built:
+  both frameworks then see a well-formed completion or chunk, or that error, on every turn.
 
 The loop's client is closed with the loop's other HTTP clients
 (:func:`osmosis_core.http_session.aclose_http`). It needs ``openai[aiohttp]`` (a dependency of
@@ -33,17 +36,22 @@ both integrations, not of the core).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
-import re
+import json.scanner
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from osmosis_core.context import ROLLOUT_ID_HEADER, current_rollout_context, get_rollout_context
 from osmosis_core.errors import PolicyError, clip
 from osmosis_core.http_session import KEEPALIVE_SEC, on_close
+from osmosis_core.policy import _shape_problem
 from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
+
+if TYPE_CHECKING:
+    from osmosis_core.context import RolloutContext
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -65,97 +73,181 @@ async def _tag_request(request: Any) -> None:
     request.headers["Accept-Encoding"] = "identity"
 
 
+_STREAMING: contextvars.ContextVar[bool | None] = contextvars.ContextVar("osmosis_openai_stream", default=None)
+"""Whether the chat-completions request being sent asked for a stream (set by ``create``)."""
+
+
 async def _check_response(response: Any) -> None:
     """httpx event hook: refuse what is not a chat completion before the SDK reads it.
 
     * a body over the rollout's ``max_response_bytes`` (announced, or counted as it arrives);
     * a successful answer that is neither JSON nor an event stream (an HTML page from a proxy);
-    * a JSON answer that does not parse (cut short by a broken server);
-    * an event stream that ends without a ``finish_reason`` (cut mid-answer), which the SDKs
-      would otherwise take for a short, complete answer.
+    * a JSON answer that does not parse (cut short by a broken server), or that is not a chat
+      completion (no ``choices``, a choice without a ``message``, an ``error`` object; see
+      ``osmosis_core.policy._shape_problem``), or that answers a request for a stream;
+    * an event stream whose event does not parse or is not a chat completion chunk, or that ends
+      without a ``finish_reason`` (cut mid-answer), which the SDKs would otherwise take for a
+      short, complete answer; or that answers a request that did not ask for one.
 
-    Each is a :class:`~osmosis_core.PolicyError` naming the endpoint and the status.
+    Each is a :class:`~osmosis_core.PolicyError` naming the endpoint and the status, so the
+    frameworks see either well-formed completions and chunks or that error, on every turn.
     """
     ctx = current_rollout_context()
     limit = ctx.policy.max_response_bytes if ctx is not None else DEFAULT_MAX_RESPONSE_BYTES
-    url = str(response.request.url)
+    request = response.request
+    url = str(request.url)
+    status = response.status_code
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         await response.aclose()
         raise PolicyError(
             f"policy endpoint {url} failed: the response ({declared} bytes) is over the {limit}-byte limit",
-            status=response.status_code,
+            status=status,
             endpoint=url,
         )
     kind = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    ok = 200 <= response.status_code < 300
-    response.stream = _checked_stream(response.stream, limit, url, sse=ok and kind == "text/event-stream")
-    if not ok or kind == "text/event-stream":
+    ok = 200 <= status < 300
+    chat = ok and request.url.path.endswith("/chat/completions")
+    sse = ok and kind == "text/event-stream"
+    response.stream = _checked_stream(response.stream, limit, url, status, ctx, sse=sse, chat=chat)
+    if not ok:
         return
-    secrets = ctx.policy.secrets() if ctx is not None else ()
+    streaming = _STREAMING.get() if chat else None
+    if sse:
+        if streaming is False:
+            raise _not_a_completion(url, status, ctx, "an event stream to a request that asked for no stream", b"")
+        return
     if not kind.endswith("json"):
         await response.aread()
-        raise PolicyError(
-            clip(
-                f"policy endpoint {url} answered {response.status_code} with {kind or 'no content type'}, "
-                f"not a chat completion: {response.content[:4096].decode('utf-8', 'replace')}",
-                secrets,
-            ),
-            status=response.status_code,
-            endpoint=url,
+        raise _not_a_completion(
+            url, status, ctx, f"{kind or 'no content type'}, not a chat completion", response.content
         )
     await response.aread()
     try:
-        json.loads(response.content)
+        data = json.loads(response.content)
     except ValueError as exc:
-        raise PolicyError(
-            clip(
-                f"policy endpoint {url} answered {response.status_code} with malformed JSON ({exc}): "
-                f"{response.content[:4096].decode('utf-8', 'replace')}",
-                secrets,
-            ),
-            status=response.status_code,
-            endpoint=url,
-        ) from None
+        raise _not_a_completion(url, status, ctx, f"malformed JSON ({exc})", response.content) from None
+    if not chat:
+        return
+    if streaming:
+        raise _not_a_completion(
+            url, status, ctx, f"{kind}, not the event stream the request asked for", response.content
+        )
+    problem = _shape_problem(data)
+    if problem is not None:
+        raise _not_a_completion(url, status, ctx, problem, response.content)
 
 
-_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
+def _not_a_completion(url: str, status: int, ctx: RolloutContext | None, what: str, body: bytes) -> PolicyError:
+    """The error for an answer that is not a chat completion: endpoint, status, what it was, its start."""
+    shown = body[:4096].decode("utf-8", "replace").strip()
+    message = f"policy endpoint {url} answered {status} with {what}" + (f": {shown}" if shown else "")
+    return PolicyError(clip(message, ctx.policy.secrets() if ctx is not None else ()), status=status, endpoint=url)
 
 
-def _checked_stream(stream: Any, limit: int, url: str, *, sse: bool) -> Any:
+def _checked_stream(
+    stream: Any, limit: int, url: str, status: int, ctx: RolloutContext | None, *, sse: bool, chat: bool
+) -> Any:
     """``stream`` (an httpx2 ``AsyncByteStream``) failing past ``limit`` bytes, and, for an event
-    stream, when it ends without a ``finish_reason``."""
+    stream, at an event that is not a chat completion chunk (``chat``) or when it ends without a
+    ``finish_reason``. Events are checked as their bytes arrive, before openai decodes them; after
+    ``[DONE]`` (where openai stops) nothing is checked."""
+    return _checked_stream_class()(stream, limit, url, status, ctx, sse, chat)
+
+
+@functools.cache
+def _checked_stream_class() -> type:
     import httpx2
 
     class CheckedStream(httpx2.AsyncByteStream):  # type: ignore[misc]
         # state is kept across iterations: openai iterates a stream again to drain it after the events
-        seen = 0
-        finished = not sse
-        tail = b""
+        def __init__(
+            self, stream: Any, limit: int, url: str, status: int, ctx: RolloutContext | None, sse: bool, chat: bool
+        ) -> None:
+            self.stream, self.limit, self.url, self.status, self.ctx, self.chat = stream, limit, url, status, ctx, chat
+            self.seen = 0
+            self.finished = not sse
+            self.done = not sse  # [DONE] seen (or not an event stream): nothing more to check
+            self.rest = b""  # the start of a line not ended yet
+            self.data: list[bytes] = []  # the data lines of the event being read
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
-            async for chunk in stream:
+            async for chunk in self.stream:
                 self.seen += len(chunk)
-                if self.seen > limit:
+                if self.seen > self.limit:
                     raise PolicyError(
-                        f"policy endpoint {url} failed: the response is over the {limit}-byte limit", endpoint=url
+                        f"policy endpoint {self.url} failed: the response is over the {self.limit}-byte limit",
+                        endpoint=self.url,
                     )
-                if not self.finished:
-                    self.finished = _FINISH.search(self.tail + chunk) is not None
-                    self.tail = chunk[-32:]
+                if not self.done:
+                    self._feed(chunk)
                 yield chunk
             if not self.finished:
                 self.finished = True  # reported once
                 raise PolicyError(
-                    f"policy endpoint {url} broke the response: the stream ended without a finish_reason "
+                    f"policy endpoint {self.url} broke the response: the stream ended without a finish_reason "
                     "(cut short mid-answer)",
-                    endpoint=url,
+                    status=self.status,
+                    endpoint=self.url,
                 )
 
-        async def aclose(self) -> None:
-            await stream.aclose()
+        def _feed(self, chunk: bytes) -> None:
+            """Split the event stream into lines (CR, LF or CRLF) and check each event as it ends."""
+            text = self.rest + chunk if self.rest else chunk
+            held = b""
+            if b"\r" in text:
+                if text.endswith(b"\r"):  # maybe the first half of a CRLF
+                    text, held = text[:-1], b"\r"
+                text = text.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            lines = text.split(b"\n")
+            self.rest = lines.pop() + held
+            for line in lines:
+                if not line:  # the blank line that ends an event
+                    if self.data:
+                        data, self.data = b"\n".join(self.data), []
+                        self._event(data)
+                        if self.done:
+                            return
+                elif line.startswith(b"data:"):
+                    self.data.append(line[6:] if line[5:6] == b" " else line[5:])
 
-    return CheckedStream()
+        def _event(self, data: bytes) -> None:
+            if data.startswith(b"[DONE]"):
+                self.done = True
+                return
+            if not self.chat:
+                return
+            try:
+                doc = _parse_json(data)
+            except ValueError as exc:
+                what = f"malformed JSON in the event stream ({exc})"
+                raise _not_a_completion(self.url, self.status, self.ctx, what, data) from None
+            problem = _shape_problem(doc, chunk=True)
+            if problem is not None:
+                raise _not_a_completion(self.url, self.status, self.ctx, f"{problem} in the event stream", data)
+            if not self.finished:
+                self.finished = any(choice.get("finish_reason") for choice in doc["choices"])
+
+        async def aclose(self) -> None:
+            await self.stream.aclose()
+
+    return CheckedStream
+
+
+_SCAN: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _parse_json(data: bytes) -> Any:
+    """``json.loads(data)`` for one event of a stream, through the C scanner alone (less than half
+    the CPU: no encoding detection, no Python layers), raising ValueError the same way."""
+    text = data.decode("utf-8").strip()
+    try:
+        doc, end = _SCAN(text, 0)
+    except StopIteration as exc:
+        raise json.JSONDecodeError("Expecting value", text, exc.value) from None
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+    return doc
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -189,6 +281,13 @@ def fast_client_class() -> type[AsyncOpenAI]:
     class FastCompletions(AsyncCompletions):  # type: ignore[misc]
         async def create(self, **params: Any) -> Any:  # type: ignore[override]
             body = {k: v for k, v in params.items() if k not in _OPTION_KEYS and not isinstance(v, (Omit, NotGiven))}
+            token = _STREAMING.set(body.get("stream") is True)  # for the response check
+            try:
+                return await self._create(body, params)
+            finally:
+                _STREAMING.reset(token)
+
+        async def _create(self, body: dict[str, Any], params: dict[str, Any]) -> Any:
             if "response_format" in body or not _plain_json(body):
                 return await super().create(**params)
             options = make_request_options(

@@ -55,15 +55,19 @@ async def chat_completion_response(
         )
     try:
         data = json.loads(content)
-        data["choices"][0]["message"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+    except ValueError as exc:
         raise PolicyError(
-            clip(
-                f"policy endpoint {url} sent a malformed completion ({type(exc).__name__}): {_text(content)}", secrets
-            ),
+            clip(f"policy endpoint {url} answered {status} with malformed JSON ({exc}): {_text(content)}", secrets),
             status=status,
             endpoint=url,
         ) from None
+    problem = _shape_problem(data)
+    if problem is not None:
+        raise PolicyError(
+            clip(f"policy endpoint {url} answered {status} with {problem}: {_text(content)}", secrets),
+            status=status,
+            endpoint=url,
+        )
     return data  # type: ignore[no-any-return]
 
 
@@ -80,6 +84,43 @@ async def chat_completion(
     data = await chat_completion_response(messages, tools=tools, **params)
     message: Message = data["choices"][0]["message"]
     return {k: v for k, v in message.items() if v is not None}
+
+
+def _shape_problem(data: Any, *, chunk: bool = False) -> str | None:
+    """What makes parsed JSON not a chat completion (``chunk``: not a streamed chunk), or None.
+
+    Shape checks only, of what the SDKs and frameworks read without checking (cheap: no model is
+    built): an object whose ``choices`` is a list (non-empty for a completion; a chunk's may be
+    empty, as the usage chunk's is) of objects, each with a ``message`` (a chunk's: ``delta``)
+    object whose ``tool_calls``, when present, is a list of objects.
+
+    >>> _shape_problem({"hello": "world"})
+    'JSON that is not a chat completion (no choices)'
+    >>> _shape_problem({"choices": [], "usage": {}}, chunk=True) is None
+    True
+    """
+    what = "a chat completion chunk" if chunk else "a chat completion"
+    if type(data) is not dict:
+        return f"JSON that is not {what} (a {type(data).__name__}, not an object)"
+    error = data.get("error")
+    if error:  # what openai raises as an APIError, a status-less one
+        detail = error.get("message") if isinstance(error, dict) else None
+        return f"an error instead of {what}: {detail or error}"
+    choices = data.get("choices")
+    if type(choices) is not list or not (choices or chunk):
+        shown = "no choices" if not choices else f"choices is a {type(choices).__name__}, not a list"
+        return f"JSON that is not {what} ({shown})"
+    field = "delta" if chunk else "message"
+    for choice in choices:
+        if type(choice) is not dict:
+            return f"JSON that is not {what} (a choice is a {type(choice).__name__}, not an object)"
+        message = choice.get(field)
+        if type(message) is not dict:
+            return f"JSON that is not {what} (a choice without a {field} object)"
+        calls = message.get("tool_calls")
+        if calls is not None and (type(calls) is not list or not all(type(c) is dict for c in calls)):
+            return f"JSON that is not {what} ({field}.tool_calls is not a list of objects)"
+    return None
 
 
 def _text(content: bytes) -> str:

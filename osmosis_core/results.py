@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 import attrs
 
 from osmosis_core.deprecation import moved_names
-from osmosis_core.errors import redact
+from osmosis_core.errors import holds_secret, redact_data
 from osmosis_core.records import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -144,8 +144,9 @@ class ResultWriter:
     """Appends result lines to ``results.jsonl``, flushing each one to the OS at once.
 
     :param secrets: values no line may hold (the policy's key and header values). A line whose
-        text holds one (raw, or as JSON writes it) has every string redacted before it is
-        written, the sample's messages included; a line that holds none is written as encoded.
+        text holds one (raw, or as JSON writes it), or a run of 8 of its characters (see
+        :func:`~osmosis_core.errors.redact`), has every string redacted before it is written, the
+        sample's messages included; a line that holds none is written as encoded.
     """
 
     def __init__(self, path: Path, secrets: Iterable[str | None] = ()) -> None:
@@ -157,9 +158,9 @@ class ResultWriter:
         """Append one line and flush it; ``secrets`` are this line's own (a request's key), on top of the writer's."""
         own = self._secrets + _usable(secrets) if secrets else self._secrets
         text = _encode(line)
-        if own and any(secret in text or _escaped(secret) in text for secret in own):
+        if own and holds_secret(text, own):
             # redact the JSON form: a secret may sit in bytes, an exception or an object written as its repr
-            text = _encode(_redacted(json.loads(text), own))
+            text = _encode(redact_data(json.loads(text), own))
         self._handle.write(text + "\n")
         self._handle.flush()
 
@@ -172,7 +173,9 @@ class ResultWriter:
 
 
 def _usable(secrets: Iterable[str | None]) -> tuple[str, ...]:
-    return tuple(s for s in secrets if s and len(s) >= 4)
+    """The secrets, and each as JSON writes it when that differs (a quote, a backslash, a control character)."""
+    usable = tuple(s for s in secrets if s and len(s) >= 4)
+    return usable + tuple(e for s in usable if (e := _escaped(s)) != s)
 
 
 def _encode(line: dict[str, Any]) -> str:
@@ -187,17 +190,6 @@ def json_ready(value: Any) -> Any:
 
 def _escaped(secret: str) -> str:
     return json.dumps(secret, ensure_ascii=False)[1:-1]
-
-
-def _redacted(value: Any, secrets: tuple[str, ...]) -> Any:
-    """A copy of ``value`` with every secret in its strings (keys included) replaced by ``***``."""
-    if isinstance(value, str):
-        return redact(value, secrets) if any(s in value for s in secrets) else value
-    if isinstance(value, dict):
-        return {_redacted(k, secrets): _redacted(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_redacted(v, secrets) for v in value]
-    return value
 
 
 def _json_default(value: Any) -> Any:

@@ -10,11 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from osmosis_core.testing import ScriptedPolicyServer
+from osmosis_core.testing import Fault, ScriptedPolicyServer
 
 
 def osmosis(exe: str, *args: str, cwd: Path, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_with_key(
+    exe: str, config: str, url: str, limit: str, output: str, *, cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """``osmosis run CONFIG`` against ``url`` with the key in ``$MY_KEY``."""
+    args = ["run", config, "--policy-url", url, "--api-key-env", "MY_KEY", "--limit", limit, "--output", output]
+    return osmosis(exe, *args, cwd=cwd, env=env)
 
 
 def lines(path: Path) -> list[dict]:
@@ -66,20 +74,8 @@ def test_api_key_reaches_the_endpoint_but_no_file_or_output(workspace, osmosis_e
 
 def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret):
     env = {**clean_env, "MY_KEY": secret}
-    r = osmosis(
-        osmosis_exe,
-        "run",
-        "configs/eval/multiply-plain.toml",
-        "--policy-url",
-        policy_server.url,
-        "--api-key-env",
-        "MY_KEY",
-        "--limit",
-        "3",
-        "--output",
-        "out",
-        cwd=workspace,
-        env=env,
+    r = run_with_key(
+        osmosis_exe, "configs/eval/multiply-plain.toml", policy_server.url, "3", "out", cwd=workspace, env=env
     )
     assert r.returncode == 0, r.stderr
     assert len(policy_server.requests) == 6 and all(x.authorized for x in policy_server.requests)
@@ -90,20 +86,8 @@ def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret
 
     # a wrong key: every rollout fails as policy_error, and the message does not echo the key
     env["MY_KEY"] = "sk-wrong-key-9876543210"
-    r = osmosis(
-        osmosis_exe,
-        "run",
-        "configs/eval/multiply-plain.toml",
-        "--policy-url",
-        policy_server.url,
-        "--api-key-env",
-        "MY_KEY",
-        "--limit",
-        "2",
-        "--output",
-        "out2",
-        cwd=workspace,
-        env=env,
+    r = run_with_key(
+        osmosis_exe, "configs/eval/multiply-plain.toml", policy_server.url, "2", "out2", cwd=workspace, env=env
     )
     assert r.returncode == 1 and "run failed: every rollout failed (2 of 2: policy_error 2)" in r.stderr
     assert "--retry-failed" in r.stderr
@@ -111,6 +95,41 @@ def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret
     assert [x["error"]["category"] for x in failed] == ["policy_error", "policy_error"]
     assert "401" in failed[0]["error"]["message"]
     assert "sk-wrong-key" not in (workspace / "out2" / "results.jsonl").read_text()
+
+
+def test_a_provider_echoing_a_masked_key_and_a_header_prefix_leaves_no_fragment_anywhere(
+    workspace, osmosis_exe, clean_env
+):
+    """OpenAI answers a wrong key with its first 16 and last 4 characters; a gateway may echo a header
+    value's head. No run of 8 characters of either reaches results, summary, config or output (issue 16.5)."""
+    key = "sk-proj-abcd1234EFGH5678ijkl9012MNOPqrst5678wxyz"
+    header = "org-0123456789abcdefXYZ"
+    echo = (
+        f"Incorrect API key provided: {key[:16]}{'*' * (len(key) - 20)}{key[-4:]}. You can find your API key at "
+        f"https://platform.openai.com/account/api-keys. Unknown organization {header[:16]}"
+    )
+    config = workspace / "configs" / "eval" / "multiply-plain.toml"
+    config.write_text(config.read_text() + f'\n[policy.headers]\nOpenAI-Organization = "{header}"\n')
+    with ScriptedPolicyServer() as server:
+        server.inject(Fault("status", status=401, message=echo), times=100)
+        r = run_with_key(
+            osmosis_exe, str(config), server.url, "3", "out", cwd=workspace, env={**clean_env, "MY_KEY": key}
+        )
+    assert r.returncode == 1, r.stderr
+    failed = lines(workspace / "out" / "results.jsonl")
+    assert [x["error"]["category"] for x in failed] == ["policy_error"] * 3
+    assert "401" in failed[0]["error"]["message"] and "Incorrect API key provided: ***" in failed[0]["error"]["message"]
+    everything = r.stdout + r.stderr
+    for path in (workspace / "out").rglob("*"):
+        if path.is_file():
+            everything += path.read_text(errors="replace")
+    leaked = [f for secret in (key, header) for f in fragments(secret) if f in everything]
+    assert not leaked, leaked
+
+
+def fragments(secret: str) -> set[str]:
+    """Every run of 8 characters of ``secret``."""
+    return {secret[i : i + 8] for i in range(len(secret) - 7)}
 
 
 def test_interrupt_then_resume_loses_nothing_and_duplicates_nothing(workspace, osmosis_exe, clean_env):

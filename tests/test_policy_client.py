@@ -39,6 +39,33 @@ def test_a_dropped_post_is_never_sent_again():
     anyio.run(main)
 
 
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        (Fault("bad_json"), "malformed JSON"),
+        (Fault("wrong_shape"), "no choices"),
+        (Fault("wrong_shape", document={"choices": [{"index": 0, "message": "42"}]}), "without a message object"),
+        (Fault("wrong_shape", document={"choices": [{"message": {"tool_calls": "x"}}]}), "tool_calls is not a list"),
+        (Fault("wrong_shape", document={"error": {"message": "model overloaded"}}), "model overloaded"),
+    ],
+    ids=["bad_json", "hello_world", "message_not_an_object", "tool_calls_not_a_list", "error_at_200"],
+)
+def test_an_answer_that_is_not_a_chat_completion_is_a_policy_error(fault: Fault, expected: str):
+    """The core's own chat helper classifies like the agent integrations' client (issue 16.4)."""
+
+    async def main() -> None:
+        async with ScriptedPolicyServer() as server, http_scope():
+            with RolloutContext("r-shape", PolicyEndpoint(server.url, "m", api_key=KEY)):
+                server.inject(fault)
+                with pytest.raises(PolicyError) as caught:
+                    await chat_completion(USER)
+                message = str(caught.value)
+                assert f"policy endpoint {server.url}/chat/completions answered 200 with" in message, message
+                assert expected in message and caught.value.status == 200
+
+    anyio.run(main)
+
+
 def test_one_session_per_loop_closed_by_its_owner():
     async def main() -> None:
         first = client_session()

@@ -651,6 +651,32 @@ def test_fault_truncate_html_and_oversize(srv: ScriptedPolicyServer, client: htt
     assert [r.fault for r in srv.requests] == ["truncate", "truncate", "html", "oversize"]
 
 
+def test_fault_bad_json_and_wrong_shape(srv: ScriptedPolicyServer, client: httpx.Client) -> None:
+    body = {"messages": [user("12 * 7")]}
+    srv.inject(Fault("bad_json"))
+    bad = chat(client, srv, body)  # a complete body that does not parse
+    assert bad.status_code == 200 and bad.headers["content-type"].startswith("application/json")
+    with pytest.raises(ValueError):
+        json.loads(bad.content)
+    srv.inject(Fault("wrong_shape"))
+    assert chat(client, srv, body).json() == {"hello": "world"}
+    for fault, bad_data in (
+        (Fault("bad_json"), None),
+        (Fault("wrong_shape", document={"choices": {}}), {"choices": {}}),
+    ):
+        srv.inject(fault)
+        with client.stream("POST", srv.url + "/chat/completions", json={**body, "stream": True}) as r:
+            data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["choices"][0]["finish_reason"] == "stop"
+        if bad_data is None:  # the second event does not parse; the others are a complete answer
+            with pytest.raises(ValueError):
+                json.loads(data[1])
+        else:
+            assert json.loads(data[1]) == bad_data
+        assert assemble(sse_chunks("\n".join(f"data: {d}" for d in data[:1] + data[2:])))["content"].endswith("84")
+    assert [r.fault for r in srv.requests] == ["bad_json", "wrong_shape", "bad_json", "wrong_shape"]
+
+
 def test_the_stand_in_of_a_killed_run_exits_too(tmp_path: Path) -> None:
     """kill -9 of `osmosis run --stub-policy` (or of a test that hit its timeout): the stand-in server
     sees its standard input close and stops; nothing is left running."""

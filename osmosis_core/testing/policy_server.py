@@ -11,7 +11,8 @@ http://127.0.0.1:40123/v1
 
 Failures can be injected per request (:class:`Fault`): an HTTP error status, a dropped connection,
 a connection cut in the middle of the answer, an answer that ends cleanly but early, an HTML page,
-an oversized body, or an extra delay. Every chat-completion request is recorded as a
+malformed JSON (in a body, or in one event of a stream), JSON that is not a chat completion, an
+oversized body, or an extra delay. Every chat-completion request is recorded as a
 :class:`LoggedRequest`. Latency is an ``asyncio.sleep`` per request, so a thousand concurrent
 requests cost the server no threads (``bench/policy_server_rate.py`` measures its own rate).
 
@@ -63,10 +64,18 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-FaultKind = Literal["status", "drop", "drop_mid_stream", "truncate", "html", "oversize", "delay"]
+FaultKind = Literal[
+    "status", "drop", "drop_mid_stream", "truncate", "html", "bad_json", "wrong_shape", "oversize", "delay"
+]
 """The kinds of failure :class:`Fault` can inject."""
 
-_FAULT_KINDS: Final = ("status", "drop", "drop_mid_stream", "truncate", "html", "oversize", "delay")
+_FAULT_KINDS: Final = (
+    "status", "drop", "drop_mid_stream", "truncate", "html", "bad_json", "wrong_shape", "oversize", "delay"
+)  # fmt: skip
+_BAD_JSON: Final = (
+    b'{"id":"chatcmpl-bad","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"x"}'
+)
+"""Malformed JSON (an object and a list never closed), as a broken server or proxy sends it."""
 
 _MAX_BODY: Final = 64 * 1024 * 1024
 """Largest accepted request body, in bytes."""
@@ -148,6 +157,14 @@ class Fault:
     * ``"truncate"``: a well-formed HTTP response whose answer stops early: a stream that ends
       after its first chunks with no ``finish_reason`` and no ``[DONE]``; a JSON body cut in half.
     * ``"html"``: status 200 with an HTML page (``text/html``), as a misconfigured proxy sends.
+    * ``"bad_json"``: status 200 with malformed JSON: for a stream, one event (after the role
+      chunk) whose data does not parse, then the rest of the answer and ``[DONE]``; otherwise a
+      complete ``application/json`` body that does not parse.
+    * ``"wrong_shape"``: status 200 with well-formed JSON that is not a chat completion:
+      ``document`` (default ``{"hello": "world"}``) as the body, or, for a stream, as the event
+      after the role chunk (then the rest of the answer and ``[DONE]``). E.g.
+      ``document={"choices": {}}`` (choices not a list) or ``{"choices": [{"index": 0}]}`` (no
+      message or delta).
     * ``"oversize"``: a completion whose content is ``size`` bytes, sent chunked (no length
       announced), written a megabyte at a time without the server holding it.
     * ``"delay"``: wait ``delay`` extra seconds, then answer normally.
@@ -158,6 +175,8 @@ class Fault:
     delay: float = attrs.field(default=0.0, validator=_check_delay)
     message: str = "injected fault"
     size: int = attrs.field(default=100 * 1024 * 1024, validator=_check_size)
+    document: Any = attrs.field(factory=lambda: {"hello": "world"}, hash=False)
+    """The JSON a ``"wrong_shape"`` fault sends."""
 
 
 @attrs.frozen
@@ -543,14 +562,24 @@ class ScriptedPolicyServer:
             response.content_type = "text/event-stream"
             response.charset = "utf-8"
             await response.prepare(request)
-            if kind in ("drop_mid_stream", "truncate"):
+            if kind is None:
+                await response.write(b"".join(events))
+            elif kind in ("drop_mid_stream", "truncate"):
                 await response.write(b"".join(events[:2]))  # the role chunk and the first content or tool chunk
                 if kind == "drop_mid_stream":
                     return _abort(request, response)
+            elif kind in ("bad_json", "wrong_shape"):
+                assert fault is not None
+                bad = _BAD_JSON if kind == "bad_json" else _dumps(fault.document)
+                await response.write(b"".join([events[0], b"data: " + bad + b"\n\n", *events[1:]]))
             else:
                 await response.write(b"".join(events))
             await response.write_eof()
             return response
+        if kind in ("bad_json", "wrong_shape"):
+            assert fault is not None
+            bad = _BAD_JSON if kind == "bad_json" else _dumps(fault.document)
+            return web.Response(status=200, body=bad, content_type="application/json")
         data = _dumps(_completion_doc(reply, model, len(raw)))
         if kind == "truncate":
             return web.Response(status=200, body=data[: len(data) // 2], content_type="application/json")

@@ -76,12 +76,13 @@ def _load_class(spec: dict[str, Any], code_dir: str | None) -> type[Any]:
 
 
 def _write_json(path: str | Path, data: Any, secrets: tuple[str, ...] = ()) -> None:
-    """``data`` as JSON, atomically, with every secret redacted (raw, and as JSON escapes it): the
-    trial folder of a failed trial is kept."""
+    """``data`` as JSON, atomically, with every secret (and every run of 8 of its characters)
+    redacted from every string: the trial folder of a failed trial is kept."""
     text = json.dumps(data, default=repr)
-    for secret in secrets:
-        if len(secret) >= 4:
-            text = text.replace(secret, "***").replace(json.dumps(secret)[1:-1], "***")
+    if secrets:
+        from osmosis_core.plugin import redact_data
+
+        text = json.dumps(redact_data(json.loads(text), secrets))
     tmp = Path(f"{path}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

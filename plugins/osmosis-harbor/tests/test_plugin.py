@@ -133,3 +133,20 @@ def test_prebuild_local_image_is_a_docker_option():
     docker = EnvironmentConfig(type="docker")
     backend = HarborBackend(probe.workflow_class, environment_config=docker, prebuild_local_image=True)
     assert backend.config.environment.force_build is True
+
+
+def test_trial_result_files_hold_no_run_of_eight_characters_of_a_secret(tmp_path):
+    """The in-trial runner's result files (kept for a failed trial) are redacted like results.jsonl:
+    a provider's masked key and a header value's head too (issue 16.5)."""
+    from osmosis_harbor.in_trial import _write_json
+
+    key, header = "sk-proj-abcd1234EFGH5678ijkl9012MNOPwxyz", "org-0123456789abcdefXYZ"
+    data = {
+        "error": {"message": f"Incorrect API key provided: {key[:16]}****{key[-4:]}", "header": header[:16]},
+        "sample": [f'quote "{key}" and \\ {header}'],
+    }
+    path = tmp_path / "result.json"
+    _write_json(path, data, (key, header))
+    text = path.read_text()
+    assert not [s[i : i + 8] for s in (key, header) for i in range(len(s) - 7) if s[i : i + 8] in text], text
+    assert json.loads(text)["error"]["message"] == f"Incorrect API key provided: *******{key[-4:]}"

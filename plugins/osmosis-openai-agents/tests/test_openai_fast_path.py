@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import inspect
 import json
+from typing import Any
 
 import anyio
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from osmosis_core import PolicyEndpoint, RolloutContext
 from osmosis_core.http_session import http_scope
@@ -85,3 +88,97 @@ def test_anything_but_plain_json_takes_openais_path(value):
 
     assert not _plain_json({"messages": [{"role": "user", "content": value}]})
     assert _plain_json({"messages": MESSAGES, "tools": TOOLS, "temperature": 0.5})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
+    """A server that answers a streaming request with a JSON completion (which openai would read as an
+    empty stream), or a plain request with an event stream: policy_error naming endpoint and status."""
+    from aiohttp import web
+
+    from osmosis_core import PolicyError
+
+    choice = {"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
+    completion = {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if stream:  # the request asks for a stream: answer with JSON
+            return web.json_response(completion)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: " + json.dumps(completion).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        try:
+            async with http_scope():
+                with RolloutContext("mode", PolicyEndpoint(url, "m")), pytest.raises(Exception) as caught:
+                    reply = await rollout_openai_client().chat.completions.create(
+                        model="m", messages=MESSAGES[:2], stream=stream
+                    )
+                    if stream:
+                        [chunk async for chunk in reply]
+        finally:
+            await runner.cleanup()
+        from osmosis_core.openai_client import policy_error
+
+        error = policy_error(caught.value)
+        assert isinstance(error, PolicyError), caught.value
+        assert f"policy endpoint {url}/chat/completions answered 200 with" in str(error)
+        assert ("not the event stream" if stream else "an event stream to a request that asked for no stream") in str(
+            error
+        )
+
+    anyio.run(main)
+
+
+def _check_in_pieces(body: bytes, cuts: list[int]) -> Any:
+    from osmosis_core.openai_client import _checked_stream
+
+    class Pieces:
+        async def __aiter__(self) -> Any:
+            start = 0
+            for cut in sorted(set(cuts)):
+                yield body[start:cut]
+                start = cut
+            yield body[start:]
+
+        async def aclose(self) -> None:
+            pass
+
+    async def main() -> list[bytes]:
+        stream = _checked_stream(Pieces(), 1 << 20, "http://x/v1/chat/completions", 200, None, sse=True, chat=True)
+        return [chunk async for chunk in stream]
+
+    return anyio.run(main)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cuts=st.lists(st.integers(0, 2000), max_size=12), crlf=st.booleans(), bad=st.sampled_from([None, "json", "shape"])
+)
+def test_the_event_check_does_not_depend_on_where_the_network_cuts_the_stream(cuts, crlf, bad):
+    """However the bytes arrive (a cut inside a line, between CR and LF), a good stream passes whole
+    and a bad event fails the call with a PolicyError."""
+    from osmosis_core import PolicyError
+    from osmosis_core.testing.policy_server import Reply, _stream_events
+
+    events = _stream_events(Reply(content="The product is 42.\n#### 42"), "m", 100, True)
+    if bad is not None:
+        events.insert(2, b'data: {"choices": [\n\n' if bad == "json" else b'data: {"hello": "world"}\n\n')
+    body = b"".join(events)
+    if crlf:
+        body = body.replace(b"\n", b"\r\n")
+    cuts = [c % (len(body) + 1) for c in cuts]
+    if bad is None:
+        assert b"".join(_check_in_pieces(body, cuts)) == body
+    else:
+        with pytest.raises(PolicyError, match="answered 200 with" + (" malformed JSON" if bad == "json" else " JSON")):
+            _check_in_pieces(body, cuts)

@@ -83,6 +83,16 @@ def _policy(server: ScriptedPolicyServer, api_key: str | None = None) -> PolicyE
     return PolicyEndpoint(server.url, "policy-under-training", api_key=api_key)
 
 
+def _calculate_with_key(server: ScriptedPolicyServer, streaming: bool) -> Any:
+    """One rollout of 6 x 7 against ``server`` with the SECRET key."""
+    return run_rollout_sync(
+        Workflow,
+        policy=_policy(server, SECRET),
+        user_prompt="val1 = 6\nval2 = 7",
+        workflow_config=Config(streaming=streaming),
+    )
+
+
 def _tool_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in body["messages"] if m.get("role") == "tool"]
 
@@ -199,12 +209,7 @@ def test_a_5xx_fails_the_rollout_with_policy_error_naming_status_and_endpoint(
     policy_server: ScriptedPolicyServer, streaming: bool
 ):
     policy_server.inject(Fault("status", status=503, message="overloaded"))
-    outcome = run_rollout_sync(
-        Workflow,
-        policy=_policy(policy_server, SECRET),
-        user_prompt="val1 = 6\nval2 = 7",
-        workflow_config=Config(streaming=streaming),
-    )
+    outcome = _calculate_with_key(policy_server, streaming)
     error = outcome.workflow.error
     assert error is not None and error.category == "policy_error", error
     assert "503" in error.message and policy_server.url in error.message
@@ -229,12 +234,7 @@ def test_a_broken_answer_fails_the_rollout_with_policy_error(
 ):
     """Never a success with a partial answer (the SDK alone takes a cut stream for a short, complete answer)."""
     policy_server.inject(Fault(fault))  # type: ignore[arg-type]
-    outcome = run_rollout_sync(
-        Workflow,
-        policy=_policy(policy_server, SECRET),
-        user_prompt="val1 = 6\nval2 = 7",
-        workflow_config=Config(streaming=streaming),
-    )
+    outcome = _calculate_with_key(policy_server, streaming)
     error = outcome.workflow.error
     assert error is not None and error.category == "policy_error", error
     assert policy_server.url in error.message and BROKEN_ANSWERS[fault] in error.message
@@ -242,6 +242,34 @@ def test_a_broken_answer_fails_the_rollout_with_policy_error(
     if fault == "truncate":
         assert ("finish_reason" if streaming else "malformed JSON") in error.message
     assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == 1  # never sent twice
+
+
+NOT_A_COMPLETION = {
+    "bad_json": (Fault("bad_json"), "malformed JSON"),
+    "hello_world": (Fault("wrong_shape"), "no choices"),
+    "choices_not_a_list": (Fault("wrong_shape", document={"choices": {"0": {}}}), "not a list"),
+    "no_message_or_delta": (Fault("wrong_shape", document={"choices": [{"index": 0}]}), "without a"),
+}
+
+
+@pytest.mark.parametrize("streaming", MODES)
+@pytest.mark.parametrize("turn", [1, 2])
+@pytest.mark.parametrize("answer", sorted(NOT_A_COMPLETION))
+def test_an_answer_that_is_not_a_chat_completion_is_a_policy_error_on_any_turn(
+    policy_server: ScriptedPolicyServer, streaming: bool, turn: int, answer: str
+):
+    """Malformed JSON (in the body, or in an event of the stream) or JSON of the wrong shape, on the
+    first model call or a later one: policy_error naming the endpoint and the status (issue 16.4)."""
+    fault, expected = NOT_A_COMPLETION[answer]
+    if turn == 2:
+        policy_server.inject(Fault("delay"))  # the first call is answered normally
+    policy_server.inject(fault)
+    outcome = _calculate_with_key(policy_server, streaming)
+    error = outcome.workflow.error
+    assert error is not None and error.category == "policy_error", error
+    assert f"policy endpoint {policy_server.url}/chat/completions answered 200 with" in error.message, error.message
+    assert expected in error.message and SECRET not in error.message
+    assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == turn  # never sent twice
 
 
 def test_an_unreachable_endpoint_is_a_policy_error():

@@ -158,6 +158,45 @@ def test_the_token_is_generated_into_a_private_file_and_no_secret_reaches_a_file
     assert key not in everything
 
 
+def test_a_provider_echoing_a_masked_key_and_a_header_prefix_leaves_no_fragment_in_a_file_or_the_log(tmp_path):
+    """OpenAI answers a wrong key with its first 16 and last 4 characters; a gateway may echo a header
+    value's head. No run of 8 characters of either reaches the run folder or the log (issue 16.5)."""
+    from osmosis_core.testing import Fault, ScriptedPolicyServer
+
+    key = "sk-proj-abcd1234EFGH5678ijkl9012MNOPqrst5678wxyz"
+    header = "org-0123456789abcdefXYZ"
+    echo = (
+        f"Incorrect API key provided: {key[:16]}{'*' * (len(key) - 20)}{key[-4:]}; unknown organization {header[:16]}"
+    )
+    cfg = config(tmp_path, workflow="OneCall")
+    cfg.write_text(cfg.read_text() + f'\n[policy.headers]\nOpenAI-Organization = "{header}"\n')
+    with ScriptedPolicyServer() as policy:
+        policy.inject(Fault("status", status=401, message=echo), times=10)
+        served = ServeProcess(
+            [str(cfg), "--port", "0", "--output", str(tmp_path / "run")], cwd=tmp_path, log=tmp_path / "serve.log"
+        )
+        try:
+            token = (tmp_path / "run" / "server-token").read_text().strip()
+            result = run(
+                lambda: RolloutClient(served.url, token=token).run(request("echo", policy.url, llm_api_key=key))
+            )
+            served.terminate()
+            assert served.wait(60) == 0
+        finally:
+            served.kill()
+    assert result.status is RolloutStatus.FAILURE and result.error.category.value == "policy_error", result.error
+    assert "401" in result.error.message and "Incorrect API key provided: ***" in result.error.message
+    everything = served.output() + result.error.message
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file() and path.name != "server-token":
+            everything += path.read_text(errors="replace")
+    assert "rollout echo: failure (policy_error" in everything  # the log line was captured
+    leaked = [
+        f for secret in (key, header) for f in {secret[i : i + 8] for i in range(len(secret) - 7)} if f in everything
+    ]
+    assert not leaked, leaked
+
+
 def test_no_auth_is_refused_off_loopback_and_served_on_it(tmp_path):
     cfg = config(tmp_path)
     refused = osmosis("serve", str(cfg), "--no-auth", "--host", "0.0.0.0", "--port", "0", cwd=tmp_path)

@@ -329,6 +329,34 @@ def test_a_broken_answer_is_a_policy_error(policy_server, stream, fault):
     assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == 1  # never sent twice
 
 
+NOT_A_COMPLETION = {
+    "bad_json": (Fault("bad_json"), "malformed JSON"),
+    "hello_world": (Fault("wrong_shape"), "no choices"),
+    "choices_not_a_list": (Fault("wrong_shape", document={"choices": {"0": {}}}), "not a list"),
+    "no_message_or_delta": (Fault("wrong_shape", document={"choices": [{"index": 0}]}), "without a"),
+}
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("turn", [1, 2])
+@pytest.mark.parametrize("answer", sorted(NOT_A_COMPLETION))
+def test_an_answer_that_is_not_a_chat_completion_is_a_policy_error_on_any_turn(policy_server, stream, turn, answer):
+    """Malformed JSON (in the body, or in an event of the stream) or JSON of the wrong shape, on the
+    first model call or a later one (which Strands wraps in EventLoopException): policy_error
+    naming the endpoint and the status (issue 16.4)."""
+    fault, expected = NOT_A_COMPLETION[answer]
+    if turn == 2:
+        policy_server.inject(Fault("delay"))  # the first call is answered normally
+    policy_server.inject(fault)
+    policy = PolicyEndpoint(policy_server.url, "osmosis-stub", api_key=SECRET)
+    outcome = rollout(policy, metadata={"agent": {"model": {"stream": stream}}})
+    error = outcome.workflow.error
+    assert error is not None and error.category == "policy_error", error
+    assert f"policy endpoint {policy_server.url}/chat/completions answered 200 with" in error.message, error.message
+    assert expected in error.message and SECRET not in error.message
+    assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == turn  # never sent twice
+
+
 def test_unreachable_endpoint_is_a_policy_error():
     outcome = rollout(PolicyEndpoint("http://127.0.0.1:9/v1", "m", api_key=SECRET))
     assert outcome.workflow.error.category == "policy_error"
