@@ -164,6 +164,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                 max_processes=self._max_processes,
                 bwrap=find_bwrap(self._bwrap),
             )
+            self._tree.owner = self._sandbox.owner  # what is copied in belongs to the sandbox's root
             self._sandbox.prepare([self.workdir, *_LOG_DIRS])
         except OSError as exc:
             raise SandboxStartError(f"cannot prepare the sandbox folder {self._root}: {exc}") from None

@@ -129,7 +129,7 @@ def test_prebuild_local_image_is_a_docker_option():
     from osmosis_harbor.config import EnvironmentSection
 
     probe = load(PROBE_DIR, "probe_rollout.py")
-    with pytest.raises(ConfigError, match=r"Docker environment .* these trials run in 'bwrap' \(the plugin's bubblewrap"):
+    with pytest.raises(ConfigError, match=r"Docker environment .* trials run in 'bwrap' \(the plugin's bubblewrap"):
         HarborBackend(probe.workflow_class, prebuild_local_image=True)
     custom = EnvironmentConfig(import_path="some.module:SomeEnvironment")
     with pytest.raises(ConfigError, match=r"run in the environment class 'some.module:SomeEnvironment'"):
