@@ -12,7 +12,7 @@ import anyio
 import pytest
 from harbor_helpers import sandbox_processes
 
-from osmosis_harbor.bwrap import CommandTimeout, Sandbox, python_paths
+from osmosis_harbor.bwrap import CommandTimeout, Sandbox, SandboxStartError, python_paths, sandbox_id_base
 from osmosis_harbor.limits import Limits
 from osmosis_harbor.safetree import SafeTree, SymlinkRefused
 
@@ -50,6 +50,60 @@ def test_each_command_gets_a_fresh_locked_down_sandbox_over_the_trials_own_files
     assert f"python ({sys.version_info[0]}, {sys.version_info[1]})" in out.stdout  # this Python works inside
     assert (tmp_path / "root" / "app" / "note").read_text() == "kept\n"  # the trial's own files persist
     assert not os.path.exists("/usr/osmosis-x")
+
+
+WRITABLE = """
+import os, sys
+found = []
+for top in sys.argv[1:]:
+    for folder, dirs, files in os.walk(top):
+        found += [os.path.join(folder, n) for n in [".", *dirs, *files] if os.access(os.path.join(folder, n), os.W_OK)]
+for path in ("/proc/sys/kernel/panic", "/proc/sys/vm/drop_caches", "/proc/sys/fs/file-max", "/proc/sysrq-trigger"):
+    try:
+        os.close(os.open(path, os.O_WRONLY))  # opened for writing only: nothing is written
+        found.append(path)
+    except OSError:
+        pass
+print(len(found), found[:5])
+"""
+
+
+def test_a_command_is_not_the_hosts_root_and_cannot_change_kernel_settings(tmp_path):
+    sandbox = _sandbox(tmp_path)
+    (tmp_path / "root" / "app" / "writable.py").write_text(WRITABLE)
+    out = _run(
+        sandbox,
+        f"id -u; cat /proc/self/uid_map; echo made > /app/mine; mknod /tmp/null c 1 3 2>&1; "
+        f"{sys.executable} -I /app/writable.py /proc/sys /sys",
+    )
+    assert out.return_code == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "0 []"  # nothing under /proc/sys or /sys, nor those four, is writable
+    assert "Operation not permitted" in out.stdout  # no device can be made
+    owner = (tmp_path / "root" / "app" / "mine").stat().st_uid  # as the host sees the trial's file
+    if os.geteuid() == 0:
+        base = sandbox_id_base()
+        assert lines[0] == "0" and lines[1].split() == ["0", str(base), "65536"]  # root inside, mapped
+        assert owner == base != 0  # not the host's root
+    else:
+        assert owner == os.geteuid()
+    # the loader's variables reach the command, never the programs that run as the host's root around it
+    loader = _run(sandbox, "echo $LD_LIBRARY_PATH", env={"LD_PRELOAD": "/osmosis-no.so", "LD_LIBRARY_PATH": "/opt/x"})
+    assert loader.stdout == "/opt/x\n"
+    assert loader.stderr.count("cannot be preloaded") == 1, loader.stderr  # bash's own complaint only
+
+
+def test_the_sandbox_id_range_is_checked(monkeypatch):
+    monkeypatch.setenv("OSMOSIS_SANDBOX_ID_BASE", "x")
+    if os.geteuid() != 0:
+        assert sandbox_id_base() is None  # bubblewrap's own user namespace, as the user
+        return
+    with pytest.raises(SandboxStartError, match="OSMOSIS_SANDBOX_ID_BASE='x' is not a whole number"):
+        sandbox_id_base()
+    from osmosis_harbor.bwrap import check_id_range
+
+    with pytest.raises(SandboxStartError, match="host ids 0-65535 are not between 65536"):
+        check_id_range(0)  # never the host's root
 
 
 def test_memory_and_process_limits_hold(tmp_path):
