@@ -451,6 +451,8 @@ class Sandbox:
     id_base: int | None = attrs.field(factory=sandbox_id_base)
     _cgroup: ExecLimits | None = attrs.field(default=None, init=False)
     _userns: UserNamespace | None = attrs.field(default=None, init=False)
+    _shown: tuple[list[Path], list[Path], list[tuple[str, ...]]] | None = attrs.field(default=None, init=False)
+    """(exposed, hidden, folders on the way to an exposed path), worked out at the first command."""
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -540,7 +542,7 @@ class Sandbox:
         exposed = self.exposed()
         for path in exposed:
             args += ["--ro-bind", str(path), str(path)]
-        for hidden in _minimal(self.hide):
+        for hidden in self._worked_out()[1]:
             if hidden.exists() and (
                 self.layout.is_host_path(str(hidden)) or any(hidden.is_relative_to(e) for e in exposed)
             ):
@@ -565,13 +567,20 @@ class Sandbox:
         sandbox's root (bwrap would make them the host root's, and would follow a symlink the trial
         left in their place): checked before every command, since the trial may move its own."""
         tree = SafeTree(self.root, self.owner)
-        for path in self.exposed():
-            if not self.layout.is_host_path(str(path)):
-                tree.mkdir(path.parent.parts[1:])
+        for parts in self._worked_out()[2]:
+            tree.mkdir(parts)
+
+    def _worked_out(self) -> tuple[list[Path], list[Path], list[tuple[str, ...]]]:
+        if self._shown is None:
+            exposed = [p for p in _minimal(p for p in self.expose if is_exposable(p)) if p.exists()]
+            parents = {p.parent for p in exposed if not self.layout.is_host_path(str(p))}
+            ways = [q.parts[1:] for q in parents if not any(o != q and o.is_relative_to(q) for o in parents)]
+            self._shown = (exposed, _minimal(self.hide), sorted(ways))
+        return self._shown
 
     def exposed(self) -> list[Path]:
         """The host paths bound read-only at their own path (never ``/``, a top-level or a home folder)."""
-        return [p for p in _minimal(p for p in self.expose if is_exposable(p)) if p.exists()]
+        return list(self._worked_out()[0])
 
     async def run(
         self,
