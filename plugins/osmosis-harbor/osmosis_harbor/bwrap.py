@@ -567,8 +567,12 @@ class Sandbox:
         sandbox's root (bwrap would make them the host root's, and would follow a symlink the trial
         left in their place): checked before every command, since the trial may move its own."""
         tree = SafeTree(self.root, self.owner)
-        for parts in self._worked_out()[2]:
+        exposed, _, ways = self._worked_out()
+        for parts in ways:
             tree.mkdir(parts)
+        for path in exposed:  # and no symlink where bwrap makes the mount point itself
+            if not self.layout.is_host_path(str(path)) and tree.exists(path.parts[1:]) == "other":
+                tree.discard(path.parts[1:])
 
     def _worked_out(self) -> tuple[list[Path], list[Path], list[tuple[str, ...]]]:
         if self._shown is None:

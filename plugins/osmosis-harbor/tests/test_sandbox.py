@@ -93,6 +93,36 @@ def test_a_command_is_not_the_hosts_root_and_cannot_change_kernel_settings(tmp_p
     assert loader.stderr.count("cannot be preloaded") == 1, loader.stderr  # bash's own complaint only
 
 
+def test_a_symlink_the_trial_leaves_on_the_way_to_a_shown_path_is_not_followed_on_the_host(tmp_path):
+    """bubblewrap sets the sandbox up as root and makes the folders on the way to each shown path:
+    a symlink the trial left there (to the host, through bwrap's view of it) must not lead it out."""
+    shown = tmp_path / "shown" / "pkg"
+    shown.mkdir(parents=True)
+    (shown / "mod.py").write_text("X = 1\n")
+    target = tmp_path / "host-target"
+    target.mkdir()
+    sandbox = Sandbox(tmp_path / "root", expose=[*python_paths(), shown])
+    sandbox.prepare(["/app"])
+    first = tmp_path.relative_to("/").parts[0]  # "tmp": the trial's own folder, owned by its root
+    planted = tmp_path / "root" / first / tmp_path.relative_to(f"/{first}").parts[0]
+    if planted.exists():
+        import shutil
+
+        shutil.rmtree(planted)
+    planted.symlink_to(f"/oldroot{target}")  # what `ln -s` in an earlier command leaves behind
+    out = _run(sandbox, f"cat {shown}/mod.py")
+    assert out.return_code == 0 and out.stdout == "X = 1\n", out.stderr
+    assert list(target.iterdir()) == []  # nothing was made on the host
+    assert not planted.is_symlink()
+    # a dangling symlink in place of a shown file's mount point: bwrap would create its target
+    (tmp_path / "root" / shown.relative_to("/") / "mod.py").unlink(missing_ok=True)
+    (tmp_path / "root" / shown.relative_to("/")).rmdir()
+    (tmp_path / "root" / shown.relative_to("/")).symlink_to(f"/oldroot{target}/made-by-bwrap")
+    out = _run(sandbox, f"cat {shown}/mod.py")
+    assert out.return_code == 0 and out.stdout == "X = 1\n", out.stderr
+    assert list(target.iterdir()) == []
+
+
 def test_the_sandbox_id_range_is_checked(monkeypatch):
     monkeypatch.setenv("OSMOSIS_SANDBOX_ID_BASE", "x")
     if os.geteuid() != 0:
