@@ -123,6 +123,21 @@ def test_a_symlink_the_trial_leaves_on_the_way_to_a_shown_path_is_not_followed_o
     assert list(target.iterdir()) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="as a user, bubblewrap's own user namespace is used")
+def test_without_a_user_namespace_the_sandbox_refuses_to_start_rather_than_run_as_root():
+    """Root that may not map ids (no CAP_SETUID/CAP_SETGID here, as in some containers): a clear error
+    at the backend's check, never a sandbox run as the host's root."""
+    check = (
+        "from osmosis_harbor.bwrap import check_bwrap, find_bwrap\n"
+        "try:\n    check_bwrap(find_bwrap())\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    drop = ["setpriv", "--bounding-set=-setuid,-setgid", "--inh-caps=-setuid,-setgid", "--"]
+    out = subprocess.run([*drop, sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("SandboxStartError cannot map the sandbox's user namespace"), out.stdout + out.stderr
+    assert "never as the host's root" in out.stdout and "user.max_user_namespaces" in out.stdout
+
+
 def test_the_sandbox_id_range_is_checked(monkeypatch):
     monkeypatch.setenv("OSMOSIS_SANDBOX_ID_BASE", "x")
     if os.geteuid() != 0:
