@@ -17,9 +17,9 @@ What a sandboxed command sees:
 * never the host's root: when osmosis runs as root, every command runs as root of the trial's own
   user namespace, whose ids 0-65535 are the unprivileged host ids ``id_base``-``id_base+65535``
   (:func:`sandbox_id_base`), so files it makes are owned by those ids on the host and it has no
-  power over anything of the host's; bubblewrap itself sets the sandbox up inside that namespace,
-  from folders osmosis opened for it. Otherwise (osmosis run by a user) bubblewrap's own user
-  namespace runs it as that user;
+  power over anything of the host's (bubblewrap sets the sandbox up as root, then the command joins
+  that namespace and drops every capability: :class:`UserNamespace`). Otherwise (osmosis run by a
+  user) bubblewrap's own user namespace runs it as that user;
 * ``/proc/sys`` and ``/sys`` read-only, a fresh ``/proc`` and ``/dev`` (no device can be made);
 * its own PID, IPC, UTS and cgroup namespaces, no capabilities, a clean environment (only
   ``PATH``, ``HOME=/root``, ``TMPDIR``, the locale and what Harbor passes); the host's
@@ -132,9 +132,8 @@ _INSTALL_HINT = (
 _USERNS_HINT = (
     "the harbor backend's sandbox runs a trial as root of its own user namespace, never as the host's "
     "root; user namespaces must be available (sysctl user.max_user_namespaces > 0; in a container, "
-    "one that allows them), with unshare, nsenter and setpriv (util-linux); or run trials in a container "
-    "engine with "
-    '[backend.harbor.environment] type = "docker" (or "podman", "daytona")'
+    "one that allows them), with unshare, nsenter and setpriv (util-linux); or run trials in a "
+    'container engine with [backend.harbor.environment] type = "docker" (or "podman", "daytona")'
 )
 
 
@@ -507,7 +506,8 @@ class Sandbox:
         """The whole environment of a sandboxed command: a clean base plus ``env`` (nothing else leaks in).
 
         It is handed to bwrap as its own environment, never on its command line, so a key in it
-        does not show in ``ps`` or in ``/proc/<pid>/cmdline``.
+        does not show in ``ps`` or in ``/proc/<pid>/cmdline`` (as root, only the dynamic loader's
+        variables, such as ``LD_LIBRARY_PATH``, travel on it: see :data:`_LOADER_VARIABLES`).
         """
         base = {"PATH": self.path_env, "HOME": "/root", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb"}
         for key in _ENV_PASSTHROUGH:

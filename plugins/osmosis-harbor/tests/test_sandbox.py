@@ -151,6 +151,23 @@ def test_the_sandbox_id_range_is_checked(monkeypatch):
         check_id_range(0)  # never the host's root
 
 
+FORK_BOMB = """
+import os, time
+n = 0
+for _ in range(60):
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        print('refused:', exc.strerror)
+        break
+    if pid == 0:
+        time.sleep(3)
+        os._exit(0)
+    n += 1
+print('started', n)
+"""
+
+
 def test_memory_and_process_limits_hold(tmp_path):
     sandbox = _sandbox(tmp_path, memory_mb=96, max_processes=24)
     hog = _run(sandbox, f"{sys.executable} -I -c 'x = bytearray(400 << 20); print(len(x))'")
@@ -158,24 +175,21 @@ def test_memory_and_process_limits_hold(tmp_path):
     if sandbox.limits.kind != "rlimit":
         assert hog.oom_killed
     sandbox = _sandbox(tmp_path, memory_mb=None, max_processes=24)
-    if sandbox.limits.kind == "rlimit" and os.geteuid() == 0:
-        pytest.skip("no writable pids cgroup, and RLIMIT_NPROC does not bind root")
-    fork_bomb = (
-        "import os, time\n"
-        "n = 0\n"
-        "for _ in range(60):\n"
-        "    try:\n"
-        "        pid = os.fork()\n"
-        "    except OSError as exc:\n"
-        "        print('refused:', exc.strerror)\n"
-        "        break\n"
-        "    if pid == 0:\n"
-        "        time.sleep(3)\n"
-        "        os._exit(0)\n"
-        "    n += 1\n"
-        "print('started', n)\n"
-    )
-    (tmp_path / "root" / "app" / "bomb.py").write_text(fork_bomb)
+    if sandbox.limits.kind == "rlimit" and os.geteuid() == 0 and sandbox.id_base is None:
+        pytest.skip("no writable pids cgroup, and RLIMIT_NPROC does not bind the host's root")
+    (tmp_path / "root" / "app" / "bomb.py").write_text(FORK_BOMB)
+    forks = _run(sandbox, f"{sys.executable} -I /app/bomb.py")
+    assert "refused: Resource temporarily unavailable" in forks.stdout, forks.stdout + forks.stderr
+    assert int(forks.stdout.split("started ")[1]) < 24
+
+
+def test_the_process_limit_binds_without_a_cgroup_too(tmp_path):
+    """Where no cgroup can be made, ``ulimit`` limits the processes: it binds a trial's root (not the
+    host's root, which RLIMIT_NPROC never binds)."""
+    if os.geteuid() == 0 and sandbox_id_base() is None:
+        pytest.skip("RLIMIT_NPROC does not bind the host's root")
+    sandbox = _sandbox(tmp_path, memory_mb=None, max_processes=24, limits=Limits("rlimit"))
+    (tmp_path / "root" / "app" / "bomb.py").write_text(FORK_BOMB)
     forks = _run(sandbox, f"{sys.executable} -I /app/bomb.py")
     assert "refused: Resource temporarily unavailable" in forks.stdout, forks.stdout + forks.stderr
     assert int(forks.stdout.split("started ")[1]) < 24
