@@ -130,6 +130,21 @@ def _trial_name(rollout_id: str) -> str:
     return f"{name[:80]}-{secrets.token_hex(3)}"
 
 
+def _environment_name(config: HarborBackendConfig, environment_config: EnvironmentConfig | None) -> str:
+    """The environment trials run in, as a message names it (``"docker"`` for Harbor's Docker one)."""
+    if environment_config is not None:
+        if environment_config.import_path:
+            return f"the environment class {environment_config.import_path!r}"
+        kind = environment_config.type
+        return str(getattr(kind, "value", kind)) if kind is not None else "docker"  # Harbor's default
+    section = config.environment
+    if section.import_path:
+        return f"the environment class {section.import_path!r}"
+    if section.is_bwrap:
+        return f"{section.type!r} (the plugin's bubblewrap sandbox)"
+    return section.type
+
+
 def _with_reference_names(
     config: HarborBackendConfig,
     *,
@@ -159,15 +174,15 @@ def _with_reference_names(
     if cleanup_successful_trials is not None:
         take("keep_successful_trials", "cleanup_successful_trials", not cleanup_successful_trials, False)
     if prebuild_local_image is not None:
-        kind = environment_config.type if environment_config is not None else config.environment.type
-        if str(getattr(kind, "value", kind)) != "docker":
+        kind = _environment_name(config, environment_config)
+        if kind == "docker":
+            changes["environment"] = attrs.evolve(config.environment, force_build=bool(prebuild_local_image))
+        elif prebuild_local_image:  # False (do not build) holds in every environment
             problems.append(
                 f"prebuild_local_image is an option of Harbor's Docker environment (build the task image here "
-                f"instead of pulling a prebuilt one); these trials run in {str(getattr(kind, 'value', kind))!r}: "
+                f"instead of pulling a prebuilt one); these trials run in {kind}: "
                 "remove it, or use the docker environment @ prebuild_local_image"
             )
-        else:
-            changes["environment"] = attrs.evolve(config.environment, force_build=bool(prebuild_local_image))
     if problems:
         raise ConfigError("HarborBackend", problems)
     return attrs.evolve(config, **changes) if changes else config
@@ -196,7 +211,8 @@ class HarborBackend(ExecutionBackend):
         ``config.environment``).
     :param cleanup_successful_trials: ``not config.keep_successful_trials``.
     :param prebuild_local_image: Harbor's Docker environment builds the task image on this machine
-        instead of pulling a prebuilt one (``force_build``); refused with any other environment.
+        instead of pulling a prebuilt one (``force_build``); True is refused with any other environment,
+        False (do not build) is accepted everywhere.
     """
 
     def __init__(
@@ -266,6 +282,8 @@ class HarborBackend(ExecutionBackend):
         self.trials_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.trials_dir, 0o700)  # trial folders hold what a rollout saw and did: the owner's only
 
+        if environment_config is not None and prebuild_local_image is not None:  # a Docker one (checked above)
+            environment_config = environment_config.model_copy(update={"force_build": bool(prebuild_local_image)})
         self._harbor_environment = environment_config
         environment = config.environment
         self._bwrap = environment_config is None and environment.is_bwrap

@@ -14,6 +14,13 @@ What a sandboxed command sees:
   ``/var``, ``/srv``, a workspace with its datasets and runs) does not exist inside, and the run
   folder, every trial folder, the dataset, the tasks' folders and ``hide_paths`` are hidden even
   where an exposed path would show them;
+* never the host's root: when osmosis runs as root, every command runs as root of the trial's own
+  user namespace, whose ids 0-65535 are the unprivileged host ids ``id_base``-``id_base+65535``
+  (:func:`sandbox_id_base`), so files it makes are owned by those ids on the host and it has no
+  power over anything of the host's (bubblewrap sets the sandbox up as root, then the command joins
+  that namespace and drops every capability: :class:`UserNamespace`). Otherwise (osmosis run by a
+  user) bubblewrap's own user namespace runs it as that user;
+* ``/proc/sys`` and ``/sys`` read-only, a fresh ``/proc`` and ``/dev`` (no device can be made);
 * its own PID, IPC, UTS and cgroup namespaces, no capabilities, a clean environment (only
   ``PATH``, ``HOME=/root``, ``TMPDIR``, the locale and what Harbor passes); the host's
   network (so a policy on 127.0.0.1 is reachable) unless the task asks for none, then only a
@@ -32,9 +39,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import grp
 import os
+import pwd
 import shutil
 import signal
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,8 +54,11 @@ import attrs
 
 from osmosis_core import InfraError
 from osmosis_harbor.limits import ExecLimits, Limits
+from osmosis_harbor.safetree import SafeTree
 
 __all__ = [
+    "DEFAULT_ID_BASE",
+    "ID_COUNT",
     "PRIVATE_TOPLEVEL",
     "SYSTEM_TOPLEVEL",
     "BubblewrapMissing",
@@ -54,12 +67,22 @@ __all__ = [
     "HostLayout",
     "Sandbox",
     "SandboxStartError",
+    "UserNamespace",
     "check_bwrap",
+    "check_id_range",
     "find_bwrap",
     "is_exposable",
     "python_paths",
+    "sandbox_id_base",
     "sandbox_limits",
 ]
+
+DEFAULT_ID_BASE = 0x7A000000
+"""The host uid and gid a sandbox's root is when osmosis runs as root (2046820352; its ids 0-65535 are
+this and the 65535 after it): above every range ``useradd`` hands out in ``/etc/subuid`` by default and
+systemd's container ranges, below 2**31. ``OSMOSIS_SANDBOX_ID_BASE`` sets another."""
+ID_COUNT = 65536
+"""How many ids a sandbox's user namespace maps (0-65535: root, system users, ``nobody``)."""
 
 SYSTEM_TOPLEVEL = frozenset({"bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr"})
 """The host's top-level folders a trial sees (read-only): system programs, libraries, configuration."""
@@ -85,6 +108,17 @@ _CREDENTIALS = (
 )
 """Host paths hidden inside the read-only host (an empty file or folder is shown instead)."""
 
+_LOADER_VARIABLES = frozenset(
+    {
+        "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT",
+        "LD_DYNAMIC_WEAK", "LD_HWCAP_MASK", "LD_LIBRARY_PATH", "LD_ORIGIN_PATH", "LD_PRELOAD", "LD_PROFILE",
+        "LD_SHOW_AUXV", "LD_USE_LOAD_BIAS", "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE", "NIS_PATH", "NLSPATH",
+        "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+    }
+)  # fmt: skip
+"""glibc's list of variables a privileged program ignores (``UNSECURE_ENVVARS``, less ``TMPDIR``): a
+command's own (from Harbor or the task) never reach bwrap or nsenter, which run as root; the command
+gets them (through ``env``)."""
 _ENV_PASSTHROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _INSTALL_HINT = (
@@ -92,6 +126,14 @@ _INSTALL_HINT = (
     "`apt-get install -y bubblewrap` (Debian/Ubuntu), `dnf install -y bubblewrap` (Fedora/RHEL), "
     "`apk add bubblewrap` (Alpine) or `pacman -S bubblewrap` (Arch); or run trials in a container "
     'engine with [backend.harbor.environment] type = "docker" (or "podman", "daytona")'
+)
+
+
+_USERNS_HINT = (
+    "the harbor backend's sandbox runs a trial as root of its own user namespace, never as the host's "
+    "root; user namespaces must be available (sysctl user.max_user_namespaces > 0; in a container, "
+    "one that allows them), with unshare, nsenter and setpriv (util-linux); or run trials in a "
+    'container engine with [backend.harbor.environment] type = "docker" (or "podman", "daytona")'
 )
 
 
@@ -118,20 +160,155 @@ def find_bwrap(configured: str | None = None) -> str:
 
 @functools.cache
 def check_bwrap(path: str) -> None:
-    """Run ``bwrap`` once (a trivial sandbox) so a broken setup fails with bwrap's own reason."""
-    import subprocess
-
-    args = [path, "--ro-bind", "/", "/", "--unshare-pid", "--cap-drop", "ALL", "--die-with-parent", "true"]
+    """Run ``bwrap`` once (a trivial sandbox shaped like a trial's) so a broken setup fails with its reason."""
+    base = sandbox_id_base()
+    args = [path, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "--die-with-parent"]
+    userns = UserNamespace.create(base) if base is not None else None
+    args += ["--cap-drop", "ALL", "--", "true"] if userns is None else ["--", *userns.enter(), "true"]
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            args, capture_output=True, text=True, timeout=30, pass_fds=(userns.fd,) if userns is not None else ()
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxStartError(f"bubblewrap ({path}) cannot run: {exc}") from None
+    finally:
+        if userns is not None:
+            userns.close()
     if proc.returncode != 0:
         reason = proc.stderr.strip() or f"exit status {proc.returncode}"
-        raise SandboxStartError(
-            f"bubblewrap ({path}) cannot create a sandbox here: {reason} (it needs user namespaces or root; "
-            "see kernel.unprivileged_userns_clone / user.max_user_namespaces)"
+        hint = (
+            "it needs user namespaces or root; see kernel.unprivileged_userns_clone / user.max_user_namespaces"
+            if base is None
+            else _USERNS_HINT
         )
+        raise SandboxStartError(f"bubblewrap ({path}) cannot create a sandbox here: {reason} ({hint})")
+
+
+def sandbox_id_base() -> int | None:
+    """The host uid (and gid) a sandbox's root is, when osmosis runs as root; None otherwise.
+
+    As root, a trial must not run as the host's root: it runs as root of its own user namespace,
+    whose ids 0-65535 are the host ids from this one on (``OSMOSIS_SANDBOX_ID_BASE``, default
+    :data:`DEFAULT_ID_BASE`). Run by a user, bubblewrap makes its own user namespace and the trial
+    runs as that user: None.
+
+    :raises SandboxStartError: ``OSMOSIS_SANDBOX_ID_BASE`` is not a whole number.
+    """
+    if os.geteuid() != 0:
+        return None
+    raw = os.environ.get("OSMOSIS_SANDBOX_ID_BASE", "").strip()
+    if not raw:
+        return DEFAULT_ID_BASE
+    try:
+        return int(raw)
+    except ValueError:
+        raise SandboxStartError(f"OSMOSIS_SANDBOX_ID_BASE={raw!r} is not a whole number (a host uid)") from None
+
+
+@functools.cache
+def check_id_range(base: int) -> None:
+    """Refuse a sandbox id range that is not free: a host user or group, or a subordinate range, in it.
+
+    :raises SandboxStartError: naming what overlaps, and how to choose another range.
+    """
+    end = base + ID_COUNT
+    fix = "set OSMOSIS_SANDBOX_ID_BASE to the first of 65536 free host ids"
+    if not 65536 <= base <= 2**31 - ID_COUNT:
+        raise SandboxStartError(f"the sandbox's host ids {base}-{end - 1} are not between 65536 and 2**31-1; {fix}")
+    for path in ("/etc/subuid", "/etc/subgid"):
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for number, line in enumerate(lines, 1):
+            owner, _, rest = line.strip().partition(":")
+            first, _, count = rest.partition(":")
+            if first.isdigit() and count.isdigit() and int(first) < end and base < int(first) + int(count):
+                raise SandboxStartError(
+                    f"{path}:{number} gives {owner} the host ids {first}-{int(first) + int(count) - 1}, which "
+                    f"overlap the sandbox's {base}-{end - 1}; {fix}"
+                )
+    for user in pwd.getpwall():
+        if base <= user.pw_uid < end:
+            raise SandboxStartError(f"the host user {user.pw_name} has uid {user.pw_uid}, in the sandbox's; {fix}")
+    for group in grp.getgrall():
+        if base <= group.gr_gid < end:
+            raise SandboxStartError(f"the host group {group.gr_name} has gid {group.gr_gid}, in the sandbox's; {fix}")
+
+
+class UserNamespace:
+    """A user namespace whose ids 0-65535 are the host ids ``base``-``base+65535``.
+
+    Made by root, which may write any id map (no ``newuidmap`` or ``/etc/subuid`` entry needed):
+    ``unshare --user`` starts a process in a new namespace, this process writes its maps and keeps
+    the namespace open as a file descriptor; the process then exits. bubblewrap sets a sandbox up as
+    the host's root (it opens the folders it shows, wherever they are), then the command joins the
+    namespace with ``nsenter`` and drops every capability with ``setpriv`` (:meth:`enter`): the
+    sandbox's mount, PID, network and other namespaces belong to the host's, so even a capability
+    regained in this one would give it no power over them.
+    """
+
+    def __init__(self, fd: int, base: int) -> None:
+        self.fd = fd
+        self.base = base
+
+    @classmethod
+    def create(cls, base: int) -> UserNamespace:
+        """:raises SandboxStartError: no user namespace can be made here (with why)."""
+        check_id_range(base)
+        unshare = _tool("unshare")
+        try:
+            proc = subprocess.Popen(
+                [unshare, "--user", "/bin/sh", "-c", "echo ready; read x"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise SandboxStartError(f"cannot start {unshare}: {exc}") from None
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        try:
+            if proc.stdout.readline() != b"ready\n":
+                proc.wait(10)
+                reason = proc.stderr.read().decode(errors="replace").strip() or f"exit status {proc.returncode}"
+                raise SandboxStartError(f"cannot create a user namespace: {reason} ({_USERNS_HINT})")
+            try:
+                for name in ("uid_map", "gid_map"):
+                    with open(f"/proc/{proc.pid}/{name}", "w") as out:
+                        out.write(f"0 {base} {ID_COUNT}\n")
+                fd = os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise SandboxStartError(f"cannot map the sandbox's user namespace: {exc} ({_USERNS_HINT})") from None
+        finally:
+            proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+        return cls(fd, base)
+
+    def enter(self) -> list[str]:
+        """The command-line prefix, run as root inside a bubblewrap sandbox given :attr:`fd`, that runs
+        the rest as this namespace's root (uid 0 there, :attr:`base` on the host) without capabilities."""
+        return [
+            *(_tool("nsenter"), f"--user=/proc/self/fd/{self.fd}", "--"),
+            *(_tool("setpriv"), "--inh-caps=-all", "--bounding-set=-all", "--"),
+        ]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _tool(name: str) -> str:
+    """The path of a system program, also inside a sandbox (under a read-only system folder)."""
+    found = next((p for p in (f"/usr/bin/{name}", f"/bin/{name}", f"/usr/sbin/{name}") if os.path.exists(p)), None)
+    if found is None:
+        raise SandboxStartError(f"{name} (util-linux) is not installed, and the sandbox needs it: {_USERNS_HINT}")
+    return found
 
 
 def python_paths(*, import_path: bool = False) -> list[Path]:
@@ -257,6 +434,8 @@ class Sandbox:
     :param hide: host paths to hide (an empty folder is shown instead).
     :param memory_mb: memory limit of all its commands together (None: none).
     :param max_processes: process limit of all its commands together (None: none).
+    :param id_base: the host id its root is (its own user namespace, see :func:`sandbox_id_base`);
+        None: bubblewrap's own user namespace, as the user running osmosis (not root).
     """
 
     root: Path
@@ -268,7 +447,21 @@ class Sandbox:
     path_env: str = attrs.field(factory=lambda: f"{Path(sys.executable).parent}:{_DEFAULT_PATH}")
     layout: HostLayout = attrs.field(factory=HostLayout.detect)
     limits: Limits = attrs.field(factory=sandbox_limits)
+    id_base: int | None = attrs.field(factory=sandbox_id_base)
     _cgroup: ExecLimits | None = attrs.field(default=None, init=False)
+    _userns: UserNamespace | None = attrs.field(default=None, init=False)
+    _shown: tuple[list[Path], list[Path], list[tuple[str, ...]]] | None = attrs.field(default=None, init=False)
+    """(exposed, hidden, folders on the way to an exposed path), worked out at the first command."""
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """The host (uid, gid) of the sandbox's root, which owns its private folder (None: this process's)."""
+        return None if self.id_base is None else (self.id_base, self.id_base)
+
+    async def _user_namespace(self) -> UserNamespace | None:
+        if self.id_base is not None and self._userns is None:
+            self._userns = await asyncio.to_thread(UserNamespace.create, self.id_base)
+        return self._userns
 
     def _limits_for_run(self) -> ExecLimits:
         if self._cgroup is None:
@@ -283,26 +476,38 @@ class Sandbox:
         cgroup, self._cgroup = self._cgroup, None
         if cgroup is not None and cgroup.dirs:
             await asyncio.to_thread(cgroup.remove)
+        userns, self._userns = self._userns, None
+        if userns is not None:
+            userns.close()
 
     def prepare(self, private_dirs: Iterable[str] = ()) -> None:
-        """Create the private root with the host's top-level symlinks and the given folders."""
+        """Create the private root with the host's top-level symlinks and the given folders (its root owns them)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        made = [self.root]
         for name, target in self.layout.symlinks:
             link = self.root / name
             if not link.is_symlink() and not link.exists():
                 link.symlink_to(target)
-        for name in ("tmp", "root", "home"):
-            (self.root / name).mkdir(exist_ok=True)
+                made.append(link)
+        for rel in ("tmp", "root", "home", *(r.strip("/") for r in private_dirs)):
+            folder = self.root
+            for part in Path(rel).parts:
+                folder = folder / part
+                if not folder.is_dir():
+                    folder.mkdir()
+                    made.append(folder)
         os.chmod(self.root / "tmp", 0o1777)
         os.chmod(self.root / "root", 0o700)
-        for rel in private_dirs:
-            (self.root / rel.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        if self.owner is not None:
+            for path in made:
+                os.lchown(path, *self.owner)
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
         """The whole environment of a sandboxed command: a clean base plus ``env`` (nothing else leaks in).
 
         It is handed to bwrap as its own environment, never on its command line, so a key in it
-        does not show in ``ps`` or in ``/proc/<pid>/cmdline``.
+        does not show in ``ps`` or in ``/proc/<pid>/cmdline`` (as root, only the dynamic loader's
+        variables, such as ``LD_LIBRARY_PATH``, travel on it: see :data:`_LOADER_VARIABLES`).
         """
         base = {"PATH": self.path_env, "HOME": "/root", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb"}
         for key in _ENV_PASSTHROUGH:
@@ -310,8 +515,22 @@ class Sandbox:
                 base[key] = os.environ[key]
         return {**base, **{str(k): str(v) for k, v in env.items()}}
 
-    def argv(self, command: str, *, cwd: str, network: bool) -> list[str]:
-        """The ``bwrap`` command line that runs ``command`` with bash in a fresh sandbox."""
+    def argv(
+        self,
+        command: str,
+        *,
+        cwd: str,
+        network: bool,
+        userns: UserNamespace | None = None,
+        env_args: Sequence[str] = (),
+    ) -> list[str]:
+        """The ``bwrap`` command line that runs ``command`` with bash in a fresh sandbox.
+
+        :param userns: the user namespace the command joins (as its root, without capabilities) once
+            bubblewrap has set the sandbox up; its descriptor must be passed to bwrap.
+        :param env_args: ``NAME=value`` settings the command gets through ``env`` (the dynamic loader's
+            variables, which no program running as the host's root may see).
+        """
         args = [self.bwrap, "--bind", str(self.root), "/"]
         for name in self.layout.read_only:
             args += ["--ro-bind", f"/{name}", f"/{name}"]
@@ -323,22 +542,49 @@ class Sandbox:
         exposed = self.exposed()
         for path in exposed:
             args += ["--ro-bind", str(path), str(path)]
-        for hidden in _minimal(self.hide):
+        for hidden in self._worked_out()[1]:
             if hidden.exists() and (
                 self.layout.is_host_path(str(hidden)) or any(hidden.is_relative_to(e) for e in exposed)
             ):
                 args += ["--tmpfs", str(hidden)] if hidden.is_dir() else ["--ro-bind", "/dev/null", str(hidden)]
         args += ["--proc", "/proc", "--dev", "/dev"]
+        if os.path.isdir("/proc/sys"):  # the kernel's settings: never writable from a trial
+            args += ["--ro-bind", "/proc/sys", "/proc/sys"]
         args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not network:
             args.append("--unshare-net")
-        args += ["--hostname", "sandbox", "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
-        args += ["--chdir", cwd, "--", _shell(), "-c", command]
-        return args
+        args += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--chdir", cwd, "--"]
+        if userns is None:
+            args[-1:-1] = ["--cap-drop", "ALL"]
+        else:  # bwrap keeps root for nsenter, which joins the namespace; setpriv drops its capabilities
+            args += userns.enter()
+        if env_args:
+            args += [_tool("env"), *env_args]
+        return [*args, _shell(), "-c", command]
+
+    def _make_mountpoints(self) -> None:
+        """Make the folders on the way to each exposed path in the private root, as real folders of the
+        sandbox's root (bwrap would make them the host root's, and would follow a symlink the trial
+        left in their place): checked before every command, since the trial may move its own."""
+        tree = SafeTree(self.root, self.owner)
+        exposed, _, ways = self._worked_out()
+        for parts in ways:
+            tree.mkdir(parts)
+        for path in exposed:  # and no symlink where bwrap makes the mount point itself
+            if not self.layout.is_host_path(str(path)) and tree.exists(path.parts[1:]) == "other":
+                tree.discard(path.parts[1:])
+
+    def _worked_out(self) -> tuple[list[Path], list[Path], list[tuple[str, ...]]]:
+        if self._shown is None:
+            exposed = [p for p in _minimal(p for p in self.expose if is_exposable(p)) if p.exists()]
+            parents = {p.parent for p in exposed if not self.layout.is_host_path(str(p))}
+            ways = [q.parts[1:] for q in parents if not any(o != q and o.is_relative_to(q) for o in parents)]
+            self._shown = (exposed, _minimal(self.hide), sorted(ways))
+        return self._shown
 
     def exposed(self) -> list[Path]:
         """The host paths bound read-only at their own path (never ``/``, a top-level or a home folder)."""
-        return [p for p in _minimal(p for p in self.expose if is_exposable(p)) if p.exists()]
+        return list(self._worked_out()[0])
 
     async def run(
         self,
@@ -356,15 +602,25 @@ class Sandbox:
         """
         limits = self._limits_for_run()
         kills = limits.oom_kills()
-        argv = limits.launcher(self.argv(command, cwd=cwd, network=network))
+        userns = await self._user_namespace()
+        environment = self.environment(env or {})
+        env_args: list[str] = []
+        if userns is not None:  # bwrap and nsenter run as root: none of the loader's variables reach them
+            env_args = [f"{k}={environment.pop(k)}" for k in sorted(environment) if k in _LOADER_VARIABLES]
+        argv = self.argv(command, cwd=cwd, network=network, userns=userns, env_args=env_args)
+        try:
+            self._make_mountpoints()
+        except OSError as exc:
+            raise SandboxStartError(f"cannot prepare the sandbox folder {self.root}: {exc}") from None
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
-                env=self.environment(env or {}),
+                *limits.launcher(argv),
+                env=environment,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
+                pass_fds=(userns.fd,) if userns is not None else (),
             )
         except OSError as exc:
             raise SandboxStartError(f"cannot start bubblewrap ({self.bwrap}): {exc}") from None
@@ -383,7 +639,7 @@ class Sandbox:
         code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         if code == 125 and limits.dirs and not out:
             raise SandboxStartError(f"cannot move the sandbox into its cgroup: {stderr.strip()}")
-        if code == 1 and stderr.startswith("bwrap: ") and not out:
+        if code == 1 and stderr.startswith(("bwrap: ", "nsenter: ", "setpriv: ")) and not out:
             raise SandboxStartError(f"bubblewrap could not start the sandbox: {stderr.strip()}")
         return CommandResult(code, out.decode("utf-8", "replace"), stderr, limits.oom_kills() > kills)
 

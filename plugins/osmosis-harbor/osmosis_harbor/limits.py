@@ -7,7 +7,8 @@ removed when the environment stops (or, at the latest, when this process exits):
 * cgroup v1 (``/sys/fs/cgroup/{memory,pids}``): ``memory.limit_in_bytes`` and ``pids.max``;
 * cgroup v2 (``/sys/fs/cgroup``, with ``memory`` and ``pids`` delegated): ``memory.max``, ``pids.max``;
 * neither writable (not root, no delegation): ``ulimit -v`` (address space) and ``ulimit -u``
-  (processes of the user; not enforced for root) in the launcher shell.
+  (processes of the sandbox's user: its root has its own ids, so it binds as root too) in the
+  launcher shell.
 
 The cgroup also gives a sure way to kill everything a command started (:meth:`ExecLimits.kill`).
 
@@ -164,7 +165,8 @@ class Limits:
             if memory_mb is not None:
                 ulimit += f"ulimit -v {memory_mb * 1024} 2>/dev/null; "
             if max_processes is not None:
-                ulimit += f"ulimit -u {max_processes} 2>/dev/null; "
+                # bash says -u, dash (Debian's /bin/sh) -p; binds the trial's own uid, never the host's root
+                ulimit += f"{{ ulimit -u {max_processes} || ulimit -p {max_processes}; }} 2>/dev/null; "
             return ExecLimits((), ulimit)
         name = f"osmosis-sandbox-{os.getpid()}-{next(_counter)}"
         made: list[Path] = []

@@ -4,7 +4,8 @@ Code in the sandbox can leave symlinks anywhere in its own tree (``/logs/agent -
 The host copies files in and out as root, so every path is walked one component at a time with
 ``O_NOFOLLOW`` from an open folder descriptor: a symlink on the way in is replaced by a real folder
 or file, and on the way out it is refused (``download_file``) or skipped (``download_dir``). Special
-files (fifos, devices, sockets) are skipped too.
+files (fifos, devices, sockets) are skipped too. What is copied in belongs to ``owner`` (the
+sandbox's root, so the trial can change it like files it made itself).
 
 >>> import tempfile, pathlib
 >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -39,8 +40,14 @@ class SymlinkRefused(PermissionError):
 class SafeTree:
     """A folder whose contents untrusted code may have changed; every access stays inside it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, owner: tuple[int, int] | None = None) -> None:
         self.root = Path(root)
+        self.owner = owner
+        """The (uid, gid) that folders and files made here get; None: this process's."""
+
+    def _own(self, fd: int) -> None:
+        if self.owner is not None:
+            os.fchown(fd, *self.owner)
 
     @contextlib.contextmanager
     def _dir(self, parts: Sequence[str], *, create: bool) -> Iterator[int]:
@@ -54,9 +61,14 @@ class SafeTree:
                 except FileNotFoundError:
                     if not create:
                         raise
-                    with contextlib.suppress(FileExistsError):
+                    made = True
+                    try:
                         os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        made = False
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    if made:
+                        self._own(child)
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
@@ -65,6 +77,7 @@ class SafeTree:
                     os.unlink(part, dir_fd=fd)
                     os.mkdir(part, 0o755, dir_fd=fd)
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    self._own(child)
                 os.close(fd)
                 fd = child
             yield fd
@@ -113,6 +126,7 @@ class SafeTree:
                 st = os.fstat(out)
                 if not stat.S_ISREG(st.st_mode):
                     raise PermissionError(f"{'/'.join(parts)} is not a regular file in the sandbox")
+                self._own(out)
                 os.fchmod(out, mode)
                 with open(source, "rb") as src:
                     while block := src.read(_CHUNK):

@@ -30,8 +30,11 @@ A verifier that means to import the agent's code says so (``PYTHONPATH=/app`` in
 ``tests/test.sh``). The agent's processes are gone by then (each command is its own sandbox).
 
 Limits: a task's Dockerfile is not built (the host's installed tools are the image); every command
-runs as the user running osmosis, without capabilities, whatever ``user`` asks; background
-processes do not survive their command; ``network_mode = "allowlist"`` is refused;
+runs without capabilities, whatever ``user`` asks, as root of the trial's own user namespace when
+osmosis runs as root (host ids from ``OSMOSIS_SANDBOX_ID_BASE``, default 2046820352: never the
+host's root; the trial's files are owned by them on the host), else as the user running osmosis;
+``/proc/sys`` and ``/sys`` are read-only; background processes do not survive their command;
+``network_mode = "allowlist"`` is refused;
 ``no-network`` gives a private loopback only, so a policy endpoint on the host is unreachable
 from such a task.
 """
@@ -164,6 +167,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                 max_processes=self._max_processes,
                 bwrap=find_bwrap(self._bwrap),
             )
+            self._tree.owner = self._sandbox.owner  # what is copied in belongs to the sandbox's root
             self._sandbox.prepare([self.workdir, *_LOG_DIRS])
         except OSError as exc:
             raise SandboxStartError(f"cannot prepare the sandbox folder {self._root}: {exc}") from None

@@ -92,6 +92,35 @@ def test_a_rollout_sees_neither_other_trials_nor_the_host_home_nor_secrets(probe
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_a_trial_is_not_the_hosts_root_and_cannot_change_kernel_settings(probe, tmp_path):
+    """From inside a real trial: nothing under /proc/sys or /sys is writable, and the trial's root is
+    not the host's (its uid map, and the owner the host sees on a file it made in /app)."""
+    from osmosis_harbor import HarborBackend, HarborBackendConfig
+    from osmosis_harbor.bwrap import sandbox_id_base
+
+    config = HarborBackendConfig(keep_successful_trials=True)
+    with ScriptedPolicyServer() as server:
+        backend = HarborBackend(probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir=tmp_path)
+        probes = [
+            {"writable": ["/proc/sys", "/sys"]},
+            {"read": "/proc/self/uid_map"},
+            {"shell": "id -u"},
+            {"write": ["/app/made-in-trial.txt", "mine"]},
+        ]
+        [out] = run_all(backend, [request("kernel", server.url, probe=probes)])
+    assert out.final.status.value == "success", out.final.error
+    writable, uid_map, uid = _seen(out)[1:4]
+    assert writable == []
+    [made] = (tmp_path / "harbor-trials").glob("kernel-*/sandbox/env/app/made-in-trial.txt")
+    if os.geteuid() == 0:
+        base = sandbox_id_base()
+        assert uid == "0\n" and uid_map.split() == ["0", str(base), "65536"]  # root inside, of its own ids
+        assert made.stat().st_uid == base != 0  # the host sees an unprivileged owner
+    else:
+        assert made.stat().st_uid == os.geteuid()
+    made.unlink()  # the host can clean up what the trial made
+
+
 def test_a_no_network_task_reaches_nothing(probe, tmp_path):
     from osmosis_harbor import HarborBackend, HarborBackendConfig
 

@@ -125,14 +125,29 @@ def test_environment_config_is_used_as_given():
 def test_prebuild_local_image_is_a_docker_option():
     from harbor.models.trial.config import EnvironmentConfig
 
-    from osmosis_harbor import HarborBackend
+    from osmosis_harbor import HarborBackend, HarborBackendConfig
+    from osmosis_harbor.config import EnvironmentSection
 
     probe = load(PROBE_DIR, "probe_rollout.py")
-    with pytest.raises(ConfigError, match=r"prebuild_local_image is an option of Harbor's Docker environment"):
+    with pytest.raises(ConfigError, match=r"Docker environment .* trials run in 'bwrap' \(the plugin's bubblewrap"):
         HarborBackend(probe.workflow_class, prebuild_local_image=True)
-    docker = EnvironmentConfig(type="docker")
-    backend = HarborBackend(probe.workflow_class, environment_config=docker, prebuild_local_image=True)
-    assert backend.config.environment.force_build is True
+    custom = EnvironmentConfig(import_path="some.module:SomeEnvironment")
+    with pytest.raises(ConfigError, match=r"run in the environment class 'some.module:SomeEnvironment'"):
+        HarborBackend(probe.workflow_class, environment_config=custom, prebuild_local_image=True)
+    podman = HarborBackendConfig(environment=EnvironmentSection(type="podman"))
+    with pytest.raises(ConfigError, match=r"these trials run in podman"):
+        HarborBackend(probe.workflow_class, config=podman, prebuild_local_image=True)
+    # False means "do not build", which holds in every environment: accepted, nothing changes
+    assert HarborBackend(probe.workflow_class, prebuild_local_image=False).config.environment.is_bwrap
+    kept = HarborBackend(probe.workflow_class, environment_config=custom, prebuild_local_image=False)
+    assert kept._environment_config().import_path == "some.module:SomeEnvironment"
+    # with Docker it is Harbor's force_build, in the environment the trials really use
+    for given in (EnvironmentConfig(type="docker"), EnvironmentConfig()):  # Harbor's default type is docker
+        backend = HarborBackend(probe.workflow_class, environment_config=given, prebuild_local_image=True)
+        assert backend._environment_config().force_build is True
+    docker = HarborBackendConfig(environment=EnvironmentSection(type="docker"))
+    backend = HarborBackend(probe.workflow_class, config=docker, prebuild_local_image=True)
+    assert backend._environment_config().force_build is True
 
 
 def test_trial_result_files_hold_no_run_of_eight_characters_of_a_secret(tmp_path):

@@ -32,6 +32,17 @@ def _connect(host: str, port: int) -> str:
         return "connected"
 
 
+def _writable(tops: list[str]) -> list[str]:
+    """Every path under ``tops`` this process may write (checked with access(2): nothing is written)."""
+    found = []
+    for top in tops:
+        for folder, dirs, files in os.walk(top):
+            found += [
+                os.path.join(folder, n) for n in (".", *dirs, *files) if os.access(os.path.join(folder, n), os.W_OK)
+            ]
+    return found
+
+
 def _forge() -> str:
     Path("/logs/verifier").mkdir(parents=True, exist_ok=True)
     Path("/logs/verifier/reward.json").write_text('{"reward": 1}')
@@ -66,6 +77,8 @@ class ProbeWorkflow(AgentWorkflow):
                 seen.append(_try(lambda a=arg: Path(a).read_text()[:200]))
             elif kind == "list":
                 seen.append(_try(lambda a=arg: sorted(os.listdir(a))))
+            elif kind == "writable":
+                seen.append(_writable(arg))
             elif kind == "exists":
                 seen.append(os.path.exists(arg))
             elif kind == "connect":
