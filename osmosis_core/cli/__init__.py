@@ -102,19 +102,14 @@ def make_cli() -> click.Group:
 
 
 def main() -> None:
-<<<<<<< HEAD
-    """The console script."""
-    import warnings
-
-    from osmosis_core.deprecation import OsmosisDeprecationWarning
-
-    # a plugin or rollout that uses a deprecated osmosis name hears of it once, on stderr
-    warnings.filterwarnings("default", category=OsmosisDeprecationWarning)
-=======
     """The console script. Its output may be closed early (``osmosis run ... | head``): the command
     carries on, printing nowhere, and exits with its own status (see :mod:`osmosis_core.cli.output`)."""
+    import warnings
+
     from osmosis_core.cli.output import survive_closed_output
+    from osmosis_core.deprecation import OsmosisDeprecationWarning
 
     survive_closed_output()
->>>>>>> h-misc
+    # a plugin or rollout that uses a deprecated osmosis name hears of it once, on stderr
+    warnings.filterwarnings("default", category=OsmosisDeprecationWarning)
     make_cli().main(prog_name="osmosis")
