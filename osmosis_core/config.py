@@ -36,6 +36,9 @@ A complete config (``configs/eval/multiply-plain.toml``)::
     [backend.harbor]                     # the chosen backend's own table (a plugin's; local takes none)
     n_concurrent = 8
 
+    [traces]                             # record each model call's tokens (osmosis-gateway); also --traces
+    adapter = "vllm"                     # vllm, sglang or openai (text only)
+
 Relative paths are resolved against the workspace root: the folder holding ``configs/`` when the
 file sits in ``configs/<kind>/``, else the config file's own folder.
 """
@@ -134,6 +137,9 @@ class RunConfig:
     backend: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     server: dict[str, Any] = attrs.field(factory=dict)
     """``[server]``: the settings of ``osmosis serve`` (read by the osmosis-server plugin, which checks them)."""
+    traces: dict[str, Any] = attrs.field(factory=dict)
+    """``[traces]``: record every model call through a policy gateway and write ``traces.jsonl`` (present
+    and not ``enabled = false`` turns it on; the osmosis-gateway plugin reads and checks the rest)."""
     source: Path | None = attrs.field(default=None, eq=False)
     """The file it was read from (None when built in code)."""
     root: Path = attrs.field(factory=Path.cwd, eq=False)
@@ -313,6 +319,8 @@ def check_config(config: RunConfig) -> list[str]:
             problems.append(f"must be a table @ $.backend.{name}")
     if not isinstance(config.server, dict):
         problems.append("must be a table @ $.server")
+    if not isinstance(config.traces, dict):
+        problems.append("must be a table @ $.traces")
     return problems
 
 

@@ -45,6 +45,7 @@ from osmosis_core.records import (
 )
 from osmosis_core.results import ResultStats, ResultWriter, Summary, scan_results
 from osmosis_core.run_lock import RunLock
+from osmosis_core.traces import TRACES, RunTraces, make_trace_gateway, traces_enabled
 from osmosis_core.wire import result_line
 from osmosis_core.workflow import ConcurrencyConfig
 
@@ -97,6 +98,8 @@ class RunPlan:
     """The run folder's lock, held until :func:`execute_run` ends."""
     retried: int = 0
     """Pairs run again because their latest record failed (``--retry-failed``)."""
+    gateway: Any = None
+    """The policy gateway recording each call (:class:`~osmosis_core.traces.TraceGateway`), with traces on."""
 
     @property
     def total(self) -> int:
@@ -257,6 +260,9 @@ def prepare_run(
             dict(config.policy.headers),
             max_response_bytes=config.policy.max_response_bytes,
         )
+    gateway = None
+    if traces_enabled(config.traces):  # (the plugin checks the [traces] table before anything is written)
+        gateway = make_trace_gateway(policy, config.traces, source=source, registry=registry)
     dataset_path = config.resolve(config.dataset.path)
     if dataset_path is None:
         raise ConfigError(source, ["no dataset: set dataset.path (or --dataset) @ $.dataset.path"])
@@ -327,6 +333,7 @@ def prepare_run(
         stub_policy=policy_override is not None,
         lock=lock,
         retried=retried,
+        gateway=gateway,
     )
 
 
@@ -396,6 +403,7 @@ async def execute_run(
     writer = ResultWriter(plan.run_dir / RESULTS, secrets=secrets_)
     interrupted = False
     stopped: str | None = None
+    traces = RunTraces(plan.gateway, plan.run_dir / TRACES, secrets_) if plan.gateway is not None else None
 
     def record(row: int, sample_index: int, result: ExecutionResult) -> None:
         line = result_line(row, sample_index, result)
@@ -418,7 +426,7 @@ async def execute_run(
         request = ExecutionRequest(
             rollout_id=f"{token}-{row_index}-{sample_index}",
             prompt=row.prompt,
-            policy=plan.policy,
+            policy=plan.policy if traces is None else traces.open(f"{token}-{row_index}-{sample_index}"),
             label=row.label,
             metadata=row.metadata,
             agent_timeout_sec=run.agent_timeout_sec,
@@ -453,6 +461,10 @@ async def execute_run(
                 ExecutionResult(request.rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info)
             )
         last = final[-1]
+        if traces is not None:  # the trace line first: a result in the file always has its trace
+            traces.finish(
+                request.rollout_id, row_index, sample_index, write=last.status is not ExecutionStatus.CANCELLED
+            )
         if last.status is ExecutionStatus.CANCELLED:
             return
         record(row_index, sample_index, last)
@@ -527,6 +539,8 @@ async def execute_run(
         if handle_signals:
             guard.start_soon(watch_signals, rollouts)
         try:
+            if traces is not None:
+                await traces.start()
             with rollouts:
                 async with anyio.create_task_group() as workers:
                     for _ in range(min(plan.in_flight, len(plan.pending))):
@@ -544,6 +558,8 @@ async def execute_run(
                     try:
                         await plan.backend.aclose()
                     finally:
+                        if traces is not None:
+                            await traces.aclose()
                         await aclose_http()
                         if plan.lock is not None:
                             plan.lock.release()

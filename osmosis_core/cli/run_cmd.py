@@ -33,12 +33,21 @@ __all__ = ["run"]
     help="Use the scripted calculator server of osmosis_core.testing instead of a model (a stand-in).",
 )
 @click.option("--stub-latency", type=click.FloatRange(min=0), default=0.0, hidden=True)
+@click.option("--stub-flavor", type=click.Choice(["openai", "vllm", "drifting"]), default="vllm", hidden=True)
+@click.option(
+    "--traces",
+    is_flag=True,
+    help="Record every model call (prompt and generated token ids, logprobs) through a policy gateway "
+    "and write traces.jsonl beside results.jsonl (as a [traces] table does; needs osmosis-gateway).",
+)
 def run(
     config_file: Path | None,
     resume: bool,
     retry_failed: str | None,
     stub_policy: bool,
     stub_latency: float,
+    stub_flavor: str,
+    traces: bool,
     **flags: Any,
 ) -> None:
     """Run a rollout over a dataset: every row, n samples each, results written as they finish.
@@ -56,6 +65,7 @@ def run(
     \b
     Examples:
       osmosis run configs/eval/multiply-plain.toml --stub-policy
+      osmosis run configs/eval/multiply-plain.toml --stub-policy --traces    # + traces.jsonl (osmosis-gateway)
       osmosis run configs/eval/multiply-plain.toml --policy-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B
       OPENAI_API_KEY=... osmosis run configs/eval/multiply-plain.toml \\
           --policy-url https://api.openai.com/v1 --model gpt-4o-mini --api-key-env OPENAI_API_KEY
@@ -67,6 +77,8 @@ def run(
     from osmosis_core.runner import execute_run, prepare_run
 
     config = resolve_config(config_file, flags)
+    if traces:
+        config.traces = {**config.traces, "enabled": True}
     categories = _categories(retry_failed)
     console = make_console()
     err = make_console(stderr=True)
@@ -76,7 +88,7 @@ def run(
         if stub_policy:
             from osmosis_core.testing.stub_process import StubPolicyProcess
 
-            stub = StubPolicyProcess(latency=stub_latency).start()
+            stub = StubPolicyProcess(latency=stub_latency, flavor=stub_flavor).start()
             model = flags.get("model") or "osmosis-stub"
             override = PolicyEndpoint(stub.url, model)
             err.print(
@@ -92,6 +104,8 @@ def run(
             f"{config.run.backend!r}, up to {plan.backend.max_concurrency or plan.in_flight} at once, "
             f"policy {plan.policy.base_url} ({plan.policy.model})"
         )
+        if plan.gateway is not None:
+            console.print(f"traces: every model call goes through a policy gateway; {plan.run_dir / 'traces.jsonl'}")
         unlabeled = sum(row.label is None for row in plan.rows)
         if unlabeled and plan.rollout.grader_class is not None and not config.run.require_labels:
             err.print(

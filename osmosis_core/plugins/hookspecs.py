@@ -13,7 +13,7 @@ import heavy frameworks inside the registered classes, not at module top.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     import click
 
     from osmosis_core.backend import BackendSpec
+    from osmosis_core.records import PolicyEndpoint
     from osmosis_core.templates import GraderSpec, TemplateSpec
 
 __all__ = [
     "PROJECT_NAME",
     "hookimpl",
     "hookspec",
+    "osmosis_policy_gateway",
     "osmosis_register_backends",
     "osmosis_register_commands",
     "osmosis_register_graders",
@@ -104,4 +106,17 @@ def osmosis_register_commands(cli: click.Group) -> None:
             def hello():
                 "Say hello."
                 click.echo("hello")
+    """
+
+
+@hookspec(firstresult=True)
+def osmosis_policy_gateway(upstream: PolicyEndpoint, settings: dict[str, Any], source: str) -> Any:
+    """Make the policy gateway of a run with traces on (``osmosis run --traces``, ``[traces]``).
+
+    The first plugin that returns something wins (osmosis-gateway provides it); the result is a
+    :class:`osmosis_core.traces.TraceGateway`, not yet started.
+
+    :param upstream: the run's ``[policy]`` endpoint (its key stays in the gateway).
+    :param settings: the ``[traces]`` table; check it with ``structure_table(settings, T, "$.traces", source)``.
+    :param source: the config file, for error messages.
     """
