@@ -437,7 +437,11 @@ class PolicyGateway:
         response = web.StreamResponse(status=upstream.status, headers={"Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         response.charset = "utf-8"
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except (ConnectionError, RuntimeError):
+            self._finish(trace, call, started, "client_gone", "the rollout hung up before the answer", 200)
+            return response
         pending = b""
         done = False
         try:
