@@ -90,22 +90,36 @@ def test_multiply_plain_with_traces_holds_every_call_with_the_ids_sent(workspace
         assert [sequence.logprobs[i] for i in masked] == [*first.logprobs, *last.logprobs]
     assert len(read_traces(out / "traces.jsonl")) == 12
 
-    # ATIF export of the same run, checked against Harbor's own models
+
+def test_atif_export_is_valid_for_harbors_own_models(workspace, clean_env):
+    trajectories = pytest.importorskip("harbor.models.trajectories.trajectory", reason="Harbor (osmosis-harbor)")
+    r = osmosis(
+        "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--traces", "--limit", "4", "--output", "out",
+        cwd=workspace, env=clean_env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
     r = osmosis("export", "out", "--format", "atif", cwd=workspace, env=clean_env)
     assert r.returncode == 0, r.stderr
-    files = sorted((out / "atif").glob("*.json"))
-    assert len(files) == 12
-    from harbor.models.trajectories.trajectory import Trajectory
-
+    files = sorted((workspace / "out" / "atif").glob("*.json"))
+    assert len(files) == 4
     for path in files:
         document = json.loads(path.read_text())
-        trajectory = Trajectory.model_validate(document)
+        trajectory = trajectories.Trajectory.model_validate(document)
         assert trajectory.schema_version == "ATIF-v1.7"
-        agent_steps = [s for s in trajectory.steps if s.source == "agent"]
-        assert len(agent_steps) == 2 and all(s.llm_call_count == 1 for s in agent_steps)
-        assert agent_steps[0].tool_calls and agent_steps[0].observation.results[0].source_call_id
-        assert agent_steps[0].metrics.prompt_token_ids and agent_steps[1].metrics.logprobs
+        assert [s.source for s in trajectory.steps] == ["system", "user", "agent", "agent"]
+        first, last = trajectory.steps[2:]
+        assert first.llm_call_count == last.llm_call_count == 1
+        assert first.tool_calls[0].arguments.keys() == {"a", "b"}
+        assert first.observation.results[0].source_call_id == first.tool_calls[0].tool_call_id
+        assert first.metrics.prompt_token_ids and first.metrics.completion_token_ids
+        assert len(last.metrics.logprobs) == len(last.metrics.completion_token_ids) == last.metrics.completion_tokens
         assert document["extra"]["reward"] == 1.0 and document["extra"]["complete"] is True
+
+
+def test_export_says_what_is_missing(workspace, clean_env):
+    (workspace / "empty").mkdir()
+    r = osmosis("export", "empty", cwd=workspace, env=clean_env)
+    assert r.returncode == 1 and "traces.jsonl does not exist" in r.stderr
 
 
 def test_workers_give_the_same_traces_as_local(workspace, clean_env):
