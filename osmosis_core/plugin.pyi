@@ -15,11 +15,11 @@ from osmosis_core.errors import BackendUnavailable as BackendUnavailable
 from osmosis_core.errors import clip as clip
 from osmosis_core.errors import error_info as error_info
 from osmosis_core.errors import redact as redact
+from osmosis_core.http_session import ResponseTooLarge as ResponseTooLarge
 from osmosis_core.http_session import aclose_http as aclose_http
 from osmosis_core.http_session import client_session as client_session
 from osmosis_core.http_session import http_request as http_request
 from osmosis_core.http_session import http_scope as http_scope
-from osmosis_core.http_session import ResponseTooLarge as ResponseTooLarge
 from osmosis_core.http_session import read_limited as read_limited
 from osmosis_core.lazy import attach_stub as attach_stub
 from osmosis_core.loader import apply_config_table as apply_config_table

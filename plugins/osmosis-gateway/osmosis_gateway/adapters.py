@@ -23,6 +23,7 @@ AdapterName = Literal["vllm", "sglang", "openai"]
 ADAPTERS: Final = ("vllm", "sglang", "openai")
 
 _TOKEN_ID_PREFIX: Final = "token_id:"
+_ID_AT: Final = len(_TOKEN_ID_PREFIX)
 
 
 class CallCapture:
@@ -140,26 +141,29 @@ class CallCapture:
     def _logprobs(self, entries: Any) -> None:
         if entries is None:
             return
-        if not isinstance(entries, list):
-            self.fail("logprobs.content is not a list")
+        try:  # one pass per field in comprehensions: the gateway's hottest loop
+            values = [entry["logprob"] for entry in entries]
+        except (TypeError, KeyError):
+            self.fail("a logprobs entry has no logprob")
             return
-        if self.logprobs is None:
-            self.logprobs = []
-            self.logprob_ids = [] if self._as_ids else None
-        for entry in entries:
-            value = entry.get("logprob") if isinstance(entry, dict) else None
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+        if not all(type(v) is float for v in values):
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
                 self.fail("a logprobs entry has no numeric logprob")
                 return
-            self.logprobs.append(float(value))
-            if self.logprob_ids is not None:
-                token = entry.get("token")
-                if isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX):
-                    try:
-                        self.logprob_ids.append(int(token[len(_TOKEN_ID_PREFIX) :]))
-                        continue
-                    except ValueError:
-                        pass
+            values = [float(v) for v in values]
+        if self.logprobs is None:
+            self.logprobs = values
+            self.logprob_ids = [] if self._as_ids else None
+        else:
+            self.logprobs.extend(values)
+        if self.logprob_ids is not None:
+            try:
+                ids = [int(entry["token"][_ID_AT:]) for entry in entries if entry["token"][:_ID_AT] == _TOKEN_ID_PREFIX]
+            except (TypeError, KeyError, ValueError):
+                ids = []
+            if len(ids) == len(values):
+                self.logprob_ids.extend(ids)
+            else:
                 self.logprob_ids = None  # not ids after all: no second source
 
     def _message(self, message: dict[str, Any], chunk: bool) -> None:

@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+
 from osmosis_core import PolicyEndpoint
 from osmosis_core.plugin import aclose_http
 from osmosis_core.testing import ScriptedPolicyServer, calculator
-
 from osmosis_gateway import PolicyGateway
 
 UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"

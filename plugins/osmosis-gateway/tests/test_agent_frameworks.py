@@ -11,14 +11,15 @@ import attrs
 import pytest
 from conftest import REPO
 from gateway_helpers import run, stack
+
 from osmosis_core import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowContext
 from osmosis_core.testing import run_rollout
-
 from osmosis_gateway import trainer_view
 
 TEMPLATES = {
     "strands": REPO / "plugins/osmosis-strands/osmosis_strands/template/rollouts/multiply-local-strands/main.py",
-    "openai": REPO / "plugins/osmosis-openai-agents/osmosis_openai_agents/template/rollouts/multiply-local-openai/main.py",
+    "openai": REPO
+    / "plugins/osmosis-openai-agents/osmosis_openai_agents/template/rollouts/multiply-local-openai/main.py",
 }
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 from gateway_helpers import MULTIPLY_TOOL, QUESTION, UPSTREAM_KEY, post, run, sse_docs, stack
+
 from osmosis_core.testing import Fault, ScriptedPolicyServer
 from osmosis_core.testing.stub_tokens import encode, logprob_of, render_prompt
-
 from osmosis_gateway import POLICY_VERSION_HEADER, trainer_view
 
 
@@ -183,7 +183,7 @@ def test_the_openai_adapter_adds_nothing_and_says_text_only():
             status, raw = await post(policy.chat_completions_url, ask(), token=policy.api_key)
             return status, raw, gateway.pop_trace("r"), server.requests[0].body
 
-    status, raw, trace, sent = run(main)
+    status, _raw, trace, sent = run(main)
     assert status == 200 and "return_token_ids" not in sent and "logprobs" not in sent
     assert trace.complete and trace.capture == "text" and trace.calls[0].prompt_token_ids is None
     with pytest.raises(ValueError, match="text only"):
@@ -194,7 +194,7 @@ def test_a_rollout_that_asks_for_logprobs_itself_still_gets_them():
     async def main():
         async with stack() as (_server, gateway):
             policy = gateway.open_rollout("r")
-            status, raw = await post(
+            _status, raw = await post(
                 policy.chat_completions_url, ask(logprobs=True, top_logprobs=0), token=policy.api_key
             )
             return json.loads(raw), gateway.pop_trace("r")
@@ -248,7 +248,6 @@ def test_upstream_faults_reach_the_rollout_as_sent_and_mark_the_trace(fault, str
 def test_an_unreachable_upstream_is_a_502_without_the_key():
     async def main():
         from osmosis_core import PolicyEndpoint
-
         from osmosis_gateway import PolicyGateway
 
         upstream = PolicyEndpoint("http://127.0.0.1:9/v1", "m", UPSTREAM_KEY)
@@ -272,7 +271,7 @@ def test_upstream_auth_failure_detail_is_redacted():
             status, raw = await post(policy.chat_completions_url, ask(), token=policy.api_key)
             return status, raw, gateway.pop_trace("r")
 
-    status, raw, trace = run(main)
+    status, _raw, trace = run(main)
     assert status == 500  # passed on as the upstream sent it
     assert UPSTREAM_KEY not in json.dumps(trace.to_json()) and "***" in trace.calls[0].error
 
@@ -286,7 +285,9 @@ def test_200_concurrent_rollouts_never_mix_traces():
                 policy = gateway.open_rollout(f"r{n}")
                 for turn in range(2):
                     question = [{"role": "user", "content": f"What is {n} times {turn + 2}?"}]
-                    status, _ = await post(policy.chat_completions_url, ask(question, stream=n % 2 == 1), token=policy.api_key)
+                    status, _ = await post(
+                        policy.chat_completions_url, ask(question, stream=n % 2 == 1), token=policy.api_key
+                    )
                     assert status == 200
                 return gateway.pop_trace(f"r{n}")
 
@@ -314,7 +315,9 @@ def test_a_client_that_hangs_up_mid_stream_marks_the_trace():
             async with aiohttp.ClientSession() as session:
                 with pytest.raises(asyncio.TimeoutError):
                     async with asyncio.timeout(0.1):
-                        async with session.post(policy.chat_completions_url, json=ask(stream=True), headers=headers) as r:
+                        async with session.post(
+                            policy.chat_completions_url, json=ask(stream=True), headers=headers
+                        ) as r:
                             await r.read()
             await asyncio.sleep(0.6)
             return gateway.pop_trace("r")
@@ -337,7 +340,6 @@ def test_gateway_and_server_share_nothing_but_http():
     async def main():
         async with ScriptedPolicyServer(flavor="vllm") as server:
             from osmosis_core import PolicyEndpoint
-
             from osmosis_gateway import PolicyGateway
 
             async with PolicyGateway(PolicyEndpoint(server.url, "m")) as gateway:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 from gateway_helpers import UPSTREAM_KEY
+
 from osmosis_core.testing import ScriptedPolicyServer
 from osmosis_core.testing.stub_tokens import render_prompt
-
 from osmosis_gateway import read_traces, trace_from_json, trainer_view
 
 OSMOSIS = str(Path(sys.executable).parent / "osmosis")
@@ -44,7 +44,12 @@ def comparable(line: dict) -> dict:
     """A trace line without what differs from run to run (ids, times)."""
     calls = [
         {k: v for k, v in c.items() if k not in ("call_id", "started_at", "latency_sec")}
-        | {"response": {**c["response"], "tool_calls": [{**t, "id": None} for t in c["response"].get("tool_calls", [])]}}
+        | {
+            "response": {
+                **c["response"],
+                "tool_calls": [{**t, "id": None} for t in c["response"].get("tool_calls", [])],
+            }
+        }
         for c in line["calls"]
     ]
     for c in calls:  # the tool-call ids the stand-in makes up are echoed back in the next request
@@ -52,7 +57,12 @@ def comparable(line: dict) -> dict:
             m.pop("tool_call_id", None)
             for t in m.get("tool_calls") or ():
                 t["id"] = None
-    return {"row_index": line["row_index"], "sample_index": line["sample_index"], "complete": line["complete"], "calls": calls}
+    return {
+        "row_index": line["row_index"],
+        "sample_index": line["sample_index"],
+        "complete": line["complete"],
+        "calls": calls,
+    }
 
 
 def test_multiply_plain_with_traces_holds_every_call_with_the_ids_sent(workspace, clean_env):
@@ -186,11 +196,20 @@ def test_a_failed_call_marks_the_trace_and_leaves_the_rollout_status_alone(works
 def test_traces_table_is_checked_and_the_plugin_is_needed(workspace, clean_env):
     config = workspace / "configs" / "eval" / "multiply-plain.toml"
     config.write_text(config.read_text() + '\n[traces]\nadapter = "tgi"\n')
-    r = osmosis("run", "configs/eval/multiply-plain.toml", "--stub-policy", "--output", "bad", cwd=workspace, env=clean_env)
+    r = osmosis(
+        "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--output", "bad", cwd=workspace, env=clean_env
+    )
     assert r.returncode == 1 and "$.traces.adapter" in r.stderr and not (workspace / "bad").exists()
     env = {**clean_env, "OSMOSIS_DISABLE_PLUGINS": "gateway"}
     r = osmosis(
-        "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--traces", "--output", "none", cwd=workspace, env=env
+        "run",
+        "configs/eval/multiply-plain.toml",
+        "--stub-policy",
+        "--traces",
+        "--output",
+        "none",
+        cwd=workspace,
+        env=env,
     )
     assert r.returncode == 1 and "pip install osmosis-gateway" in r.stderr
 
@@ -212,7 +231,9 @@ def test_standalone_gateway_prints_url_and_bearer_and_serves(clean_env, tmp_path
             url = banner.split()[4]
 
             def call(method, path, body=None, token=bearer):
-                request = urllib.request.Request(url + path, data=json.dumps(body).encode() if body else None, method=method)
+                request = urllib.request.Request(
+                    url + path, data=json.dumps(body).encode() if body else None, method=method
+                )
                 request.add_header("Content-Type", "application/json")
                 if token:
                     request.add_header("Authorization", f"Bearer {token}")

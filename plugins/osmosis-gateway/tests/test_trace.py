@@ -6,8 +6,8 @@ import json
 
 import pytest
 from gateway_helpers import MULTIPLY_TOOL, QUESTION, post, run, stack
-from osmosis_core.testing.stub_tokens import THINK_BLOCK, render_prompt
 
+from osmosis_core.testing.stub_tokens import THINK_BLOCK, render_prompt
 from osmosis_gateway import RolloutTrace, TraceCall, trace_from_json, trainer_view
 from osmosis_gateway.adapters import prepare_request
 
@@ -106,7 +106,7 @@ def entry(token, logprob=-0.5):
 
 
 def test_ids_from_token_id_strings_when_the_server_sends_no_token_ids():
-    capture, tokens = capture_of(completion(None, [entry("token_id:5"), entry("token_id:6", -1.0)]))
+    _capture, tokens = capture_of(completion(None, [entry("token_id:5"), entry("token_id:6", -1.0)]))
     assert tokens == ([1, 2], [5, 6], [-0.5, -1.0])
 
 
@@ -125,9 +125,10 @@ def test_token_and_logprob_lists_of_different_lengths_are_a_capture_failure():
 def test_missing_pieces_are_capture_failures():
     assert "no prompt_token_ids" in capture_of(completion([5], [entry("token_id:5")], prompt=None))[0].problem
     assert "no logprobs" in capture_of(completion([5], None))[0].problem
-    assert "two different prompt_token_ids" in capture_of(
-        [completion([5], [entry("token_id:5")]), completion([], [], prompt=(9,))], stream=True
-    )[0].problem
+    assert (
+        "two different prompt_token_ids"
+        in capture_of([completion([5], [entry("token_id:5")]), completion([], [], prompt=(9,))], stream=True)[0].problem
+    )
     assert "n=2" in capture_of(completion([5], [entry("token_id:5")]), request={"n": 2})[0].problem
 
 
@@ -150,7 +151,7 @@ def test_a_drifting_template_gives_counted_breaks_and_separate_sequences_with_th
             prompts = []
             for turn in range(3):
                 body = {"model": "m", "messages": messages, "tools": [MULTIPLY_TOOL], "stream": stream}
-                status, raw = await post(policy.chat_completions_url, body, token=policy.api_key)
+                status, _raw = await post(policy.chat_completions_url, body, token=policy.api_key)
                 assert status == 200
                 prompts.append(render_prompt(messages, drifting=True))
                 trace = gateway.trace("r")
