@@ -608,28 +608,14 @@ class ScriptedPolicyServer:
 
     async def start_async(self) -> None:
         """Start listening inside the running event loop."""
-        from aiohttp import web
+        from osmosis_core.http_server import start_http_server
 
         if self._runner is not None:
             raise RuntimeError("ScriptedPolicyServer is already running")
-        loop = asyncio.get_running_loop()
-
-        def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
-            return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=_MAX_BODY)
-
-        # aiohttp's low-level server (one handler, no router or middlewares): the benches share
-        # their two cores with this stand-in, so its CPU per request is kept small
-        server = web.Server(self._handle, request_factory=make_request, access_log=None, max_field_size=65536)
-        runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._requested_port, backlog=2048, reuse_address=True)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
+        # aiohttp's low-level server: the benches share their two cores with this stand-in
+        self._runner, self._port = await start_http_server(
+            self._handle, self._host, self._requested_port, max_body=_MAX_BODY
+        )
 
     async def stop_async(self) -> None:
         """Stop listening and close every connection (pending responses are abandoned)."""

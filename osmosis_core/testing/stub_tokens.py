@@ -29,6 +29,8 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from osmosis_core.records import message_text
+
 __all__ = ["SPECIAL_TOKENS", "Flavor", "TokenAnswer", "encode", "logprob_of", "render_prompt", "token_answer"]
 
 Flavor = Literal["openai", "vllm", "drifting"]
@@ -70,18 +72,6 @@ def logprob_of(position: int, token_id: int) -> float:
     return -((token_id * 2654435761 + position * 40503) % 2000 + 1) / 1000.0
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part if isinstance(part, str) else str(part.get("text", ""))
-            for part in content
-            if isinstance(part, (str, dict))
-        )
-    return ""
-
-
 def _tool_call_text(name: str, arguments: Any) -> str:
     if isinstance(arguments, str):
         try:
@@ -102,7 +92,7 @@ def render_prompt(messages: list[Any], *, drifting: bool = False) -> list[int]:
         if not isinstance(message, dict):
             continue
         role = str(message.get("role") or "user")
-        content = _text(message.get("content"))
+        content = message_text(message)
         if role == "assistant":
             if drifting:
                 content = _THINK_RE.sub("", content)  # as Qwen3 strips past reasoning

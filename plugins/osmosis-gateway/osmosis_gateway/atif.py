@@ -12,23 +12,12 @@ import datetime as _dt
 import json
 from typing import Any, Final
 
+from osmosis_core import message_text
 from osmosis_gateway.trace import RolloutTrace, TraceCall
 
 __all__ = ["ATIF_VERSION", "trace_to_atif"]
 
 ATIF_VERSION: Final = "ATIF-v1.7"
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part if isinstance(part, str) else str(part.get("text", ""))
-            for part in content
-            if isinstance(part, (str, dict))
-        )
-    return "" if content is None else json.dumps(content)
 
 
 def _arguments(raw: Any) -> dict[str, Any]:
@@ -50,7 +39,7 @@ def _timestamp(unix: float) -> str | None:
 def _message_step(message: dict[str, Any]) -> dict[str, Any]:
     role = message.get("role")
     source = "system" if role in ("system", "developer") else "user"
-    step: dict[str, Any] = {"source": source, "message": _text(message.get("content"))}
+    step: dict[str, Any] = {"source": source, "message": message_text(message)}
     if role not in ("system", "developer", "user"):
         step["extra"] = {"role": role}
     return step
@@ -60,7 +49,7 @@ def _agent_step(call: TraceCall) -> dict[str, Any]:
     response = call.response or {}
     step: dict[str, Any] = {
         "source": "agent",
-        "message": _text(response.get("content")),
+        "message": message_text(response),
         "timestamp": _timestamp(call.started_at),
         "model_name": call.model,
         "llm_call_count": 1,
@@ -133,7 +122,7 @@ def trace_to_atif(
             if not isinstance(message, dict):
                 continue
             if message.get("role") == "tool":
-                result = {"content": _text(message.get("content"))}
+                result = {"content": message_text(message)}
                 if message.get("tool_call_id"):
                     result["source_call_id"] = str(message["tool_call_id"])
                 results.append(result)

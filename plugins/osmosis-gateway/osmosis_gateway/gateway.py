@@ -27,7 +27,6 @@ reaches the rollout as the upstream sent it. Either marks the rollout's trace in
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, unquote
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import clip, http_request, read_limited
+from osmosis_core.plugin import clip, http_request, read_limited, start_http_server
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, CallCapture, prepare_request
 from osmosis_gateway.trace import RolloutTrace, TraceCall
 
@@ -205,26 +204,11 @@ class PolicyGateway:
 
     async def start(self) -> PolicyGateway:
         """Listen (inside the running event loop)."""
-        from aiohttp import web
-
         if self._runner is not None:
             raise RuntimeError("the gateway is already running")
-        loop = asyncio.get_running_loop()
-
-        def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
-            return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=_MAX_BODY)
-
-        server = web.Server(self._handle, request_factory=make_request, access_log=None, max_field_size=65536)
-        runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._requested_port, backlog=2048, reuse_address=True)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
+        self._runner, self._port = await start_http_server(
+            self._handle, self._host, self._requested_port, max_body=_MAX_BODY
+        )
         return self
 
     async def aclose(self) -> None:
