@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiohttp import web
 
-__all__ = ["start_http_server"]
+__all__ = ["cut_response", "drop_connection", "start_http_server"]
 
 
 async def start_http_server(
@@ -38,3 +38,23 @@ async def start_http_server(
         await runner.cleanup()
         raise
     return runner, int(runner.addresses[0][1])
+
+
+def drop_connection(request: web.BaseRequest) -> web.Response:
+    """Close the connection without an answer (the response returned is never sent)."""
+    from aiohttp import web
+
+    if request.transport is not None:
+        request.transport.close()
+    return web.Response(status=204)
+
+
+def cut_response(request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
+    """Cut the connection in the middle of ``response`` (after what was written reached the socket)."""
+    transport = request.transport
+    if transport is not None:
+        if transport.get_write_buffer_size():
+            transport.close()  # abort() would discard the bytes not yet handed to the kernel
+        else:
+            transport.abort()
+    return response

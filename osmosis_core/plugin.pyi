@@ -15,6 +15,8 @@ from osmosis_core.errors import BackendUnavailable as BackendUnavailable
 from osmosis_core.errors import clip as clip
 from osmosis_core.errors import error_info as error_info
 from osmosis_core.errors import redact as redact
+from osmosis_core.http_server import cut_response as cut_response
+from osmosis_core.http_server import drop_connection as drop_connection
 from osmosis_core.http_server import start_http_server as start_http_server
 from osmosis_core.http_session import ResponseTooLarge as ResponseTooLarge
 from osmosis_core.http_session import aclose_http as aclose_http

@@ -47,6 +47,8 @@ from urllib.parse import unquote
 
 import attrs
 
+from osmosis_core.http_server import cut_response as _abort
+from osmosis_core.http_server import drop_connection as _drop
 from osmosis_core.testing.stub_tokens import FLAVORS, THINK_BLOCK, Flavor, TokenAnswer, token_answer
 
 if TYPE_CHECKING:
@@ -705,26 +707,6 @@ def _error(status: int, message: str, *, headers: dict[str, str] | None = None) 
 
 def _unauthorized() -> web.Response:
     return _error(401, "invalid or missing API key", headers={"WWW-Authenticate": 'Bearer realm="osmosis"'})
-
-
-def _drop(request: web.BaseRequest) -> web.Response:
-    """Close the connection without an answer (what is returned is never sent)."""
-    from aiohttp import web
-
-    if request.transport is not None:
-        request.transport.close()
-    return web.Response(status=204)
-
-
-def _abort(request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
-    """Cut the connection in the middle of ``response`` (after what was written reached the socket)."""
-    transport = request.transport
-    if transport is not None:
-        if transport.get_write_buffer_size():
-            transport.close()  # abort() would discard the bytes not yet handed to the kernel
-        else:
-            transport.abort()
-    return response
 
 
 async def _oversize(request: web.BaseRequest, size: int, model: str, stream: bool) -> web.StreamResponse:

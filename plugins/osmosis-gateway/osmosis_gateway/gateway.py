@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, unquote
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import clip, http_request, read_limited, start_http_server
+from osmosis_core.plugin import clip, cut_response, drop_connection, http_request, read_limited, start_http_server
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, CallCapture, prepare_request
 from osmosis_gateway.trace import RolloutTrace, TraceCall
 
@@ -375,7 +375,7 @@ class PolicyGateway:
             # the upstream dropped the call: so does the gateway (the rollout sees what it would have)
             what = clip(f"the upstream dropped the call: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
             self._finish(trace, call, started, "cut", what, None)
-            return _drop(request)
+            return drop_connection(request)
         return self._answer(trace, call, capture, started, status, kind, content)
 
     def _answer(
@@ -447,7 +447,7 @@ class PolicyGateway:
         except (TimeoutError, ClientError, OSError) as exc:
             what = clip(f"the upstream's stream broke off: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
             self._finish(trace, call, started, "cut", what, 200)
-            return _abort(request, response)
+            return cut_response(request, response)
         if pending:
             await response.write(pending)
         await response.write_eof()
@@ -494,20 +494,3 @@ class PolicyGateway:
         call.latency_sec = time.perf_counter() - started
         if status != "ok":
             trace.mark_incomplete(f"call {call.index} {status.replace('_', ' ')}: {error}")
-
-
-def _drop(request: web.BaseRequest) -> web.Response:
-    """Close the rollout's connection without an answer, as the upstream did."""
-    from aiohttp import web
-
-    if request.transport is not None:
-        request.transport.close()
-    return web.Response(status=502)
-
-
-def _abort(request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
-    """Cut the rollout's connection mid-stream, as the upstream's was cut."""
-    transport = request.transport
-    if transport is not None:
-        transport.close()
-    return response
