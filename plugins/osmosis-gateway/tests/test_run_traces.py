@@ -177,6 +177,17 @@ def test_a_failed_call_marks_the_trace_and_leaves_the_rollout_status_alone(works
     assert [c["http_status"] for c in traces[0]["calls"]] == [503]
     assert all(results[i]["status"] == "success" and traces[i]["complete"] for i in (1, 2))
 
+    # --retry-failed runs row 0 again: its new trace line follows the old one, as results do
+    with ScriptedPolicyServer(api_key=UPSTREAM_KEY, flavor="vllm") as server:
+        r = osmosis(
+            "run", "configs/eval/multiply-plain.toml", "--traces", "--limit", "3", "--policy-url", server.url,
+            "--api-key-env", "UPSTREAM_KEY", "--output", "vllm", "--retry-failed", cwd=workspace, env=env,
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert [t["row_index"] for t in lines(workspace / "vllm" / "traces.jsonl")] == [0, 1, 2, 0]
+    latest = read_traces(workspace / "vllm" / "traces.jsonl")
+    assert latest[(0, 0)][1].complete and len(latest) == 3
+
     with ScriptedPolicyServer(api_key=UPSTREAM_KEY, flavor="openai") as server:  # no token fields at all
         r = osmosis(
             "run", "configs/eval/multiply-plain.toml", "--traces", "--limit", "2",
