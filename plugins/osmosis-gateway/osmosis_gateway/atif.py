@@ -72,13 +72,13 @@ def _agent_step(call: TraceCall) -> dict[str, Any]:
         if isinstance(usage.get(key), int):
             metrics[key] = usage[key]
     if call.prompt_token_ids is not None:
-        metrics["prompt_token_ids"] = call.prompt_token_ids
+        metrics["prompt_token_ids"] = call.prompt_token_ids.tolist()
         metrics["prompt_tokens"] = len(call.prompt_token_ids)
     if call.completion_token_ids is not None:
-        metrics["completion_token_ids"] = call.completion_token_ids
+        metrics["completion_token_ids"] = call.completion_token_ids.tolist()
         metrics["completion_tokens"] = len(call.completion_token_ids)
     if call.logprobs is not None:
-        metrics["logprobs"] = call.logprobs
+        metrics["logprobs"] = call.logprobs.tolist()
     if metrics:
         step["metrics"] = metrics
     extra = {

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import typing
+from array import array
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import attrs
@@ -43,6 +46,21 @@ Capture = Literal["tokens", "text"]
 """What the upstream adapter captures: token ids and logprobs, or the text only (plain OpenAI)."""
 
 
+def _ids(value: Iterable[int] | None) -> array[int] | None:
+    if value is None or isinstance(value, array):
+        return value
+    return array("i", value)
+
+
+def _floats(value: Iterable[float] | None) -> array[float] | None:
+    if value is None or isinstance(value, array):
+        return value
+    return array("d", value)
+
+
+_convert = attrs.setters.convert
+
+
 @attrs.define(kw_only=True)
 class TraceCall:
     """One model call of a rollout, in the order the calls started."""
@@ -67,10 +85,12 @@ class TraceCall:
     """The assistant message the rollout received (content, tool calls)."""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    """One log-probability per completion token."""
+    prompt_token_ids: array[int] | None = attrs.field(default=None, converter=_ids, on_setattr=_convert)
+    """The ids the upstream saw, as a compact ``array("i")`` (``list(...)`` for a list; a list or any
+    iterable of ints is accepted and converted)."""
+    completion_token_ids: array[int] | None = attrs.field(default=None, converter=_ids, on_setattr=_convert)
+    logprobs: array[float] | None = attrs.field(default=None, converter=_floats, on_setattr=_convert)
+    """One log-probability per completion token (``array("d")``)."""
 
     @property
     def captured(self) -> bool:
@@ -112,6 +132,22 @@ class RolloutTrace:
 
 
 _converter = cattrs.Converter(omit_if_default=False)
+
+
+def _is_array(type_: Any) -> bool:
+    return type_ is array or typing.get_origin(type_) is array
+
+
+def _is_optional_array(type_: Any) -> bool:
+    args = typing.get_args(type_)
+    return len(args) == 2 and type(None) in args and any(_is_array(a) for a in args)
+
+
+_converter.register_unstructure_hook_func(_is_array, lambda value: value.tolist())
+_converter.register_unstructure_hook_func(_is_optional_array, lambda value: None if value is None else value.tolist())
+_converter.register_structure_hook_func(
+    _is_array, lambda value, type_: array("d" if typing.get_args(type_) == (float,) else "i", value)
+)
 
 
 def trace_from_json(data: dict[str, Any]) -> RolloutTrace:
@@ -164,7 +200,7 @@ class TrainerView:
         return self.delivered_tokens / self.generated_tokens if self.generated_tokens else 1.0
 
 
-def _is_prefix(prefix: list[int], sequence: list[int]) -> bool:
+def _is_prefix(prefix: array[int], sequence: array[int]) -> bool:
     return len(prefix) <= len(sequence) and sequence[: len(prefix)] == prefix
 
 
@@ -186,7 +222,7 @@ def trainer_view(trace: RolloutTrace, *, branches: Literal["all", "last"] = "all
             "the upstream gave no token ids, and re-tokenizing text is what this view refuses to do"
         )
     calls = [c for c in trace.calls if c.captured]
-    fulls = [[*c.prompt_token_ids, *c.completion_token_ids] for c in calls]  # type: ignore[misc]
+    fulls = [c.prompt_token_ids + c.completion_token_ids for c in calls]  # type: ignore[operator]
     parents: list[int | None] = []
     for j, call in enumerate(calls):
         best: int | None = None
@@ -207,7 +243,7 @@ def trainer_view(trace: RolloutTrace, *, branches: Literal["all", "last"] = "all
             path.append(node)
             node = parents[node]
         path.reverse()
-        tokens = fulls[leaf]
+        tokens = fulls[leaf].tolist()
         mask = [0] * len(tokens)
         logprobs = [0.0] * len(tokens)
         for k in path:
@@ -215,9 +251,10 @@ def trainer_view(trace: RolloutTrace, *, branches: Literal["all", "last"] = "all
                 continue
             trained.add(k)
             start = len(calls[k].prompt_token_ids)  # type: ignore[arg-type]
-            generated = calls[k].logprobs or []
+            generated = calls[k].logprobs
+            assert generated is not None  # (a captured call)
             mask[start : start + len(generated)] = [1] * len(generated)
-            logprobs[start : start + len(generated)] = generated
+            logprobs[start : start + len(generated)] = generated.tolist()
         sequences.append(
             TrainingSequence(
                 token_ids=tokens,

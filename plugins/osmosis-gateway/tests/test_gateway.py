@@ -63,13 +63,13 @@ def test_two_turns_captured_exactly_and_stripped_from_the_answer(stream):
     assert trace.complete and trace.incomplete_reason is None and trace.capture == "tokens"
     first, last = trace.calls
     assert [c.index for c in trace.calls] == [0, 1] and first.call_id != last.call_id
-    assert first.prompt_token_ids == render_prompt(QUESTION)
-    assert last.prompt_token_ids == render_prompt(second)
+    assert list(first.prompt_token_ids) == render_prompt(QUESTION)
+    assert list(last.prompt_token_ids) == render_prompt(second)
     assert last.finish_reason == "stop" and first.finish_reason == "tool_calls"
     assert last.response["content"] == "The product is 84.\n#### 84"
     generated = [*encode("The product is 84.\n#### 84"), *encode("<|im_end|>")]
-    assert last.completion_token_ids == [i for _, i in generated]
-    assert last.logprobs == [logprob_of(n, i) for n, (_, i) in enumerate(generated)]
+    assert list(last.completion_token_ids) == [i for _, i in generated]
+    assert list(last.logprobs) == [logprob_of(n, i) for n, (_, i) in enumerate(generated)]
     assert first.policy_version == last.policy_version == "v7"
     assert first.request["messages"] == QUESTION and "return_token_ids" not in first.request
     view = trainer_view(trace)
@@ -203,7 +203,7 @@ def test_a_rollout_that_asks_for_logprobs_itself_still_gets_them():
     entries = doc["choices"][0]["logprobs"]["content"]
     assert entries and not entries[0]["token"].startswith("token_id:")  # as asked: text tokens
     assert "token_ids" not in doc["choices"][0]  # it did not ask for ids
-    assert trace.complete and trace.calls[0].logprobs == [e["logprob"] for e in entries]
+    assert trace.complete and list(trace.calls[0].logprobs) == [e["logprob"] for e in entries]
 
 
 @pytest.mark.parametrize(
@@ -299,7 +299,7 @@ def test_200_concurrent_rollouts_never_mix_traces():
         for turn, call in enumerate(trace.calls):
             question = [{"role": "user", "content": f"What is {n} times {turn + 2}?"}]
             assert call.request["messages"] == question
-            assert call.prompt_token_ids == render_prompt(question)
+            assert list(call.prompt_token_ids) == render_prompt(question)
             assert call.completion_token_ids and len(call.completion_token_ids) == len(call.logprobs)
 
 

@@ -86,7 +86,7 @@ def test_multiply_plain_with_traces_holds_every_call_with_the_ids_sent(workspace
         assert len(trace["calls"]) == sum(m["role"] == "assistant" for m in sample) == 2
         parsed = trace_from_json(trace)
         for c in parsed.calls:
-            assert c.prompt_token_ids == render_prompt(c.request["messages"])  # the ids the stand-in saw
+            assert list(c.prompt_token_ids) == render_prompt(c.request["messages"])  # the ids the stand-in saw
             assert len(c.completion_token_ids) == len(c.logprobs) > 0
         view = trainer_view(parsed)
         assert view.prefix_breaks == 0 and len(view.sequences) == 1 and view.delivered_fraction == 1.0
@@ -153,7 +153,7 @@ def test_a_drifting_template_is_counted_never_repaired(workspace, clean_env):
         view = trainer_view(trace)
         assert trace.complete and view.prefix_breaks == 1 and len(view.sequences) == 2
         for sequence, c in zip(view.sequences, trace.calls, strict=True):
-            assert c.prompt_token_ids == render_prompt(c.request["messages"], drifting=True)
+            assert list(c.prompt_token_ids) == render_prompt(c.request["messages"], drifting=True)
             assert sequence.token_ids == [*c.prompt_token_ids, *c.completion_token_ids]
 
 

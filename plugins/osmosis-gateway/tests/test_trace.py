@@ -107,7 +107,7 @@ def entry(token, logprob=-0.5):
 
 def test_ids_from_token_id_strings_when_the_server_sends_no_token_ids():
     _capture, tokens = capture_of(completion(None, [entry("token_id:5"), entry("token_id:6", -1.0)]))
-    assert tokens == ([1, 2], [5, 6], [-0.5, -1.0])
+    assert [list(x) for x in tokens] == [[1, 2], [5, 6], [-0.5, -1.0]]
 
 
 def test_sources_that_disagree_are_a_capture_failure():
@@ -139,7 +139,8 @@ def test_sglang_streaming_is_a_capture_failure_and_sglang_puts_prompt_ids_on_the
     doc = completion([5], [entry("x")], prompt=None)
     doc["choices"][0]["prompt_token_ids"] = [1, 2]
     capture.feed(doc, chunk=False)
-    assert capture.tokens() == ([1, 2], [5], [-0.5]) and "prompt_token_ids" not in doc["choices"][0]
+    assert [list(x) for x in capture.tokens()] == [[1, 2], [5], [-0.5]]
+    assert "prompt_token_ids" not in doc["choices"][0]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -166,10 +167,17 @@ def test_a_drifting_template_gives_counted_breaks_and_separate_sequences_with_th
 
     trace, prompts = run(main)
     assert trace.complete
-    assert [c.prompt_token_ids for c in trace.calls] == prompts  # exactly what the server saw
+    assert [list(c.prompt_token_ids) for c in trace.calls] == prompts  # exactly what the server saw
     view = trainer_view(trace)
     assert view.prefix_breaks == 2 and len(view.sequences) == 3
     for sequence, c in zip(view.sequences, trace.calls, strict=True):
         assert sequence.token_ids == [*c.prompt_token_ids, *c.completion_token_ids]
         assert sum(sequence.loss_mask) == len(c.completion_token_ids)
     assert view.delivered_fraction == 1.0
+
+
+def test_ids_that_are_not_integers_are_a_capture_failure_and_good_ones_are_stored_compactly():
+    capture, tokens = capture_of(completion([5.5], [entry("x")]), request={"logprobs": True})
+    assert tokens is None and "not an integer" in capture.problem
+    _, tokens = capture_of(completion([5], [entry("x")]), request={"logprobs": True})
+    assert [t.typecode for t in tokens] == ["i", "i", "d"]  # 4 bytes an id, not a 36-byte int in a list
