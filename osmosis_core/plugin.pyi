@@ -41,6 +41,11 @@ from osmosis_core.templates import GUIDES_ROOT as GUIDES_ROOT
 from osmosis_core.templates import MULTIPLY_DATASET as MULTIPLY_DATASET
 from osmosis_core.templates import GraderSpec as GraderSpec
 from osmosis_core.templates import TemplateSpec as TemplateSpec
+from osmosis_core.traces import TRACES as TRACES
+from osmosis_core.traces import RunTraces as RunTraces
+from osmosis_core.traces import TraceGateway as TraceGateway
+from osmosis_core.traces import make_trace_gateway as make_trace_gateway
+from osmosis_core.traces import traces_enabled as traces_enabled
 from osmosis_core.waiters import Waiters as Waiters
 from osmosis_core.wire import policy_from_json as policy_from_json
 from osmosis_core.wire import policy_to_json as policy_to_json
