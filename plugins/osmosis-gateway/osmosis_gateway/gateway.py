@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 import re
 import secrets
 import time
@@ -46,8 +45,6 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 __all__ = ["POLICY_VERSION_FIELD", "POLICY_VERSION_HEADER", "ROLLOUT_ID_HEADER", "PolicyGateway"]
-
-_log = logging.getLogger("osmosis.gateway")
 
 ROLLOUT_ID_HEADER: Final = "X-Osmosis-Rollout-Id"
 POLICY_VERSION_HEADER: Final = "X-Osmosis-Policy-Version"
@@ -439,8 +436,10 @@ class PolicyGateway:
                             done = True
                         elif payload:
                             lines[i] = self._event(capture, payload) or line
+                if not lines:
+                    continue  # no whole line yet
                 try:
-                    await response.write(b"\n".join(lines) + b"\n" if lines else b"")
+                    await response.write(b"\n".join(lines) + b"\n")
                 except (ConnectionError, RuntimeError):
                     self._finish(trace, call, started, "client_gone", "the rollout hung up mid-stream", 200)
                     return response
