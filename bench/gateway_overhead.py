@@ -10,6 +10,8 @@ without popping a trace and reads the gateway's RSS growth.
 
     python bench/gateway_overhead.py [--rollouts 1000] [--concurrency 100] [--latency 0.1] [--repeat 2] [--stream]
 
+The gateway runs on uvloop, as ``osmosis gateway`` does (``GATEWAY_BENCH_UVLOOP=0``: asyncio's loop).
+
 Targets: throughput with the gateway over without it >= 0.95; gateway CPU per call <= 0.3 ms.
 """
 
@@ -120,7 +122,12 @@ def main() -> None:
     parser.add_argument("--serve-gateway", nargs=2, metavar=("UPSTREAM", "IDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_gateway:
-        asyncio.run(serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1])))
+        if os.environ.get("GATEWAY_BENCH_UVLOOP", "1") == "1":  # as `osmosis gateway` runs
+            import uvloop
+
+            uvloop.run(serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1])))
+        else:
+            asyncio.run(serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1])))
         return
 
     from osmosis_core.testing import StubPolicyProcess

@@ -58,9 +58,6 @@ def _floats(value: Iterable[float] | None) -> array[float] | None:
     return array("d", value)
 
 
-_convert = attrs.setters.convert
-
-
 @attrs.define(kw_only=True)
 class TraceCall:
     """One model call of a rollout, in the order the calls started."""
@@ -85,11 +82,11 @@ class TraceCall:
     """The assistant message the rollout received (content, tool calls)."""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    prompt_token_ids: array[int] | None = attrs.field(default=None, converter=_ids, on_setattr=_convert)
+    prompt_token_ids: array[int] | None = attrs.field(default=None, converter=_ids)
     """The ids the upstream saw, as a compact ``array("i")`` (``list(...)`` for a list; a list or any
-    iterable of ints is accepted and converted)."""
-    completion_token_ids: array[int] | None = attrs.field(default=None, converter=_ids, on_setattr=_convert)
-    logprobs: array[float] | None = attrs.field(default=None, converter=_floats, on_setattr=_convert)
+    iterable of ints given to the constructor is converted)."""
+    completion_token_ids: array[int] | None = attrs.field(default=None, converter=_ids)
+    logprobs: array[float] | None = attrs.field(default=None, converter=_floats)
     """One log-probability per completion token (``array("d")``)."""
 
     @property
