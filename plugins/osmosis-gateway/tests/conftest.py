@@ -10,8 +10,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for ``import gateway_helpers`` (importlib mode)
 
-REPO = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture(autouse=True)
 def _quiet_harbor(monkeypatch: pytest.MonkeyPatch) -> None:

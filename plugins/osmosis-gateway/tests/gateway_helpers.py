@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,6 +16,7 @@ from osmosis_core.plugin import aclose_http
 from osmosis_core.testing import ScriptedPolicyServer, calculator
 from osmosis_gateway import PolicyGateway
 
+REPO = Path(__file__).resolve().parents[3]
 UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
 QUESTION = [
     {"role": "system", "content": "You are a careful calculator."},

@@ -9,8 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
-from conftest import REPO
-from gateway_helpers import run, stack
+from gateway_helpers import REPO, run, stack
 
 from osmosis_core import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowContext
 from osmosis_core.testing import run_rollout

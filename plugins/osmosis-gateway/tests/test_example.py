@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO
+from gateway_helpers import REPO
 
 
 def test_grpo_traces_spreads_group_advantages_over_generated_tokens(clean_env):

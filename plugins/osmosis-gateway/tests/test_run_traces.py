@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from gateway_helpers import UPSTREAM_KEY
+from gateway_helpers import REPO, UPSTREAM_KEY
 
 from osmosis_core.testing import ScriptedPolicyServer
 from osmosis_core.testing.stub_tokens import render_prompt
