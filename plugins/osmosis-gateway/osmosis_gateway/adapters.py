@@ -5,7 +5,8 @@
   so the logprob entries name their ids (``"token_id:N"``): the fallback source of the generated
   ids on an older vLLM, and a cross-check on a newer one.
 * ``sglang``: ``return_token_ids`` (per-choice ``prompt_token_ids`` and ``token_ids``) plus
-  ``logprobs``; SGLang gives no ids when streaming, so a streamed call there is a capture failure.
+  ``logprobs``; SGLang gives no ids when streaming, so a streamed call is asked for unstreamed and
+  the gateway streams the whole answer to the rollout (:func:`completion_events`).
 * ``openai``: nothing added (the OpenAI API refuses unknown fields); the trace holds text only.
 
 What the gateway added is taken out of the answer again, streamed or not, so the rollout sees an
@@ -18,7 +19,7 @@ from __future__ import annotations
 from array import array
 from typing import Any, Final, Literal
 
-__all__ = ["ADAPTERS", "AdapterName", "CallCapture", "prepare_request"]
+__all__ = ["ADAPTERS", "AdapterName", "CallCapture", "completion_events", "prepare_request"]
 
 AdapterName = Literal["vllm", "sglang", "openai"]
 ADAPTERS: Final = ("vllm", "sglang", "openai")
@@ -268,6 +269,33 @@ def prepare_request(body: dict[str, Any], adapter: AdapterName) -> CallCapture:
     capture = CallCapture(adapter, strip_ids=strip_ids, strip_logprobs=strip_logprobs, as_ids=as_ids)
     if body.get("n", 1) not in (1, None):
         capture.fail(f"n={body.get('n')!r}: a trace holds one answer per call")
-    if adapter == "sglang" and body.get("stream") is True:
-        capture.fail("SGLang gives no token ids when streaming")
+    if adapter == "sglang" and body.get("stream") is True:  # SGLang streams no ids: ask for the whole answer
+        body["stream"] = False
+        body.pop("stream_options", None)
     return capture
+
+
+def completion_events(doc: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
+    """The stream chunks of a whole completion: the role, the content, each tool call, the finish
+    (and the usage when asked), as an OpenAI-compatible server streams them."""
+    base: dict[str, Any] = {k: doc[k] for k in ("id", "created", "model", "system_fingerprint") if k in doc}
+    base["object"] = "chat.completion.chunk"
+    chunks: list[dict[str, Any]] = []
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> None:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        chunks.append({**base, "choices": [choice]})
+
+    for position, choice in enumerate(doc.get("choices") or []):
+        index = choice.get("index", position)
+        message = choice.get("message") or {}
+        chunk(index, {"role": message.get("role", "assistant"), "content": ""})
+        for key in ("reasoning_content", "content"):
+            if message.get(key):
+                chunk(index, {key: message[key]})
+        for i, call in enumerate(message.get("tool_calls") or []):
+            chunk(index, {"tool_calls": [{"index": i, **call}]})
+        chunk(index, {}, choice.get("finish_reason"))
+    if include_usage and doc.get("usage") is not None:
+        chunks.append({**base, "choices": [], "usage": doc["usage"]})
+    return chunks

@@ -38,7 +38,7 @@ from urllib.parse import quote, unquote
 
 from osmosis_core import PolicyEndpoint
 from osmosis_core.plugin import clip, cut_response, drop_connection, http_request, read_limited, start_http_server
-from osmosis_gateway.adapters import ADAPTERS, AdapterName, CallCapture, prepare_request
+from osmosis_gateway.adapters import ADAPTERS, AdapterName, CallCapture, completion_events, prepare_request
 from osmosis_gateway.trace import RolloutTrace, TraceCall
 
 if TYPE_CHECKING:
@@ -351,7 +351,9 @@ class PolicyGateway:
         call.request = {k: v for k, v in body.items() if k not in ("model", "stream")}
         call.model = body.get("model") if isinstance(body.get("model"), str) else None
         call.stream = stream = body.get("stream") is True
-        capture = prepare_request(body, self.adapter)
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        capture = prepare_request(body, self.adapter)  # (may ask for the whole answer instead of a stream)
         headers = dict(self._upstream_headers)
         headers[ROLLOUT_ID_HEADER] = rollout_id
         try:
@@ -373,6 +375,8 @@ class PolicyGateway:
             what = clip(f"the upstream dropped the call: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
             self._finish(trace, call, started, "cut", what, None)
             return drop_connection(request)
+        if stream and body.get("stream") is not True and status == 200:
+            return await self._stream_whole(request, trace, call, capture, started, content, include_usage)
         return self._answer(trace, call, capture, started, status, kind, content)
 
     def _answer(
@@ -402,6 +406,44 @@ class PolicyGateway:
             content = _dumps(doc)
         self._complete(trace, call, capture, started, status)
         return web.Response(status=status, body=content, content_type=content_type)
+
+    async def _stream_whole(
+        self,
+        request: web.BaseRequest,
+        trace: RolloutTrace,
+        call: TraceCall,
+        capture: CallCapture,
+        started: float,
+        content: bytes,
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        """A whole answer streamed to a rollout that asked for a stream (the upstream cannot give ids
+        in one)."""
+        from aiohttp import web
+
+        try:
+            doc = json.loads(content)
+            if not isinstance(doc, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            problem = f"the upstream's answer ({len(content)} bytes) is not a JSON completion"
+            self._finish(trace, call, started, "capture_failed", problem, 200)
+            return web.Response(status=200, body=content, content_type="application/json")
+        capture.feed(doc, chunk=False)
+        events = completion_events(doc, include_usage=include_usage)
+        body = b"".join(b"data: " + _dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+        response = web.StreamResponse(status=200, headers={"Cache-Control": "no-cache"})
+        response.content_type = "text/event-stream"
+        response.charset = "utf-8"
+        try:
+            await response.prepare(request)
+            await response.write(body)
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            self._finish(trace, call, started, "client_gone", "the rollout hung up before the answer", 200)
+            return response
+        self._complete(trace, call, capture, started, 200)
+        return response
 
     async def _relay(
         self,

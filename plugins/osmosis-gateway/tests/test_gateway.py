@@ -348,3 +348,27 @@ def test_gateway_and_server_share_nothing_but_http():
                 return [r.rollout_id for r in server.requests]
 
     assert run(main) == ["abc"]
+
+
+def test_sglang_streams_are_asked_whole_and_streamed_to_the_rollout():
+    async def main():
+        async with stack(adapter="sglang") as (server, gateway):  # (the stand-in answers ids as vLLM does)
+            policy = gateway.open_rollout("r")
+            body = ask(stream=True, stream_options={"include_usage": True})
+            status, raw = await post(policy.chat_completions_url, body, token=policy.api_key)
+            return status, raw, gateway.pop_trace("r"), server.requests[0].body
+
+    status, raw, trace, sent = run(main)
+    assert status == 200 and sent["stream"] is False and "stream_options" not in sent
+    docs = sse_docs(raw)
+    assert raw.endswith(b"data: [DONE]\n\n") and docs[-1]["usage"]["completion_tokens"] > 0
+    calls = [c for d in docs for ch in d["choices"] for c in ch["delta"].get("tool_calls") or []]
+    assert calls[0]["function"]["name"] == "multiply" and json.loads(calls[0]["function"]["arguments"]) == {
+        "a": 12,
+        "b": 7,
+    }
+    assert [ch["finish_reason"] for d in docs for ch in d["choices"]][-1] == "tool_calls"
+    assert all("token_ids" not in ch and ch["logprobs"] is None for d in docs for ch in d["choices"])
+    assert all("prompt_token_ids" not in d for d in docs)
+    assert trace.complete and trace.calls[0].stream is True
+    assert list(trace.calls[0].prompt_token_ids) == render_prompt(QUESTION)

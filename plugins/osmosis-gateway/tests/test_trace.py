@@ -132,9 +132,10 @@ def test_missing_pieces_are_capture_failures():
     assert "n=2" in capture_of(completion([5], [entry("token_id:5")]), request={"n": 2})[0].problem
 
 
-def test_sglang_streaming_is_a_capture_failure_and_sglang_puts_prompt_ids_on_the_choice():
-    capture = prepare_request({"messages": [], "stream": True}, "sglang")
-    assert "streaming" in capture.problem
+def test_sglang_is_asked_without_streaming_and_puts_prompt_ids_on_the_choice():
+    body = {"messages": [], "stream": True, "stream_options": {"include_usage": True}}
+    capture = prepare_request(body, "sglang")
+    assert capture.problem is None and body["stream"] is False and "stream_options" not in body
     capture = prepare_request({"messages": []}, "sglang")
     doc = completion([5], [entry("x")], prompt=None)
     doc["choices"][0]["prompt_token_ids"] = [1, 2]
