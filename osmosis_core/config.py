@@ -36,6 +36,9 @@ A complete config (``configs/eval/multiply-plain.toml``)::
     [backend.harbor]                     # the chosen backend's own table (a plugin's; local takes none)
     n_concurrent = 8
 
+    [traces]                             # record each model call's tokens (osmosis-gateway); also --traces
+    adapter = "vllm"                     # vllm, sglang or openai (text only)
+
 Relative paths are resolved against the workspace root: the folder holding ``configs/`` when the
 file sits in ``configs/<kind>/``, else the config file's own folder.
 """
@@ -136,6 +139,9 @@ class RunConfig:
     """``[server]``: the settings of ``osmosis serve`` (read by the osmosis-server plugin, which checks them)."""
     report: dict[str, Any] = attrs.field(factory=dict)
     """``[report]``: the settings of the run folder's ``report.html`` (read by the osmosis-report plugin)."""
+    traces: dict[str, Any] = attrs.field(factory=dict)
+    """``[traces]``: record every model call through a policy gateway and write ``traces.jsonl`` (present
+    and not ``enabled = false`` turns it on; the osmosis-gateway plugin reads and checks the rest)."""
     source: Path | None = attrs.field(default=None, eq=False)
     """The file it was read from (None when built in code)."""
     root: Path = attrs.field(factory=Path.cwd, eq=False)
@@ -313,7 +319,7 @@ def check_config(config: RunConfig) -> list[str]:
     for name, table in config.backend.items():
         if not isinstance(table, dict):
             problems.append(f"must be a table @ $.backend.{name}")
-    for table_name in ("server", "report"):
+    for table_name in ("server", "report", "traces"):
         if not isinstance(getattr(config, table_name), dict):
             problems.append(f"must be a table @ $.{table_name}")
     return problems

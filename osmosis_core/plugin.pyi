@@ -22,6 +22,10 @@ from osmosis_core.errors import clip as clip
 from osmosis_core.errors import error_info as error_info
 from osmosis_core.errors import redact as redact
 from osmosis_core.errors import redact_data as redact_data
+from osmosis_core.http_server import cut_response as cut_response
+from osmosis_core.http_server import drop_connection as drop_connection
+from osmosis_core.http_server import start_http_server as start_http_server
+from osmosis_core.http_session import ResponseTooLarge as ResponseTooLarge
 from osmosis_core.http_session import aclose_http as aclose_http
 from osmosis_core.http_session import client_session as client_session
 from osmosis_core.http_session import http_request as http_request
@@ -49,6 +53,11 @@ from osmosis_core.templates import GUIDES_ROOT as GUIDES_ROOT
 from osmosis_core.templates import MULTIPLY_DATASET as MULTIPLY_DATASET
 from osmosis_core.templates import GraderSpec as GraderSpec
 from osmosis_core.templates import TemplateSpec as TemplateSpec
+from osmosis_core.traces import TRACES as TRACES
+from osmosis_core.traces import RunTraces as RunTraces
+from osmosis_core.traces import TraceGateway as TraceGateway
+from osmosis_core.traces import make_trace_gateway as make_trace_gateway
+from osmosis_core.traces import traces_enabled as traces_enabled
 from osmosis_core.waiters import Waiters as Waiters
 from osmosis_core.wire import policy_from_json as policy_from_json
 from osmosis_core.wire import policy_to_json as policy_to_json

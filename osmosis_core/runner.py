@@ -44,6 +44,7 @@ from osmosis_core.records import (
 )
 from osmosis_core.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
 from osmosis_core.run_lock import RunLock
+from osmosis_core.traces import TRACES, RunTraces, make_trace_gateway, traces_enabled
 from osmosis_core.wire import result_line
 from osmosis_core.workflow import ConcurrencyConfig
 
@@ -100,6 +101,8 @@ class RunPlan:
     """Pairs run again because their latest record failed (``--retry-failed``)."""
     registry: PluginRegistry | None = None
     """Whose ``osmosis_run_progress`` hooks hear how the run goes (None: the process-wide registry)."""
+    gateway: Any = None
+    """The policy gateway recording each call (:class:`~osmosis_core.traces.TraceGateway`), with traces on."""
 
     @property
     def total(self) -> int:
@@ -252,6 +255,9 @@ def prepare_run(
             dict(config.policy.headers),
             max_response_bytes=config.policy.max_response_bytes,
         )
+    gateway = None
+    if traces_enabled(config.traces):  # (the plugin checks the [traces] table before anything is written)
+        gateway = make_trace_gateway(policy, config.traces, source=source, registry=registry)
     dataset_path = config.resolve(config.dataset.path)
     if dataset_path is None:
         raise ConfigError(source, ["no dataset: set dataset.path (or --dataset) @ $.dataset.path"])
@@ -324,6 +330,7 @@ def prepare_run(
         lock=lock,
         retried=retried,
         registry=registry,
+        gateway=gateway,
     )
 
 
@@ -379,6 +386,7 @@ async def execute_run(
     writer = ResultWriter(plan.run_dir / RESULTS, secrets=secrets_)
     interrupted = False
     stopped: str | None = None
+    traces = RunTraces(plan.gateway, plan.run_dir / TRACES, secrets_) if plan.gateway is not None else None
 
     def record(row: int, sample_index: int, result: ExecutionResult) -> None:
         line = result_line(row, sample_index, result)
@@ -401,7 +409,7 @@ async def execute_run(
         request = ExecutionRequest(
             rollout_id=f"{token}-{row_index}-{sample_index}",
             prompt=row.prompt,
-            policy=plan.policy,
+            policy=plan.policy if traces is None else traces.open(f"{token}-{row_index}-{sample_index}"),
             label=row.label,
             metadata=row.metadata,
             agent_timeout_sec=run.agent_timeout_sec,
@@ -436,6 +444,10 @@ async def execute_run(
                 ExecutionResult(request.rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info)
             )
         last = final[-1]
+        if traces is not None:  # the trace line first: a result in the file always has its trace
+            traces.finish(
+                request.rollout_id, row_index, sample_index, write=last.status is not ExecutionStatus.CANCELLED
+            )
         if last.status is ExecutionStatus.CANCELLED:
             return
         record(row_index, sample_index, last)
@@ -536,6 +548,8 @@ async def execute_run(
         if listening:
             guard.start_soon(tell_progress)
         try:
+            if traces is not None:
+                await traces.start()
             with rollouts:
                 async with anyio.create_task_group() as workers:
                     for _ in range(min(plan.in_flight, len(plan.pending))):
@@ -553,6 +567,8 @@ async def execute_run(
                     try:
                         await plan.backend.aclose()
                     finally:
+                        if traces is not None:
+                            await traces.aclose()
                         await aclose_http()
                         if plan.lock is not None:
                             plan.lock.release()

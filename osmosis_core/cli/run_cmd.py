@@ -36,6 +36,13 @@ __all__ = ["run"]
 @click.option(
     "--no-report", is_flag=True, help="Write no report.html into the run folder (osmosis-report; [report] enabled)."
 )
+@click.option("--stub-flavor", type=click.Choice(["openai", "vllm", "drifting"]), default="vllm", hidden=True)
+@click.option(
+    "--traces",
+    is_flag=True,
+    help="Record every model call (prompt and generated token ids, logprobs) through a policy gateway "
+    "and write traces.jsonl beside results.jsonl (as a [traces] table does; needs osmosis-gateway).",
+)
 def run(
     config_file: Path | None,
     resume: bool,
@@ -43,6 +50,8 @@ def run(
     stub_policy: bool,
     stub_latency: float,
     no_report: bool,
+    stub_flavor: str,
+    traces: bool,
     **flags: Any,
 ) -> None:
     """Run a rollout over a dataset: every row, n samples each, results written as they finish.
@@ -61,6 +70,7 @@ def run(
     \b
     Examples:
       osmosis run configs/eval/multiply-plain.toml --stub-policy
+      osmosis run configs/eval/multiply-plain.toml --stub-policy --traces    # + traces.jsonl (osmosis-gateway)
       osmosis run configs/eval/multiply-plain.toml --policy-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B
       OPENAI_API_KEY=... osmosis run configs/eval/multiply-plain.toml \\
           --policy-url https://api.openai.com/v1 --model gpt-4o-mini --api-key-env OPENAI_API_KEY
@@ -74,6 +84,8 @@ def run(
     config = resolve_config(config_file, flags)
     if no_report:
         config.report["enabled"] = False
+    if traces:
+        config.traces = {**config.traces, "enabled": True}
     categories = _categories(retry_failed)
     console = make_console()
     err = make_console(stderr=True)
@@ -83,7 +95,7 @@ def run(
         if stub_policy:
             from osmosis_core.testing.stub_process import StubPolicyProcess
 
-            stub = StubPolicyProcess(latency=stub_latency).start()
+            stub = StubPolicyProcess(latency=stub_latency, flavor=stub_flavor).start()
             model = flags.get("model") or "osmosis-stub"
             override = PolicyEndpoint(stub.url, model)
             err.print(
@@ -99,6 +111,8 @@ def run(
             f"{config.run.backend!r}, up to {plan.backend.max_concurrency or plan.in_flight} at once, "
             f"policy {plan.policy.base_url} ({plan.policy.model})"
         )
+        if plan.gateway is not None:
+            console.print(f"traces: every model call goes through a policy gateway; {plan.run_dir / 'traces.jsonl'}")
         unlabeled = sum(row.label is None for row in plan.rows)
         if unlabeled and plan.rollout.grader_class is not None and not config.run.require_labels:
             err.print(

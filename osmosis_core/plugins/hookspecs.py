@@ -14,7 +14,7 @@ import heavy frameworks inside the registered classes, not at module top.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import click
 
     from osmosis_core.backend import BackendSpec
+    from osmosis_core.records import PolicyEndpoint
     from osmosis_core.results import RunProgress
     from osmosis_core.templates import GraderSpec, TemplateSpec
 
@@ -31,6 +32,7 @@ __all__ = [
     "PROJECT_NAME",
     "hookimpl",
     "hookspec",
+    "osmosis_policy_gateway",
     "osmosis_register_backends",
     "osmosis_register_commands",
     "osmosis_register_graders",
@@ -127,4 +129,17 @@ def osmosis_run_progress(progress: RunProgress) -> None:
         def osmosis_run_progress(progress):
             if progress.final:
                 wandb.log({"mean_reward": progress.summary.mean_reward})
+    """
+
+
+@hookspec(firstresult=True)
+def osmosis_policy_gateway(upstream: PolicyEndpoint, settings: dict[str, Any], source: str) -> Any:
+    """Make the policy gateway of a run with traces on (``osmosis run --traces``, ``[traces]``).
+
+    The first plugin that returns something wins (osmosis-gateway provides it); the result is a
+    :class:`osmosis_core.traces.TraceGateway`, not yet started.
+
+    :param upstream: the run's ``[policy]`` endpoint (its key stays in the gateway).
+    :param settings: the ``[traces]`` table; check it with ``structure_table(settings, T, "$.traces", source)``.
+    :param source: the config file, for error messages.
     """

@@ -429,6 +429,8 @@ _FIRST_PARTY: dict[tuple[str, str], str] = {
     ("template", "multiply-graders"): "osmosis-graders",
     ("command", "serve"): "osmosis-server",
     ("command", "report"): "osmosis-report",
+    ("command", "gateway"): "osmosis-gateway",
+    ("command", "export"): "osmosis-gateway",
     ("template", "multiply-local-strands"): "osmosis-strands",
     ("template", "multiply-local-openai"): "osmosis-openai-agents",
     ("template", "multiply-harbor-strands"): "osmosis-harbor",

@@ -48,6 +48,10 @@ from urllib.parse import unquote
 
 import attrs
 
+from osmosis_core.http_server import cut_response as _abort
+from osmosis_core.http_server import drop_connection as _drop
+from osmosis_core.testing.stub_tokens import FLAVORS, THINK_BLOCK, Flavor, TokenAnswer, token_answer
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -277,23 +281,37 @@ def _split_content(content: str, pieces: int = 4) -> list[str]:
     return [content[i : i + step] for i in range(0, len(content), step)]
 
 
-def _stream_events(reply: Reply, model: str, request_bytes: int, include_usage: bool) -> list[bytes]:
-    """The SSE events (each ``data: ...\\n\\n``) of a streamed reply, ending with ``[DONE]``."""
+def _stream_events(
+    reply: Reply, model: str, request_bytes: int, include_usage: bool, tokens: TokenAnswer | None = None
+) -> list[bytes]:
+    """The SSE events (each ``data: ...\\n\\n``) of a streamed reply, ending with ``[DONE]``.
+
+    With ``tokens``, each chunk carries the token fields of what it adds (vLLM's stream shape)."""
     cid = "chatcmpl-" + secrets.token_hex(12)
     created = int(time.time())
+    position = 0
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        doc = {
-            "id": cid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        }
+    def chunk(
+        delta: dict[str, Any], finish_reason: str | None = None, pairs: list[tuple[str, int]] | None = None
+    ) -> bytes:
+        nonlocal position
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        doc = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+        if tokens is not None:
+            if position == 0 and tokens.return_ids and "role" in delta:
+                doc["prompt_token_ids"] = tokens.prompt_ids
+            choice.update(tokens.fields(pairs or [], position))
+            position += len(pairs or [])
         return b"data: " + _dumps(doc) + b"\n\n"
 
     events = [chunk({"role": "assistant", "content": ""})]
-    events.extend(chunk({"content": piece}) for piece in _split_content(reply.content or ""))
+    if tokens is None:
+        events.extend(chunk({"content": piece}) for piece in _split_content(reply.content or ""))
+    else:  # token-aligned deltas
+        step = max(1, -(-len(tokens.content) // 4))
+        for i in range(0, len(tokens.content), step):
+            group = tokens.content[i : i + step]
+            events.append(chunk({"content": "".join(piece for piece, _ in group)}, pairs=group))
     for index, tc in enumerate(reply.tool_calls):
         first: dict[str, Any] = {"index": index}
         if tc.id is not None:
@@ -301,16 +319,20 @@ def _stream_events(reply: Reply, model: str, request_bytes: int, include_usage: 
         first["type"] = "function"
         first["function"] = {"name": tc.name, "arguments": ""}
         events.append(chunk({"tool_calls": [first]}))
-        events.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": tc.arguments_json()}}]}))
-    events.append(chunk({}, reply.effective_finish_reason()))
+        arguments = {"tool_calls": [{"index": index, "function": {"arguments": tc.arguments_json()}}]}
+        events.append(chunk(arguments, pairs=tokens.tool_calls[index] if tokens is not None else None))
+    events.append(chunk({}, reply.effective_finish_reason(), pairs=tokens.end if tokens is not None else None))
     if include_usage:
+        usage = _usage(reply, request_bytes)
+        if tokens is not None:
+            tokens.count(usage)
         doc = {
             "id": cid,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
             "choices": [],
-            "usage": _usage(reply, request_bytes),
+            "usage": usage,
         }
         events.append(b"data: " + _dumps(doc) + b"\n\n")
     events.append(b"data: [DONE]\n\n")
@@ -375,7 +397,14 @@ class ScriptedPolicyServer:
         api_key: str | None = None,
         model: str = "osmosis-stub",
         max_logged: int | None = None,
+        flavor: Flavor = "openai",
     ) -> None:
+        if flavor not in FLAVORS:
+            raise ValueError(f"flavor must be one of {', '.join(FLAVORS)}, got {flavor!r}")
+        self.flavor: Flavor = flavor
+        """How token requests are answered (:mod:`osmosis_core.testing.stub_tokens`): ``openai`` (text
+        only, the default), ``vllm`` (prompt ids, generated ids, logprobs), ``drifting`` (``vllm`` over
+        a template that strips past ``<think>`` blocks)."""
         self._script: Script = script if script is not None else _default_script()
         self.latency = latency
         self._host = "127.0.0.1" if host == "localhost" else host
@@ -550,6 +579,12 @@ class ScriptedPolicyServer:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             model = self.model
+        tokens = None
+        if self.flavor != "openai":
+            if self.flavor == "drifting":
+                reply = attrs.evolve(reply, content=THINK_BLOCK + (reply.content or ""))
+            calls = [(tc.name, tc.arguments_json()) for tc in reply.tool_calls]
+            tokens = token_answer(body, reply.content, calls, self.flavor)
         log(200, kind)
         if kind == "oversize":
             assert fault is not None
@@ -557,7 +592,7 @@ class ScriptedPolicyServer:
         if stream:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            events = _stream_events(reply, model, len(raw), include_usage)
+            events = _stream_events(reply, model, len(raw), include_usage, tokens)
             response = web.StreamResponse(status=200, headers={"Cache-Control": "no-cache"})
             response.content_type = "text/event-stream"
             response.charset = "utf-8"
@@ -580,7 +615,10 @@ class ScriptedPolicyServer:
             assert fault is not None
             bad = _BAD_JSON if kind == "bad_json" else _dumps(fault.document)
             return web.Response(status=200, body=bad, content_type="application/json")
-        data = _dumps(_completion_doc(reply, model, len(raw)))
+        document = _completion_doc(reply, model, len(raw))
+        if tokens is not None:
+            tokens.decorate(document)
+        data = _dumps(document)
         if kind == "truncate":
             return web.Response(status=200, body=data[: len(data) // 2], content_type="application/json")
         if kind == "drop_mid_stream":
@@ -601,28 +639,14 @@ class ScriptedPolicyServer:
 
     async def start_async(self) -> None:
         """Start listening inside the running event loop."""
-        from aiohttp import web
+        from osmosis_core.http_server import start_http_server
 
         if self._runner is not None:
             raise RuntimeError("ScriptedPolicyServer is already running")
-        loop = asyncio.get_running_loop()
-
-        def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
-            return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=_MAX_BODY)
-
-        # aiohttp's low-level server (one handler, no router or middlewares): the benches share
-        # their two cores with this stand-in, so its CPU per request is kept small
-        server = web.Server(self._handle, request_factory=make_request, access_log=None, max_field_size=65536)
-        runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._requested_port, backlog=2048, reuse_address=True)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
+        # aiohttp's low-level server: the benches share their two cores with this stand-in
+        self._runner, self._port = await start_http_server(
+            self._handle, self._host, self._requested_port, max_body=_MAX_BODY
+        )
 
     async def stop_async(self) -> None:
         """Stop listening and close every connection (pending responses are abandoned)."""
@@ -714,26 +738,6 @@ def _unauthorized() -> web.Response:
     return _error(401, "invalid or missing API key", headers={"WWW-Authenticate": 'Bearer realm="osmosis"'})
 
 
-def _drop(request: web.BaseRequest) -> web.Response:
-    """Close the connection without an answer (what is returned is never sent)."""
-    from aiohttp import web
-
-    if request.transport is not None:
-        request.transport.close()
-    return web.Response(status=204)
-
-
-def _abort(request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
-    """Cut the connection in the middle of ``response`` (after what was written reached the socket)."""
-    transport = request.transport
-    if transport is not None:
-        if transport.get_write_buffer_size():
-            transport.close()  # abort() would discard the bytes not yet handed to the kernel
-        else:
-            transport.abort()
-    return response
-
-
 async def _oversize(request: web.BaseRequest, size: int, model: str, stream: bool) -> web.StreamResponse:
     """A completion of ``size`` content bytes, chunked, written a megabyte at a time."""
     from aiohttp import web
@@ -781,7 +785,7 @@ def _is_loopback(host: str) -> bool:
 
 async def _serve(args: argparse.Namespace) -> None:
     server = ScriptedPolicyServer(
-        latency=args.latency, host=args.host, port=args.port, api_key=args.api_key, max_logged=1000
+        latency=args.latency, host=args.host, port=args.port, api_key=args.api_key, max_logged=1000, flavor=args.flavor
     )
     await server.start_async()
     gc.freeze()  # start-up's objects live as long as the server: its collections need not scan them
@@ -822,6 +826,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default: 0)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds before each response (default: 0)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    parser.add_argument(
+        "--flavor", choices=FLAVORS, default="openai", help="how token requests are answered (default: openai)"
+    )
     parser.add_argument(
         "--watch-stdin", action="store_true", help="exit when standard input reaches end-of-file (the parent died)"
     )

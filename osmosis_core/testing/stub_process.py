@@ -28,8 +28,10 @@ class StubPolicyProcess:
     http://127.0.0.1:40123/v1
     """
 
-    def __init__(self, *, latency: float = 0.0, startup_timeout: float = 20.0) -> None:
+    def __init__(self, *, latency: float = 0.0, startup_timeout: float = 20.0, flavor: str = "openai") -> None:
         self.latency = latency
+        self.flavor = flavor
+        """How the stand-in answers token requests (``openai``, ``vllm``, ``drifting``)."""
         self.startup_timeout = startup_timeout
         self.url = ""
         self._proc: subprocess.Popen[str] | None = None
@@ -45,6 +47,8 @@ class StubPolicyProcess:
             "0",
             "--latency",
             str(self.latency),
+            "--flavor",
+            self.flavor,
             "--watch-stdin",
         ]
         # stderr goes to a file, not a pipe nobody drains (a full pipe would block the server)

@@ -1,0 +1,184 @@
+"""What the policy gateway costs: two-call rollouts through it against the same rollouts without it.
+
+The scripted server (``--flavor vllm``, 100 ms per call) runs in a child process, and so does the
+gateway (``PolicyGateway``, vLLM adapter), so neither's CPU counts against the driver, and the
+gateway's own CPU time is read from ``/proc`` around its phase. The driver (this process, one
+aiohttp session) runs N two-call tool-calling rollouts at concurrency C: straight to the server,
+then through the gateway (each rollout at its own URL with its own token, every call captured),
+alternating, best of ``--repeat`` kept. Then it captures 10,000 calls at a higher concurrency
+without popping a trace and reads the gateway's RSS growth.
+
+    python bench/gateway_overhead.py [--rollouts 1000] [--concurrency 100] [--latency 0.1] [--repeat 2] [--stream]
+
+The gateway runs on uvloop, as ``osmosis gateway`` does (``GATEWAY_BENCH_UVLOOP=0``: asyncio's loop).
+
+Targets: throughput with the gateway over without it >= 0.95; gateway CPU per call <= 0.3 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "multiply",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        },
+    }
+]
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# -- the gateway child ---------------------------------------------------------------------------
+
+
+async def serve_gateway(upstream: str, ids: int) -> None:
+    import gc
+
+    from osmosis_core import PolicyEndpoint
+    from osmosis_core.plugin import aclose_http
+    from osmosis_gateway import PolicyGateway
+
+    gateway = PolicyGateway(PolicyEndpoint(upstream, "osmosis-stub"), adapter="vllm")
+    await gateway.start()
+    tokens = {f"r{i}": gateway.open_rollout(f"r{i}").api_key for i in range(ids)}
+    gc.freeze()
+    print(json.dumps({"url": gateway.url, "tokens": tokens}), flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
+    complete = sum(1 for i in range(ids) if (t := gateway.trace(f"r{i}")) and t.calls and t.complete)
+    print(json.dumps({"complete_traces": complete}), flush=True)
+    await gateway.aclose()
+    await aclose_http()
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+
+async def rollout(session: Any, url: str, token: str | None, n: int, stream: bool) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is {n % 97} times 7?"}]
+    for _turn in range(2):
+        body = {"model": "osmosis-stub", "messages": messages, "tools": TOOLS, "stream": stream}
+        async with session.post(url, json=body, headers=headers) as response:
+            raw = await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{response.status}: {raw[:200]!r}")
+        message = {"role": "assistant", "content": None} if stream else json.loads(raw)["choices"][0]["message"]
+        if message.get("tool_calls"):
+            call = message["tool_calls"][0]
+            messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": "84"}]
+        else:
+            messages += [message or {"role": "assistant", "content": "84"}, {"role": "tool", "content": "84"}]
+
+
+async def phase(urls: list[tuple[str, str | None]], concurrency: int, stream: bool) -> float:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        queue = iter(enumerate(urls))
+
+        async def worker() -> None:
+            for n, (url, token) in queue:
+                await rollout(session, url, token, n, stream)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--memory-calls", type=int, default=10_000)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--serve-gateway", nargs=2, metavar=("UPSTREAM", "IDS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_gateway:
+        if os.environ.get("GATEWAY_BENCH_UVLOOP", "1") == "1":  # as `osmosis gateway` runs
+            import uvloop
+
+            uvloop.run(serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1])))
+        else:
+            asyncio.run(serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1])))
+        return
+
+    from osmosis_core.testing import StubPolicyProcess
+
+    memory_rollouts = args.memory_calls // 2
+    total_ids = args.rollouts * args.repeat + memory_rollouts
+    with StubPolicyProcess(latency=args.latency, flavor="vllm") as stub:
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve-gateway", stub.url, str(total_ids)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None and child.stdin is not None
+        ready = json.loads(child.stdout.readline())
+        gateway_url, tokens = ready["url"], ready["tokens"]
+        direct_url = stub.url + "/chat/completions"
+        direct: list[float] = []
+        through: list[float] = []
+        cpu: list[float] = []
+        next_id = 0
+        for _ in range(args.repeat):
+            direct.append(asyncio.run(phase([(direct_url, None)] * args.rollouts, args.concurrency, args.stream)))
+            ids = [f"r{i}" for i in range(next_id, next_id + args.rollouts)]
+            next_id += args.rollouts
+            urls = [(f"{gateway_url}/rollouts/{i}/chat/completions", tokens[i]) for i in ids]
+            before = cpu_seconds(child.pid)
+            through.append(asyncio.run(phase(urls, args.concurrency, args.stream)))
+            cpu.append(cpu_seconds(child.pid) - before)
+        rss_before = rss_mb(child.pid)
+        ids = [f"r{i}" for i in range(next_id, next_id + memory_rollouts)]
+        urls = [(f"{gateway_url}/rollouts/{i}/chat/completions", tokens[i]) for i in ids]
+        asyncio.run(phase(urls, max(args.concurrency, 500), args.stream))
+        rss_after = rss_mb(child.pid)
+        child.stdin.close()
+        done = json.loads(child.stdout.readline())
+        child.wait(timeout=30)
+
+    calls = 2 * args.rollouts
+    ideal = calls * args.latency / args.concurrency
+    best_direct, best_through = min(direct), min(through)
+    print(f"{args.rollouts} two-call rollouts at concurrency {args.concurrency}, {args.latency * 1000:.0f} ms per call"
+          f"{' (streamed)' if args.stream else ''}; ideal {ideal:.2f} s")  # fmt: skip
+    print(f"  without gateway: {best_direct:.2f} s ({ideal / best_direct:.2f} of ideal)  runs {direct}")
+    print(f"  with gateway:    {best_through:.2f} s ({ideal / best_through:.2f} of ideal)  runs {through}")
+    print(f"  throughput with / without: {best_direct / best_through:.3f}   (target >= 0.95)")
+    per_call = min(cpu) / calls * 1000
+    print(f"  gateway CPU per call: {per_call:.3f} ms   (target <= 0.3; per phase {[round(c, 2) for c in cpu]} s)")
+    print(f"  gateway RSS for {args.memory_calls} captured calls: {rss_after - rss_before:.1f} MB "
+          f"({rss_before:.0f} -> {rss_after:.0f} MB); complete traces held: {done['complete_traces']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""Per-upstream adapters: what the gateway adds to a request to get tokens, and how it reads them.
+
+* ``vllm``: ``logprobs=true``, ``top_logprobs=0``, ``return_token_ids=true`` (vLLM >= 0.10.2:
+  top-level ``prompt_token_ids``, per-choice ``token_ids``), and ``return_tokens_as_token_ids``
+  so the logprob entries name their ids (``"token_id:N"``): the fallback source of the generated
+  ids on an older vLLM, and a cross-check on a newer one.
+* ``sglang``: ``return_token_ids`` (per-choice ``prompt_token_ids`` and ``token_ids``) plus
+  ``logprobs``; SGLang gives no ids when streaming, so a streamed call is asked for unstreamed and
+  the gateway streams the whole answer to the rollout (:func:`completion_events`).
+* ``openai``: nothing added (the OpenAI API refuses unknown fields); the trace holds text only.
+
+What the gateway added is taken out of the answer again, streamed or not, so the rollout sees an
+ordinary chat completion. When sources disagree, or the token and logprob lists differ in
+length, the call's capture fails: the answer still goes to the rollout unchanged.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Final, Literal
+
+__all__ = ["ADAPTERS", "AdapterName", "CallCapture", "completion_events", "prepare_request"]
+
+AdapterName = Literal["vllm", "sglang", "openai"]
+ADAPTERS: Final = ("vllm", "sglang", "openai")
+
+_TOKEN_ID_PREFIX: Final = "token_id:"
+_ID_AT: Final = len(_TOKEN_ID_PREFIX)
+
+
+class CallCapture:
+    """What one call's answer carried, gathered from the whole document or chunk by chunk, and
+    the fields the gateway added taken out of it as it passes."""
+
+    __slots__ = (
+        "_as_ids",
+        "adapter",
+        "content",
+        "finish_reason",
+        "gen_ids",
+        "logprob_ids",
+        "logprobs",
+        "problem",
+        "prompt_ids",
+        "reasoning",
+        "role",
+        "strip_ids",
+        "strip_logprobs",
+        "tool_calls",
+        "usage",
+    )
+
+    def __init__(self, adapter: AdapterName, *, strip_ids: bool, strip_logprobs: bool, as_ids: bool) -> None:
+        self.adapter = adapter
+        self.strip_ids = strip_ids
+        self.strip_logprobs = strip_logprobs
+        self._as_ids = as_ids
+        self.prompt_ids: list[int] | None = None
+        self.gen_ids: list[int] | None = None
+        self.logprobs: list[float] | None = None
+        self.logprob_ids: list[int] | None = None
+        """Generated ids read from ``"token_id:N"`` logprob tokens (None once one is not such)."""
+        self.problem: str | None = None
+        self.role = "assistant"
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    # -- reading and stripping ---------------------------------------------------------------------
+
+    def feed(self, doc: Any, *, chunk: bool) -> bool:
+        """Read one answer document (a whole completion, or one stream chunk) and take out what the
+        gateway added; returns whether ``doc`` was changed."""
+        if not isinstance(doc, dict):
+            self.fail("the answer is not a JSON object")
+            return False
+        changed = False
+        usage = doc.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        prompt = doc.get("prompt_token_ids")
+        if prompt is not None:
+            self._prompt(prompt)
+        if self.strip_ids:
+            for key in ("prompt_token_ids", "prompt_logprobs"):
+                if key in doc:
+                    del doc[key]
+                    changed = True
+        choices = doc.get("choices")
+        if not isinstance(choices, list):
+            if not chunk:
+                self.fail("the answer has no choices")
+            return changed
+        if len(choices) > 1:
+            self.fail(f"the answer has {len(choices)} choices; a trace holds one (n=1)")
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            changed |= self._choice(choice, chunk)
+        return changed
+
+    def _choice(self, choice: dict[str, Any], chunk: bool) -> bool:
+        changed = False
+        if choice.get("prompt_token_ids") is not None:  # SGLang's place for them
+            self._prompt(choice["prompt_token_ids"])
+        token_ids = choice.get("token_ids")
+        if token_ids is not None:
+            if not isinstance(token_ids, list):
+                self.fail("token_ids is not a list")
+            elif chunk and self.gen_ids is not None:
+                self.gen_ids.extend(token_ids)
+            else:
+                self.gen_ids = list(token_ids)
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            self._logprobs(logprobs.get("content"))
+        if self.strip_ids:
+            for key in ("token_ids", "prompt_token_ids"):
+                if key in choice:
+                    del choice[key]
+                    changed = True
+        if self.strip_logprobs and choice.get("logprobs") is not None:
+            choice["logprobs"] = None
+            changed = True
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            self.finish_reason = str(reason)
+        message = choice.get("delta") if chunk else choice.get("message")
+        if isinstance(message, dict):
+            self._message(message, chunk)
+        return changed
+
+    def _prompt(self, ids: Any) -> None:
+        if not isinstance(ids, list):
+            self.fail("prompt_token_ids is not a list")
+        elif self.prompt_ids is not None and self.prompt_ids != ids:
+            self.fail("the answer carried two different prompt_token_ids")
+        else:
+            self.prompt_ids = ids
+
+    def _logprobs(self, entries: Any) -> None:
+        if entries is None:
+            return
+        try:  # one pass per field in comprehensions: the gateway's hottest loop
+            values = [entry["logprob"] for entry in entries]
+        except (TypeError, KeyError):
+            self.fail("a logprobs entry has no logprob")
+            return
+        if self.logprobs is None:
+            self.logprobs = values
+            self.logprob_ids = [] if self._as_ids else None
+        else:
+            self.logprobs.extend(values)
+        if self.logprob_ids is not None:
+            try:
+                ids = [int(entry["token"][_ID_AT:]) for entry in entries if entry["token"][:_ID_AT] == _TOKEN_ID_PREFIX]
+            except (TypeError, KeyError, ValueError):
+                ids = []
+            if len(ids) == len(values):
+                self.logprob_ids.extend(ids)
+            else:
+                self.logprob_ids = None  # not ids after all: no second source
+
+    def _message(self, message: dict[str, Any], chunk: bool) -> None:
+        if isinstance(message.get("role"), str):
+            self.role = message["role"]
+        content = message.get("content")
+        if isinstance(content, str):
+            self.content.append(content)
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if isinstance(reasoning, str):
+            self.reasoning.append(reasoning)
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list):
+            return
+        for position, call in enumerate(calls):
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index", position) if chunk else position
+            slot = self.tool_calls.setdefault(index, {"id": None, "type": "function", "name": "", "arguments": ""})
+            if call.get("id"):
+                slot["id"] = call["id"]
+            function = call.get("function")
+            if isinstance(function, dict):
+                if isinstance(function.get("name"), str):
+                    slot["name"] += function["name"]
+                if isinstance(function.get("arguments"), str):
+                    slot["arguments"] += function["arguments"]
+
+    def fail(self, problem: str) -> None:
+        """Record a capture failure (the first one is kept)."""
+        if self.problem is None:
+            self.problem = problem
+
+    # -- the result --------------------------------------------------------------------------------
+
+    @property
+    def token_level(self) -> bool:
+        """Whether this adapter captures tokens at all."""
+        return self.adapter != "openai"
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message the rollout received."""
+        message: dict[str, Any] = {"role": self.role, "content": "".join(self.content) if self.content else None}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for _, c in sorted(self.tool_calls.items())
+            ]
+        return message
+
+    def tokens(self) -> tuple[array[int], array[int], array[float]] | None:
+        """(prompt ids, generated ids, logprobs) once checked, as compact arrays (4 bytes an id
+        instead of 36 in a list; a long prompt is most of a trace), or None with :attr:`problem` set."""
+        if not self.token_level:
+            return None
+        if self.problem is not None:
+            return None
+        gen_ids = self.gen_ids
+        if self.logprob_ids is not None and self.logprobs:
+            if gen_ids is None:
+                gen_ids = self.logprob_ids  # vLLM before return_token_ids: the "token_id:N" strings
+            elif gen_ids != self.logprob_ids:
+                self.fail("token_ids and the logprob tokens name different ids")
+                return None
+        if self.prompt_ids is None:
+            self.fail(f"the upstream sent no prompt_token_ids ({_hint(self.adapter)})")
+        elif gen_ids is None:
+            self.fail(f"the upstream sent no generated token ids ({_hint(self.adapter)})")
+        elif self.logprobs is None:
+            self.fail("the upstream sent no logprobs")
+        elif len(self.logprobs) != len(gen_ids):
+            self.fail(f"{len(gen_ids)} generated token ids but {len(self.logprobs)} logprobs")
+        if self.problem is not None or self.prompt_ids is None or gen_ids is None or self.logprobs is None:
+            return None
+        try:  # checks every element in C: an id that is no int, a logprob that is no number, fails
+            return array("i", self.prompt_ids), array("i", gen_ids), array("d", self.logprobs)
+        except (TypeError, OverflowError):
+            self.fail("a token id is not an integer or a logprob is not a number")
+            return None
+
+
+def _hint(adapter: str) -> str:
+    if adapter == "vllm":
+        return "is it vLLM >= 0.10.2? for another server choose its adapter"
+    return "is it SGLang with return_token_ids? streamed answers carry none"
+
+
+def prepare_request(body: dict[str, Any], adapter: AdapterName) -> CallCapture:
+    """Add the adapter's token fields to a request (in place); return the capture for its answer."""
+    if adapter == "openai":
+        return CallCapture(adapter, strip_ids=False, strip_logprobs=False, as_ids=False)
+    strip_ids = body.get("return_token_ids") is not True
+    strip_logprobs = body.get("logprobs") is not True
+    body["return_token_ids"] = True
+    as_ids = False
+    if strip_logprobs:
+        body["logprobs"] = True
+        body["top_logprobs"] = 0
+        if adapter == "vllm" and "return_tokens_as_token_ids" not in body:
+            body["return_tokens_as_token_ids"] = True  # the rollout never sees these entries
+            as_ids = True
+    elif adapter == "vllm":
+        as_ids = body.get("return_tokens_as_token_ids") is True
+    capture = CallCapture(adapter, strip_ids=strip_ids, strip_logprobs=strip_logprobs, as_ids=as_ids)
+    if body.get("n", 1) not in (1, None):
+        capture.fail(f"n={body.get('n')!r}: a trace holds one answer per call")
+    if adapter == "sglang" and body.get("stream") is True:  # SGLang streams no ids: ask for the whole answer
+        body["stream"] = False
+        body.pop("stream_options", None)
+    return capture
+
+
+def completion_events(doc: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
+    """The stream chunks of a whole completion: the role, the content, each tool call, the finish
+    (and the usage when asked), as an OpenAI-compatible server streams them."""
+    base: dict[str, Any] = {k: doc[k] for k in ("id", "created", "model", "system_fingerprint") if k in doc}
+    base["object"] = "chat.completion.chunk"
+    chunks: list[dict[str, Any]] = []
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> None:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        chunks.append({**base, "choices": [choice]})
+
+    for position, choice in enumerate(doc.get("choices") or []):
+        index = choice.get("index", position)
+        message = choice.get("message") or {}
+        chunk(index, {"role": message.get("role", "assistant"), "content": ""})
+        for key in ("reasoning_content", "content"):
+            if message.get(key):
+                chunk(index, {key: message[key]})
+        for i, call in enumerate(message.get("tool_calls") or []):
+            chunk(index, {"tool_calls": [{"index": i, **call}]})
+        chunk(index, {}, choice.get("finish_reason"))
+    if include_usage and doc.get("usage") is not None:
+        chunks.append({**base, "choices": [], "usage": doc["usage"]})
+    return chunks

@@ -1,0 +1,537 @@
+"""The policy gateway: an OpenAI-compatible proxy that records every model call of every rollout.
+
+>>> async def main(upstream):                                            # doctest: +SKIP
+...     async with PolicyGateway(upstream, adapter="vllm") as gateway:
+...         policy = gateway.open_rollout("r-1")      # a PolicyEndpoint for that rollout alone
+...         ...                                       # the rollout calls policy.chat_completions_url
+...         trace = gateway.pop_trace("r-1")          # its RolloutTrace; the gateway forgets it
+
+Routes (``aiohttp.web``'s low-level server, loopback by default):
+
+* ``POST /v1/rollouts/{rollout_id}/chat/completions``: the per-rollout route (what
+  :meth:`PolicyGateway.open_rollout` hands out), also ``POST /v1/chat/completions`` with the
+  ``X-Osmosis-Rollout-Id`` header. The caller needs ``Authorization: Bearer`` with that rollout's
+  token (or the gateway's bearer); a rollout id that was not opened is refused (404), a token of
+  another rollout too (403), no token at all with 401.
+* ``POST /v1/rollouts`` ``{"rollout_id": ..., "policy_version": ...}`` opens a rollout over HTTP
+  (gateway bearer): it answers ``{"rollout_id", "base_url", "api_key", "model"}``.
+* ``GET /v1/rollouts/{rollout_id}/trace`` shows a trace; ``DELETE /v1/rollouts/{rollout_id}``
+  takes it out (the gateway forgets the rollout). ``PUT /v1/policy_version`` sets the version
+  recorded on later calls. ``GET /health`` needs no token.
+
+Each call is forwarded with the upstream's key, which no rollout, trace, log line or error ever
+holds. The adapter (:mod:`osmosis_gateway.adapters`) asks the upstream for token ids and logprobs
+and takes them out of the answer again. A capture failure never fails the call; an upstream error
+reaches the rollout as the upstream sent it. Either marks the rollout's trace incomplete.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import secrets
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote, unquote
+
+from osmosis_core import PolicyEndpoint
+from osmosis_core.plugin import clip, cut_response, drop_connection, http_request, read_limited, start_http_server
+from osmosis_gateway.adapters import ADAPTERS, AdapterName, CallCapture, completion_events, prepare_request
+from osmosis_gateway.trace import RolloutTrace, TraceCall
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+__all__ = ["POLICY_VERSION_FIELD", "POLICY_VERSION_HEADER", "ROLLOUT_ID_HEADER", "PolicyGateway"]
+
+ROLLOUT_ID_HEADER: Final = "X-Osmosis-Rollout-Id"
+POLICY_VERSION_HEADER: Final = "X-Osmosis-Policy-Version"
+"""A trainer tags a call with the policy version that serves it (recorded per call)."""
+POLICY_VERSION_FIELD: Final = "osmosis_policy_version"
+"""The same as a request field (taken out before the request goes upstream)."""
+
+_ROLLOUT_ROUTE: Final = re.compile(r"^/v1/rollouts/([^/]+)(/.*)?$")
+_CHAT_TAILS: Final = ("/chat/completions", "/v1/chat/completions")
+_MAX_BODY: Final = 64 * 1024 * 1024
+_ERROR_CHARS: Final = 500
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    from aiohttp import web
+
+    kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "server_error"
+    body = _dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers or None)
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    from aiohttp import web
+
+    return web.Response(status=status, body=_dumps(data), content_type="application/json")
+
+
+def _bearer(request: web.BaseRequest) -> str | None:
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _detail(content: bytes) -> str:
+    """What an upstream error body says (its ``error.message`` when it is OpenAI-shaped)."""
+    try:
+        data = json.loads(content[:65536])
+    except ValueError:
+        return content[:2000].decode("utf-8", "replace").strip() or "(empty body)"
+    error = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)
+
+
+class _Slot:
+    """One open rollout: its token, its trace, its policy version."""
+
+    __slots__ = ("next_index", "policy_version", "token", "trace")
+
+    def __init__(self, rollout_id: str, token: str, capture: str, policy_version: str | None) -> None:
+        self.token = token
+        self.trace = RolloutTrace(rollout_id, capture="text" if capture == "openai" else "tokens")
+        self.policy_version = policy_version
+        self.next_index = 0
+
+
+class PolicyGateway:
+    """An OpenAI-compatible proxy in front of ``upstream`` that records each rollout's calls.
+
+    :param upstream: the inference server (its key and headers stay in the gateway).
+    :param adapter: how to ask it for tokens: ``vllm``, ``sglang`` or ``openai`` (text only).
+    :param host: the address to listen on; anything but loopback needs an explicit ``bearer``
+        (it is required on every route but ``/health`` anyway).
+    :param bearer: the gateway's own token (the run's); made up when not given.
+    :param policy_version: recorded on calls that name none (settable later: :attr:`policy_version`).
+    """
+
+    def __init__(
+        self,
+        upstream: PolicyEndpoint,
+        *,
+        adapter: AdapterName = "vllm",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bearer: str | None = None,
+        policy_version: str | None = None,
+    ) -> None:
+        if adapter not in ADAPTERS:
+            raise ValueError(f"adapter must be one of {', '.join(ADAPTERS)}, got {adapter!r}")
+        self.upstream = upstream
+        self.adapter: AdapterName = adapter
+        self.policy_version = policy_version
+        self.bearer = bearer or secrets.token_urlsafe(24)
+        self._host = host
+        self._requested_port = port
+        self._slots: dict[str, _Slot] = {}
+        self._secrets = (*upstream.secrets(), self.bearer)
+        self._upstream_url = upstream.chat_completions_url
+        self._upstream_headers = {"Content-Type": "application/json", **upstream.headers}
+        if upstream.api_key:
+            self._upstream_headers["Authorization"] = f"Bearer {upstream.api_key}"
+        self._runner: web.BaseRunner | None = None
+        self._port: int | None = None
+
+    def __repr__(self) -> str:
+        where = self.url if self._port is not None else "stopped"
+        return f"<PolicyGateway {where} adapter={self.adapter} upstream={self.upstream.base_url}>"
+
+    # -- the in-process API ------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The gateway's OpenAI base URL, ``http://127.0.0.1:PORT/v1``."""
+        if self._port is None:
+            raise RuntimeError("the gateway is not running")
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self._port}/v1"
+
+    def open_rollout(self, rollout_id: str, *, policy_version: str | None = None) -> PolicyEndpoint:
+        """Register a rollout; return the endpoint its model calls go to (its own URL and token).
+
+        :raises ValueError: the rollout is already open (an id names one rollout).
+        """
+        if not rollout_id:
+            raise ValueError("a rollout id must not be empty")
+        if rollout_id in self._slots:
+            raise ValueError(f"rollout {rollout_id!r} is already open on this gateway")
+        token = secrets.token_urlsafe(18)
+        self._slots[rollout_id] = _Slot(rollout_id, token, self.adapter, policy_version)
+        return PolicyEndpoint(
+            f"{self.url}/rollouts/{quote(rollout_id, safe='')}",
+            self.upstream.model,
+            token,
+            max_response_bytes=self.upstream.max_response_bytes,
+        )
+
+    def trace(self, rollout_id: str) -> RolloutTrace | None:
+        """The trace of an open rollout so far (None when it is not open)."""
+        slot = self._slots.get(rollout_id)
+        return slot.trace if slot is not None else None
+
+    def pop_trace(self, rollout_id: str) -> RolloutTrace | None:
+        """Take a rollout's trace out and close the rollout (later calls of it are refused)."""
+        slot = self._slots.pop(rollout_id, None)
+        return slot.trace if slot is not None else None
+
+    @property
+    def open_rollouts(self) -> int:
+        """Rollouts opened and not yet popped."""
+        return len(self._slots)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> PolicyGateway:
+        """Listen (inside the running event loop)."""
+        if self._runner is not None:
+            raise RuntimeError("the gateway is already running")
+        self._runner, self._port = await start_http_server(
+            self._handle, self._host, self._requested_port, max_body=_MAX_BODY
+        )
+        return self
+
+    async def aclose(self) -> None:
+        """Stop listening (calls in flight are cut)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        self._port = None
+
+    async def __aenter__(self) -> PolicyGateway:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- routes ------------------------------------------------------------------------------------
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.rel_url.raw_path
+        method = request.method
+        if path == "/health":
+            return _json({"status": "ok"})
+        match = _ROLLOUT_ROUTE.match(path)
+        if match is not None:
+            rollout_id, tail = unquote(match.group(1)), match.group(2) or ""
+            if tail in _CHAT_TAILS and method == "POST":
+                return await self._chat(request, rollout_id)
+            if tail in ("/models", "/v1/models") and method == "GET":
+                return self._models(request, rollout_id)
+            if tail == "/trace" and method == "GET":
+                return self._admin(request) or self._trace(rollout_id, pop=False)
+            if tail == "" and method == "DELETE":
+                return self._admin(request) or self._trace(rollout_id, pop=True)
+        elif path in ("/v1/chat/completions", "/chat/completions") and method == "POST":
+            rollout_id = request.headers.get(ROLLOUT_ID_HEADER, "")
+            if not rollout_id:
+                return _error(
+                    400, f"no rollout: use /v1/rollouts/{{id}}/chat/completions or the {ROLLOUT_ID_HEADER} header"
+                )
+            return await self._chat(request, rollout_id)
+        elif path == "/v1/rollouts" and method == "POST":
+            return self._admin(request) or await self._open(request)
+        elif path == "/v1/policy_version" and method == "PUT":
+            return self._admin(request) or await self._set_version(request)
+        return _error(404, f"not found: {method} {request.path}")
+
+    def _admin(self, request: web.BaseRequest) -> web.Response | None:
+        """None when the request carries the gateway's bearer, else the refusal."""
+        token = _bearer(request)
+        if token is None:
+            return _error(401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="osmosis-gateway"'})
+        if not _same(token, self.bearer):
+            return _error(403, "this route needs the gateway's bearer token")
+        return None
+
+    def _authorize(self, request: web.BaseRequest, rollout_id: str) -> tuple[_Slot | None, web.Response | None]:
+        """The rollout's slot when the caller may write to it, else the refusal."""
+        token = _bearer(request)
+        if token is None:
+            return None, _error(401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="osmosis-gateway"'})
+        slot = self._slots.get(rollout_id)
+        if _same(token, self.bearer):
+            if slot is None:
+                return None, _error(404, f"rollout {rollout_id!r} is not open on this gateway")
+            return slot, None
+        if slot is None or not _same(token, slot.token):
+            return None, _error(403, f"this token does not open rollout {rollout_id!r}")
+        header = request.headers.get(ROLLOUT_ID_HEADER)
+        if header is not None and header != rollout_id:
+            return None, _error(403, f"the {ROLLOUT_ID_HEADER} header names another rollout than the path")
+        return slot, None
+
+    def _models(self, request: web.BaseRequest, rollout_id: str) -> web.Response:
+        _, refused = self._authorize(request, rollout_id)
+        if refused is not None:
+            return refused
+        model = {"id": self.upstream.model, "object": "model", "created": 0, "owned_by": "osmosis-gateway"}
+        return _json({"object": "list", "data": [model]})
+
+    def _trace(self, rollout_id: str, *, pop: bool) -> web.Response:
+        trace = self.pop_trace(rollout_id) if pop else self.trace(rollout_id)
+        if trace is None:
+            return _error(404, f"rollout {rollout_id!r} is not open on this gateway")
+        return _json(trace.to_json())
+
+    async def _open(self, request: web.BaseRequest) -> web.Response:
+        try:
+            data = json.loads(await request.read())
+            rollout_id = data["rollout_id"]
+            version = data.get("policy_version")
+            if not isinstance(rollout_id, str) or not (version is None or isinstance(version, str)):
+                raise TypeError
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return _error(400, 'expected {"rollout_id": "<string>", "policy_version": "<string, optional>"}')
+        try:
+            policy = self.open_rollout(rollout_id, policy_version=version)
+        except ValueError as exc:
+            return _error(409, str(exc))
+        return _json(
+            {"rollout_id": rollout_id, "base_url": policy.base_url, "api_key": policy.api_key, "model": policy.model},
+            201,
+        )
+
+    async def _set_version(self, request: web.BaseRequest) -> web.Response:
+        try:
+            version = json.loads(await request.read())["policy_version"]
+            if not (version is None or isinstance(version, str)):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            return _error(400, 'expected {"policy_version": "<string or null>"}')
+        self.policy_version = version
+        return _json({"policy_version": version})
+
+    # -- the model call ----------------------------------------------------------------------------
+
+    async def _chat(self, request: web.BaseRequest, rollout_id: str) -> web.StreamResponse:
+        from aiohttp import ClientConnectorError, ClientError
+
+        from osmosis_core.plugin import ResponseTooLarge
+
+        slot, refused = self._authorize(request, rollout_id)
+        if refused is not None:
+            return refused
+        assert slot is not None
+        trace = slot.trace
+        started = time.perf_counter()
+        call = TraceCall(call_id=f"{rollout_id}#{slot.next_index}", index=slot.next_index, started_at=time.time())
+        slot.next_index += 1
+        trace.calls.append(call)
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+                raise ValueError("expected a JSON object with a 'messages' array")
+        except ValueError as exc:
+            self._finish(trace, call, started, "bad_request", f"not a chat-completions request: {exc}", 400)
+            return _error(400, f"not a chat-completions request: {exc}")
+        version = body.pop(POLICY_VERSION_FIELD, None)
+        version = request.headers.get(POLICY_VERSION_HEADER) or version or slot.policy_version or self.policy_version
+        call.policy_version = None if version is None else str(version)
+        call.request = {k: v for k, v in body.items() if k not in ("model", "stream")}
+        call.model = body.get("model") if isinstance(body.get("model"), str) else None
+        call.stream = stream = body.get("stream") is True
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        capture = prepare_request(body, self.adapter)  # (may ask for the whole answer instead of a stream)
+        headers = dict(self._upstream_headers)
+        headers[ROLLOUT_ID_HEADER] = rollout_id
+        try:
+            async with http_request("POST", self._upstream_url, data=_dumps(body), headers=headers) as upstream:
+                status = upstream.status
+                kind = upstream.headers.get("Content-Type", "")
+                if stream and status == 200 and kind.startswith("text/event-stream"):
+                    return await self._relay(request, upstream, capture, trace, call, started)
+                content = await read_limited(upstream, self.upstream.max_response_bytes)
+        except ClientConnectorError as exc:
+            message = clip(f"the gateway cannot reach the upstream: {exc}", self._secrets, _ERROR_CHARS)
+            self._finish(trace, call, started, "upstream_error", message, 502)
+            return _error(502, message)
+        except ResponseTooLarge as exc:
+            self._finish(trace, call, started, "upstream_error", f"the upstream's answer is too large: {exc}", 502)
+            return _error(502, f"the upstream's answer is too large: {exc}")
+        except (TimeoutError, ClientError, OSError) as exc:
+            # the upstream dropped the call: so does the gateway (the rollout sees what it would have)
+            what = clip(f"the upstream dropped the call: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
+            self._finish(trace, call, started, "cut", what, None)
+            return drop_connection(request)
+        if stream and body.get("stream") is not True and status == 200:
+            return await self._stream_whole(request, trace, call, capture, started, content, include_usage)
+        return self._answer(trace, call, capture, started, status, kind, content)
+
+    def _answer(
+        self,
+        trace: RolloutTrace,
+        call: TraceCall,
+        capture: CallCapture,
+        started: float,
+        status: int,
+        kind: str,
+        content: bytes,
+    ) -> web.Response:
+        from aiohttp import web
+
+        content_type = kind.split(";", 1)[0].strip() or "application/octet-stream"
+        if status >= 400:
+            message = clip(f"the upstream answered {status}: {_detail(content)}", self._secrets, _ERROR_CHARS)
+            self._finish(trace, call, started, "upstream_error", message, status)
+            return web.Response(status=status, body=content, content_type=content_type)
+        try:
+            doc = json.loads(content)
+        except ValueError:
+            problem = f"the upstream's answer ({content_type}, {len(content)} bytes) is not valid JSON"
+            self._finish(trace, call, started, "capture_failed", problem, status)
+            return web.Response(status=status, body=content, content_type=content_type)
+        if capture.feed(doc, chunk=False):
+            content = _dumps(doc)
+        self._complete(trace, call, capture, started, status)
+        return web.Response(status=status, body=content, content_type=content_type)
+
+    async def _stream_whole(
+        self,
+        request: web.BaseRequest,
+        trace: RolloutTrace,
+        call: TraceCall,
+        capture: CallCapture,
+        started: float,
+        content: bytes,
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        """A whole answer streamed to a rollout that asked for a stream (the upstream cannot give ids
+        in one)."""
+        from aiohttp import web
+
+        try:
+            doc = json.loads(content)
+            if not isinstance(doc, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            problem = f"the upstream's answer ({len(content)} bytes) is not a JSON completion"
+            self._finish(trace, call, started, "capture_failed", problem, 200)
+            return web.Response(status=200, body=content, content_type="application/json")
+        capture.feed(doc, chunk=False)
+        events = completion_events(doc, include_usage=include_usage)
+        body = b"".join(b"data: " + _dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+        response = web.StreamResponse(status=200, headers={"Cache-Control": "no-cache"})
+        response.content_type = "text/event-stream"
+        response.charset = "utf-8"
+        try:
+            await response.prepare(request)
+            await response.write(body)
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            self._finish(trace, call, started, "client_gone", "the rollout hung up before the answer", 200)
+            return response
+        self._complete(trace, call, capture, started, 200)
+        return response
+
+    async def _relay(
+        self,
+        request: web.BaseRequest,
+        upstream: Any,
+        capture: CallCapture,
+        trace: RolloutTrace,
+        call: TraceCall,
+        started: float,
+    ) -> web.StreamResponse:
+        """Pass an event stream through, chunk by chunk, reading and stripping each event."""
+        from aiohttp import ClientError, web
+
+        response = web.StreamResponse(status=upstream.status, headers={"Cache-Control": "no-cache"})
+        response.content_type = "text/event-stream"
+        response.charset = "utf-8"
+        try:
+            await response.prepare(request)
+        except (ConnectionError, RuntimeError):
+            self._finish(trace, call, started, "client_gone", "the rollout hung up before the answer", 200)
+            return response
+        pending = b""
+        done = False
+        try:
+            async for data in upstream.content.iter_any():
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                for i, line in enumerate(lines):
+                    if line.startswith(b"data:"):
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                        elif payload:
+                            lines[i] = self._event(capture, payload) or line
+                if not lines:
+                    continue  # no whole line yet
+                try:
+                    await response.write(b"\n".join(lines) + b"\n")
+                except (ConnectionError, RuntimeError):
+                    self._finish(trace, call, started, "client_gone", "the rollout hung up mid-stream", 200)
+                    return response
+        except (TimeoutError, ClientError, OSError) as exc:
+            what = clip(f"the upstream's stream broke off: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
+            self._finish(trace, call, started, "cut", what, 200)
+            return cut_response(request, response)
+        if pending:
+            await response.write(pending)
+        await response.write_eof()
+        if not done:
+            self._finish(trace, call, started, "cut", "the upstream's stream ended without [DONE]", 200)
+            return response
+        self._complete(trace, call, capture, started, 200)
+        return response
+
+    def _event(self, capture: CallCapture, payload: bytes) -> bytes | None:
+        """One event's data read into the capture; the rewritten line when the gateway took something out."""
+        try:
+            doc = json.loads(payload)
+        except ValueError:
+            capture.fail("a stream event is not valid JSON")
+            return None
+        return b"data: " + _dumps(doc) if capture.feed(doc, chunk=True) else None
+
+    def _complete(
+        self, trace: RolloutTrace, call: TraceCall, capture: CallCapture, started: float, status: int
+    ) -> None:
+        call.response = capture.message()
+        call.finish_reason = capture.finish_reason
+        call.usage = capture.usage
+        if not capture.token_level:
+            self._finish(
+                trace, call, started, "ok" if capture.problem is None else "capture_failed", capture.problem, status
+            )
+            return
+        tokens = capture.tokens()
+        if tokens is None:
+            self._finish(trace, call, started, "capture_failed", capture.problem, status)
+            return
+        call.prompt_token_ids, call.completion_token_ids, call.logprobs = tokens
+        self._finish(trace, call, started, "ok", None, status)
+
+    @staticmethod
+    def _finish(
+        trace: RolloutTrace, call: TraceCall, started: float, status: Any, error: str | None, http_status: int | None
+    ) -> None:
+        call.status = status
+        call.error = error
+        call.http_status = http_status
+        call.latency_sec = time.perf_counter() - started
+        if status != "ok":
+            trace.mark_incomplete(f"call {call.index} {status.replace('_', ' ')}: {error}")

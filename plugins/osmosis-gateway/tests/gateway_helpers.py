@@ -1,0 +1,75 @@
+"""Helpers: the scripted server (real HTTP on 127.0.0.1) with a real gateway in front of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from osmosis_core import PolicyEndpoint
+from osmosis_core.plugin import aclose_http
+from osmosis_core.testing import ScriptedPolicyServer, calculator
+from osmosis_gateway import PolicyGateway
+
+REPO = Path(__file__).resolve().parents[3]
+UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
+QUESTION = [
+    {"role": "system", "content": "You are a careful calculator."},
+    {"role": "user", "content": "What is 12 times 7?"},
+]
+MULTIPLY_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "description": "Multiply two numbers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+    },
+}
+
+
+def run[T](main: Callable[[], Awaitable[T]]) -> T:
+    """Run ``main`` in a fresh event loop, closing the loop's HTTP clients after it."""
+
+    async def wrapped() -> T:
+        try:
+            return await main()
+        finally:
+            await aclose_http()
+
+    return asyncio.run(wrapped())
+
+
+@asynccontextmanager
+async def stack(
+    *, flavor: str = "vllm", adapter: str = "vllm", api_key: str | None = UPSTREAM_KEY, script: Any = calculator
+) -> AsyncIterator[tuple[ScriptedPolicyServer, PolicyGateway]]:
+    """A scripted upstream (requiring ``api_key``) and a started gateway in front of it."""
+    async with ScriptedPolicyServer(script, api_key=api_key, flavor=flavor) as server:  # type: ignore[arg-type]
+        upstream = PolicyEndpoint(server.url, "osmosis-stub", api_key)
+        async with PolicyGateway(upstream, adapter=adapter) as gateway:  # type: ignore[arg-type]
+            yield server, gateway
+
+
+async def post(
+    url: str, body: dict[str, Any], *, token: str | None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    """POST JSON; the status and the raw body."""
+    sent = dict(headers or {})
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    async with aiohttp.ClientSession() as session, session.post(url, json=body, headers=sent) as response:
+        return response.status, await response.read()
+
+
+def sse_docs(raw: bytes) -> list[dict[str, Any]]:
+    """The JSON documents of an event stream (without ``[DONE]``)."""
+    docs = []
+    for line in raw.decode().splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            docs.append(json.loads(line[6:]))
+    return docs

@@ -1,0 +1,92 @@
+"""Strands and the OpenAI Agents SDK through the gateway, streaming on and off: they see ordinary
+chat completions, and each rollout's trace is complete, with one prefix-stitched sequence."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from gateway_helpers import REPO, run, stack
+
+from osmosis_core import AgentWorkflow, AgentWorkflowConfig, AgentWorkflowContext
+from osmosis_core.testing import run_rollout
+from osmosis_gateway import trainer_view
+
+TEMPLATES = {
+    "strands": REPO / "plugins/osmosis-strands/osmosis_strands/template/rollouts/multiply-local-strands/main.py",
+    "openai": REPO
+    / "plugins/osmosis-openai-agents/osmosis_openai_agents/template/rollouts/multiply-local-openai/main.py",
+}
+
+
+def load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"gateway_test_{name}_rollout", Path(TEMPLATES[name]))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@attrs.define(kw_only=True)
+class StreamConfig(AgentWorkflowConfig):
+    stream: bool = False
+
+
+def strands_workflow() -> tuple[type[AgentWorkflow[Any]], Any]:
+    pytest.importorskip("osmosis_strands", reason="osmosis-strands")
+    from osmosis_strands import OsmosisRolloutModel, OsmosisStrandsAgent
+
+    template = load("strands")
+
+    class StrandsWorkflow(AgentWorkflow[StreamConfig]):
+        config_type = StreamConfig
+
+        async def run(self, ctx: AgentWorkflowContext[StreamConfig]) -> None:
+            agent = OsmosisStrandsAgent(
+                model=OsmosisRolloutModel(stream=ctx.config.stream),
+                system_prompt="Use the multiply tool, then answer as #### <number>",
+                tools=[template.multiply],
+                max_turns=6,
+            )
+            await agent.invoke_async(ctx.user_prompt)
+
+    return StrandsWorkflow, template.MultiplyGrader
+
+
+@pytest.mark.parametrize("framework", ["strands", "openai"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_agent_frameworks_give_complete_traces(framework, stream):
+    if framework == "strands":
+        workflow, grader = strands_workflow()
+        config = StreamConfig(stream=stream)
+    else:
+        pytest.importorskip("osmosis_openai_agents", reason="osmosis-openai-agents")
+        template = load("openai")
+        workflow, grader = template.MultiplyWorkflow, template.MultiplyGrader
+        config = template.MultiplyConfig(streaming=stream)
+
+    async def main():
+        async with stack() as (server, gateway):
+            outcomes, traces = [], []
+            for n, (a, b) in enumerate([(12, 7), (3, 41)]):
+                policy = gateway.open_rollout(f"{framework}-{n}")
+                outcome = await run_rollout(
+                    workflow, grader, policy=policy, user_prompt=f"What is {a} times {b}?", label=a * b,
+                    workflow_config=config, rollout_id=f"{framework}-{n}",
+                )  # fmt: skip
+                outcomes.append(outcome)
+                traces.append(gateway.pop_trace(f"{framework}-{n}"))
+            return outcomes, traces, [r.body.get("stream") is True for r in server.requests]
+
+    outcomes, traces, streamed = run(main)
+    assert all(s == stream for s in streamed) and len(streamed) == 4
+    for outcome, trace in zip(outcomes, traces, strict=True):
+        assert outcome.workflow.ok and outcome.grader is not None and outcome.grader.sample.reward == 1.0
+        assert trace.complete, trace.incomplete_reason
+        assert [c.finish_reason for c in trace.calls] == ["tool_calls", "stop"]
+        view = trainer_view(trace)
+        # each framework sends its history back as it got it: the second call extends the first
+        assert view.prefix_breaks == 0 and len(view.sequences) == 1 and view.delivered_fraction == 1.0

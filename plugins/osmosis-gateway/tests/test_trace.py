@@ -1,0 +1,184 @@
+"""The trace record, the adapters' checks, and the trainer's view (prefix stitching, mask, counts)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gateway_helpers import MULTIPLY_TOOL, QUESTION, post, run, stack
+
+from osmosis_core.testing.stub_tokens import THINK_BLOCK, render_prompt
+from osmosis_gateway import RolloutTrace, TraceCall, trace_from_json, trainer_view
+from osmosis_gateway.adapters import prepare_request
+
+
+def call(i, prompt, generated, *, status="ok", version=None):
+    return TraceCall(
+        call_id=f"c{i}",
+        index=i,
+        status=status,
+        prompt_token_ids=prompt,
+        completion_token_ids=generated,
+        logprobs=None if generated is None else [-0.1 * (k + 1) for k in range(len(generated))],
+        policy_version=version,
+    )
+
+
+def test_calls_that_extend_each_other_make_one_sequence_with_a_mask_on_generated_tokens_only():
+    calls = [call(0, [1, 2], [3, 4], version="a"), call(1, [1, 2, 3, 4, 9, 9], [5], version="b")]
+    view = trainer_view(RolloutTrace("r", calls=calls))
+    (sequence,) = view.sequences
+    assert sequence.token_ids == [1, 2, 3, 4, 9, 9, 5]
+    assert sequence.loss_mask == [0, 0, 1, 1, 0, 0, 1]  # the tool tokens (9, 9) are not trained on
+    assert sequence.logprobs == [0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.1]
+    assert sequence.call_ids == ("c0", "c1") and sequence.policy_versions == ("a", "b")
+    assert sequence.prompt_length == 2
+    assert (view.prefix_breaks, view.generated_tokens, view.delivered_tokens) == (0, 3, 3)
+
+
+def test_a_rewritten_prompt_starts_a_new_sequence_and_is_counted():
+    calls = [call(0, [1, 2], [3]), call(1, [1, 2, 3, 7], [8]), call(2, [1, 2, 7], [9])]  # 2 drops token 3
+    view = trainer_view(RolloutTrace("r", calls=calls))
+    assert view.prefix_breaks == 1 and len(view.sequences) == 2
+    assert [s.token_ids for s in view.sequences] == [[1, 2, 3, 7, 8], [1, 2, 7, 9]]
+    assert view.sequences[1].loss_mask == [0, 0, 0, 1]  # never re-tokenized, never merged
+    assert view.delivered_fraction == 1.0
+
+
+def test_branches_share_a_parent_that_is_trained_once_and_last_keeps_one_branch():
+    calls = [call(0, [1], [2]), call(1, [1, 2, 5], [6]), call(2, [1, 2, 5], [7, 7])]  # a retry of call 1
+    view = trainer_view(RolloutTrace("r", calls=calls))
+    assert [s.call_ids for s in view.sequences] == [("c0", "c1"), ("c0", "c2")]
+    assert view.sequences[0].loss_mask == [0, 1, 0, 1]
+    assert view.sequences[1].loss_mask == [0, 0, 0, 1, 1]  # c0 was trained in the first branch
+    assert view.prefix_breaks == 0 and view.delivered_tokens == view.generated_tokens == 4
+    last = trainer_view(RolloutTrace("r", calls=calls), branches="last")
+    assert [s.call_ids for s in last.sequences] == [("c0", "c2")]
+    assert last.delivered_tokens == 3 and last.delivered_fraction == 0.75
+
+
+def test_the_longest_parent_wins():
+    calls = [call(0, [1], [2]), call(1, [1, 2], [3]), call(2, [1, 2, 3], [4])]
+    (sequence,) = trainer_view(RolloutTrace("r", calls=calls)).sequences
+    assert sequence.call_ids == ("c0", "c1", "c2") and sequence.loss_mask == [0, 1, 1, 1]
+
+
+def test_failed_calls_are_left_out_and_the_view_says_the_trace_is_incomplete():
+    trace = RolloutTrace("r", calls=[call(0, [1], [2]), call(1, None, None, status="cut")])
+    trace.mark_incomplete("call 1 cut: x")
+    trace.mark_incomplete("later reason")
+    view = trainer_view(trace)
+    assert not view.complete and view.incomplete_reason == "call 1 cut: x" and len(view.sequences) == 1
+
+
+def test_json_round_trip():
+    trace = RolloutTrace("r", calls=[call(0, [1], [2], version="v")])
+    data = json.loads(json.dumps(trace.to_json()))
+    assert data["complete"] is True
+    assert trace_from_json({**data, "row_index": 3}) == trace
+
+
+def capture_of(doc, *, stream=False, request=None):
+    body = {"messages": [], **(request or {})}
+    capture = prepare_request(body, "vllm")
+    if stream:
+        for chunk in doc:
+            capture.feed(chunk, chunk=True)
+    else:
+        capture.feed(doc, chunk=False)
+    return capture, capture.tokens()
+
+
+def completion(token_ids=None, entries=None, prompt=(1, 2)):
+    choice = {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    if entries is not None:
+        choice["logprobs"] = {"content": entries}
+    doc = {"choices": [choice]}
+    if prompt is not None:
+        doc["prompt_token_ids"] = list(prompt)
+    return doc
+
+
+def entry(token, logprob=-0.5):
+    return {"token": token, "logprob": logprob, "top_logprobs": []}
+
+
+def test_ids_from_token_id_strings_when_the_server_sends_no_token_ids():
+    _capture, tokens = capture_of(completion(None, [entry("token_id:5"), entry("token_id:6", -1.0)]))
+    assert [list(x) for x in tokens] == [[1, 2], [5, 6], [-0.5, -1.0]]
+
+
+def test_sources_that_disagree_are_a_capture_failure():
+    capture, tokens = capture_of(completion([5, 7], [entry("token_id:5"), entry("token_id:6")]))
+    assert tokens is None and "different ids" in capture.problem
+
+
+def test_token_and_logprob_lists_of_different_lengths_are_a_capture_failure():
+    capture, tokens = capture_of(completion([5, 6, 7], [entry("token_id:5"), entry("token_id:6")]))
+    assert tokens is None and "different ids" in capture.problem
+    capture, tokens = capture_of(completion([5, 6, 7], [entry("a"), entry("b")]), request={"logprobs": True})
+    assert tokens is None and capture.problem == "3 generated token ids but 2 logprobs"
+
+
+def test_missing_pieces_are_capture_failures():
+    assert "no prompt_token_ids" in capture_of(completion([5], [entry("token_id:5")], prompt=None))[0].problem
+    assert "no logprobs" in capture_of(completion([5], None))[0].problem
+    assert (
+        "two different prompt_token_ids"
+        in capture_of([completion([5], [entry("token_id:5")]), completion([], [], prompt=(9,))], stream=True)[0].problem
+    )
+    assert "n=2" in capture_of(completion([5], [entry("token_id:5")]), request={"n": 2})[0].problem
+
+
+def test_sglang_is_asked_without_streaming_and_puts_prompt_ids_on_the_choice():
+    body = {"messages": [], "stream": True, "stream_options": {"include_usage": True}}
+    capture = prepare_request(body, "sglang")
+    assert capture.problem is None and body["stream"] is False and "stream_options" not in body
+    capture = prepare_request({"messages": []}, "sglang")
+    doc = completion([5], [entry("x")], prompt=None)
+    doc["choices"][0]["prompt_token_ids"] = [1, 2]
+    capture.feed(doc, chunk=False)
+    assert [list(x) for x in capture.tokens()] == [[1, 2], [5], [-0.5]]
+    assert "prompt_token_ids" not in doc["choices"][0]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_drifting_template_gives_counted_breaks_and_separate_sequences_with_the_ids_sent(stream):
+    async def main():
+        async with stack(flavor="drifting") as (_server, gateway):
+            policy = gateway.open_rollout("r")
+            messages = list(QUESTION)
+            prompts = []
+            for turn in range(3):
+                body = {"model": "m", "messages": messages, "tools": [MULTIPLY_TOOL], "stream": stream}
+                status, _raw = await post(policy.chat_completions_url, body, token=policy.api_key)
+                assert status == 200
+                prompts.append(render_prompt(messages, drifting=True))
+                trace = gateway.trace("r")
+                reply = trace.calls[-1].response
+                assert reply["content"].startswith(THINK_BLOCK)
+                messages = [*messages, {k: v for k, v in reply.items() if v is not None}]
+                if reply.get("tool_calls"):
+                    messages.append({"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "84"})
+                else:
+                    messages.append({"role": "user", "content": f"And {turn} times 2?"})
+            return gateway.pop_trace("r"), prompts
+
+    trace, prompts = run(main)
+    assert trace.complete
+    assert [list(c.prompt_token_ids) for c in trace.calls] == prompts  # exactly what the server saw
+    view = trainer_view(trace)
+    assert view.prefix_breaks == 2 and len(view.sequences) == 3
+    for sequence, c in zip(view.sequences, trace.calls, strict=True):
+        assert sequence.token_ids == [*c.prompt_token_ids, *c.completion_token_ids]
+        assert sum(sequence.loss_mask) == len(c.completion_token_ids)
+    assert view.delivered_fraction == 1.0
+
+
+def test_ids_that_are_not_integers_are_a_capture_failure_and_good_ones_are_stored_compactly():
+    capture, tokens = capture_of(completion([5.5], [entry("x")]), request={"logprobs": True})
+    assert tokens is None and "not an integer" in capture.problem
+    _, tokens = capture_of(completion([5], [entry("x")]), request={"logprobs": True})
+    assert [t.typecode for t in tokens] == ["i", "i", "d"]  # 4 bytes an id, not a 36-byte int in a list
