@@ -85,13 +85,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def make_cli() -> click.Group:
     """The root group with the core's commands and every plugin's (what ``main`` runs)."""
-    from osmosis_core.cli.migrate_cmd import migrate
     from osmosis_core.cli.plugins_cmd import plugins
     from osmosis_core.cli.run_cmd import run
     from osmosis_core.cli.template_cmd import template
     from osmosis_core.cli.validate_cmd import validate
 
-    for command in (run, validate, plugins, template, migrate):
+    for command in (run, validate, plugins, template):
         cli.add_command(command)
     if len(sys.argv) > 1 and sys.argv[1] in ("-V", "--version"):
         return cli
@@ -102,19 +101,14 @@ def make_cli() -> click.Group:
 
 
 def main() -> None:
-<<<<<<< HEAD
-    """The console script."""
+    """The console script. Its output may be closed early (``osmosis run ... | head``): the command
+    carries on, printing nowhere, and exits with its own status (see :mod:`osmosis_core.cli.output`)."""
     import warnings
 
+    from osmosis_core.cli.output import survive_closed_output
     from osmosis_core.deprecation import OsmosisDeprecationWarning
 
     # a plugin or rollout that uses a deprecated osmosis name hears of it once, on stderr
     warnings.filterwarnings("default", category=OsmosisDeprecationWarning)
-=======
-    """The console script. Its output may be closed early (``osmosis run ... | head``): the command
-    carries on, printing nowhere, and exits with its own status (see :mod:`osmosis_core.cli.output`)."""
-    from osmosis_core.cli.output import survive_closed_output
-
     survive_closed_output()
->>>>>>> h-misc
     make_cli().main(prog_name="osmosis")

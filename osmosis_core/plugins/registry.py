@@ -405,6 +405,7 @@ _FIRST_PARTY: dict[tuple[str, str], str] = {
     },
     ("template", "multiply-graders"): "osmosis-graders",
     ("command", "serve"): "osmosis-server",
+    ("command", "migrate"): "osmosis-migrate",
     ("template", "multiply-local-strands"): "osmosis-strands",
     ("template", "multiply-local-openai"): "osmosis-openai-agents",
     ("template", "multiply-harbor-strands"): "osmosis-harbor",
