@@ -158,8 +158,6 @@ def plugins_all(session: nox.Session) -> None:
     _pip_check(session)
     session.run("python", "-c", _NO_CONFLICTS)
     session.run("pytest", "-m", "together", *(f"plugins/{p}/tests" for p in PLUGINS), *session.posargs)
-    # and the migration tests, whose plugin checks are skipped in the core-only sessions
-    session.run("pytest", "tests/test_migrate.py", *session.posargs)
 
 
 def _pip_check(session: nox.Session) -> None:

@@ -9,6 +9,7 @@ from osmosis_core.backend import report_cancelled as report_cancelled
 from osmosis_core.cli.common import config_options as config_options
 from osmosis_core.cli.common import make_console as make_console
 from osmosis_core.cli.common import resolve_config as resolve_config
+from osmosis_core.config import config_from_dict as config_from_dict
 from osmosis_core.config import structure_table as structure_table
 from osmosis_core.context import current_rollout_context as current_rollout_context
 from osmosis_core.dataset import DatasetRow as DatasetRow

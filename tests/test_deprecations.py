@@ -99,3 +99,29 @@ def test_every_deprecation_is_in_the_changelog():
     changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
     for name in ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire"):
         assert name in changelog, name
+
+
+def test_osmosis_core_migrate_forwards_to_the_plugin_with_a_warning_or_says_what_to_install(monkeypatch):
+    """``osmosis_core.migrate`` moved to osmosis-migrate: the old names warn and forward (plugin
+    installed) or fail with the package to install (plugin absent); importing the module alone
+    imports no plugin."""
+    import importlib.util
+    import sys
+
+    code = "import sys, osmosis_core.migrate; assert 'osmosis_migrate' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+    import osmosis_core.migrate as old
+
+    if importlib.util.find_spec("osmosis_migrate") is not None:
+        with pytest.warns(OsmosisDeprecationWarning, match=r"osmosis_core\.migrate\.plan_migration is deprecated"):
+            forwarded = old.plan_migration
+        import osmosis_migrate
+
+        assert forwarded is osmosis_migrate.plan_migration
+    monkeypatch.setitem(sys.modules, "osmosis_migrate", None)  # as if it were not installed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OsmosisDeprecationWarning)
+        with pytest.raises(ImportError, match="pip install osmosis-migrate"):
+            _ = old.apply_migration
+    with pytest.raises(AttributeError):
+        _ = old.nothing_here

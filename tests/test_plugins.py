@@ -641,3 +641,12 @@ def test_cli_help_lists_core_commands() -> None:
     for command in ("run", "validate", "plugins", "template"):
         assert f"  {command}" in proc.stdout
     assert "core" in _osmosis("plugins").stdout
+
+
+def test_a_first_party_command_without_its_plugin_says_what_to_install(osmosis_exe, clean_env, tmp_path):
+    """``osmosis migrate`` and ``osmosis serve`` live in plugins; without them the CLI names the package."""
+    env = clean_env | {"OSMOSIS_LOAD_PLUGINS": ""}  # no external plugin, as with the core alone
+    for command, dist in (("migrate", "osmosis-migrate"), ("serve", "osmosis-server")):
+        r = subprocess.run([osmosis_exe, command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert f"`osmosis {command}` comes with {dist}: pip install {dist}" in r.stderr, r.stderr

@@ -85,13 +85,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def make_cli() -> click.Group:
     """The root group with the core's commands and every plugin's (what ``main`` runs)."""
-    from osmosis_core.cli.migrate_cmd import migrate
     from osmosis_core.cli.plugins_cmd import plugins
     from osmosis_core.cli.run_cmd import run
     from osmosis_core.cli.template_cmd import template
     from osmosis_core.cli.validate_cmd import validate
 
-    for command in (run, validate, plugins, template, migrate):
+    for command in (run, validate, plugins, template):
         cli.add_command(command)
     if len(sys.argv) > 1 and sys.argv[1] in ("-V", "--version"):
         return cli

@@ -431,6 +431,7 @@ _FIRST_PARTY: dict[tuple[str, str], str] = {
     ("command", "report"): "osmosis-report",
     ("command", "gateway"): "osmosis-gateway",
     ("command", "export"): "osmosis-gateway",
+    ("command", "migrate"): "osmosis-migrate",
     ("template", "multiply-local-strands"): "osmosis-strands",
     ("template", "multiply-local-openai"): "osmosis-openai-agents",
     ("template", "multiply-harbor-strands"): "osmosis-harbor",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from osmosis_core.migrate import MigrationPlan
+    from osmosis_migrate import MigrationPlan
 
 __all__ = ["migrate"]
 
@@ -45,7 +45,7 @@ def migrate(directory: Path, write: bool, no_diff: bool) -> None:
       osmosis migrate my-workspace --write
       osmosis validate my-workspace/configs/eval/multiply-local-strands.toml
     """
-    from osmosis_core.migrate import apply_migration, plan_migration
+    from osmosis_migrate import apply_migration, plan_migration
 
     plan = plan_migration(directory)
     shown = str(directory)

@@ -24,10 +24,10 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
-from osmosis_core.migrate.dependencies import migrate_pyproject, migrate_requirements
-from osmosis_core.migrate.python_source import LEFTOVER_MARK, PythonAnalysis, migrate_python
-from osmosis_core.migrate.records import FileChange, Finding, MigrateError, MigrationPlan
-from osmosis_core.migrate.run_config import MIGRATED_MARK, RolloutFacts, migrate_run_config
+from osmosis_migrate.dependencies import migrate_pyproject, migrate_requirements
+from osmosis_migrate.python_source import LEFTOVER_MARK, PythonAnalysis, migrate_python
+from osmosis_migrate.records import FileChange, Finding, MigrateError, MigrationPlan
+from osmosis_migrate.run_config import MIGRATED_MARK, RolloutFacts, migrate_run_config
 
 __all__ = ["apply_migration", "plan_migration"]
 
@@ -203,7 +203,7 @@ def _configs_need_decorator() -> bool:
     """True unless osmosis's config bases already turn annotated subclasses into attrs classes."""
     import attrs as attrs_module
 
-    from osmosis_core.workflow import AgentWorkflowConfig
+    from osmosis_core import AgentWorkflowConfig
 
     class _Probe(AgentWorkflowConfig):
         probe_field: int = 1
@@ -324,8 +324,8 @@ class _Planner:
         if new is None:
             return
         self.change(path, text, new)
-        from osmosis_core.config import config_from_dict
-        from osmosis_core.errors import ConfigError
+        from osmosis_core import ConfigError
+        from osmosis_core.plugin import config_from_dict
 
         try:
             config_from_dict(tomllib.loads(new), source=path)

@@ -36,8 +36,8 @@ from typing import Any, TypeGuard
 
 import attrs
 
-from osmosis_core.migrate.edits import Edit, Source
-from osmosis_core.migrate.names import (
+from osmosis_migrate.edits import Edit, Source
+from osmosis_migrate.names import (
     ATTRIBUTE_WHY,
     DISTRIBUTIONS,
     ENUM_MEMBER_WHY,
@@ -51,8 +51,8 @@ from osmosis_core.migrate.names import (
     module_target,
     resolve_name,
 )
-from osmosis_core.migrate.python_static import ModuleFacts, dotted, enclosing_function
-from osmosis_core.migrate.records import Finding
+from osmosis_migrate.python_static import ModuleFacts, dotted, enclosing_function
+from osmosis_migrate.records import Finding
 
 __all__ = ["LEFTOVER_MARK", "BackendCall", "PythonAnalysis", "PythonMigration", "migrate_python"]
 
@@ -1131,9 +1131,9 @@ class _Migrator:
 
 def _record_fields(name: str) -> frozenset[str]:
     """The constructor keywords of one of osmosis_core's records (read from the code, not a copy)."""
-    from osmosis_core import records
+    import osmosis_core
 
-    return frozenset(a.alias or a.name for a in attrs.fields(getattr(records, name)))
+    return frozenset(a.alias or a.name for a in attrs.fields(getattr(osmosis_core, name)))
 
 
 def _imports_reference(node: ast.AST) -> TypeGuard[ast.Import | ast.ImportFrom]:

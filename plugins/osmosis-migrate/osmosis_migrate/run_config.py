@@ -30,8 +30,8 @@ from typing import Any
 import attrs
 import tomlkit
 
-from osmosis_core.migrate.python_source import BackendCall
-from osmosis_core.migrate.records import Finding
+from osmosis_migrate.python_source import BackendCall
+from osmosis_migrate.records import Finding
 
 __all__ = ["MIGRATED_MARK", "RolloutFacts", "migrate_run_config"]
 

@@ -20,7 +20,7 @@ file:line (or key) and why, never dropped silently. See MIGRATING.md for the ful
 ()
 """
 
-from osmosis_core.migrate.records import FileChange, Finding, MigrateError, MigrationPlan
-from osmosis_core.migrate.workspace import apply_migration, plan_migration
+from osmosis_migrate.records import FileChange, Finding, MigrateError, MigrationPlan
+from osmosis_migrate.workspace import apply_migration, plan_migration
 
 __all__ = ["FileChange", "Finding", "MigrateError", "MigrationPlan", "apply_migration", "plan_migration"]

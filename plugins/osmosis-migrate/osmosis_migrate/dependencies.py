@@ -19,8 +19,8 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from osmosis_core.migrate.names import CORE_DISTRIBUTION, EXTRA_DISTRIBUTIONS, EXTRA_NOT_OFFERED
-from osmosis_core.migrate.records import Finding
+from osmosis_migrate.names import CORE_DISTRIBUTION, EXTRA_DISTRIBUTIONS, EXTRA_NOT_OFFERED
+from osmosis_migrate.records import Finding
 
 __all__ = ["OSMOSIS_FLOOR", "migrate_pyproject", "migrate_requirements", "replacement_requirements"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from osmosis_core.errors import OsmosisError
+from osmosis_core import OsmosisError
 
 __all__ = ["FileChange", "Finding", "MigrateError", "MigrationPlan"]
 
