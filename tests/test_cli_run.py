@@ -211,7 +211,10 @@ def test_resume_finds_the_latest_run_by_itself(workspace, osmosis_exe, clean_env
     ("args", "message"),
     [
         (["configs/eval/missing.toml"], "no such file"),
-        (["configs/eval/multiply-plain.toml", "--backend", "nope", "--stub-policy"], "known backends: local"),
+        (
+            ["configs/eval/multiply-plain.toml", "--backend", "nope", "--stub-policy"],
+            "unknown backend 'nope'; known backends: ",
+        ),
         (
             ["configs/eval/multiply-plain.toml", "--dataset", "nope.jsonl", "--stub-policy"],
             "nope.jsonl: no such file",

@@ -500,7 +500,7 @@ def test_entry_point_switches_in_process(
     assert plugins["broken"]["distribution"] == "osmosis-fake"  # still reported, with its dist
     assert not [r for r in caplog.records if "broken" in r.getMessage()]
     if fake_status == "disabled":
-        with pytest.raises(PluginError, match="known backends: local"):
+        with pytest.raises(PluginError, match=r"known backends: (\w+, )*local"):
             registry.backend("fake")
     if env.get("OSMOSIS_LOAD_PLUGINS") == "":
         assert [p.name for p in registry.plugins if p.status == "active"] == ["core"]

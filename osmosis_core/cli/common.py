@@ -26,8 +26,8 @@ _OPTIONS: list[Callable[[_F], _F]] = [
         "--policy-url",
         metavar="URL",
         help="The OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1. When it names another host than the"
-        " config's [policy] base_url, the config's key ([policy] api_key_env) and headers are sent there only if"
-        " --api-key-env is given too.",
+        " config's [policy] base_url, the config's key ([policy] api_key_env) is sent there only if --api-key-env"
+        " is given too ([policy] headers go to the URL given).",
     ),
     click.option("--model", metavar="NAME", help="The model name sent to the endpoint."),
     click.option("--api-key-env", metavar="VAR", help="The environment variable holding the API key."),
@@ -68,32 +68,22 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 
 def _credentials_for_another_host(policy: Any, flags: dict[str, Any]) -> str | None:
-    """A problem when ``--policy-url`` moves the config's key or headers to another host unasked.
+    """A problem when ``--policy-url`` would take the config's key to another host unasked.
 
-    The config's ``[policy] api_key_env`` and ``headers`` were written for its ``base_url``; a
-    ``--policy-url`` that points elsewhere would hand them to whatever answers there. The user says
-    it is meant by naming the key's variable on the command line too (``--api-key-env``).
+    The config's ``[policy] api_key_env`` names a key meant for its ``base_url``; a ``--policy-url``
+    that points elsewhere would hand it to whatever answers there. The user says it is meant by
+    naming the key's variable on the command line too (``--api-key-env``).
     """
     url = flags.get("policy_url")
-    if not url or flags.get("api_key_env") is not None or not policy.base_url:
-        return None
-    if not policy.api_key_env and not policy.headers:
+    if not url or flags.get("api_key_env") is not None or not policy.base_url or not policy.api_key_env:
         return None
     if _origin(url) == _origin(policy.base_url):
         return None
-    held = " and ".join(
-        part
-        for part in (
-            f"the key in ${policy.api_key_env}" if policy.api_key_env else "",
-            f"headers {', '.join(sorted(policy.headers))}" if policy.headers else "",
-        )
-        if part
-    )
     _, host, port = _origin(policy.base_url)
     return (
-        f"--policy-url points at another host than the config's base_url ({host}:{port}), which {held} was"
-        f" written for; to send them to the new host, give --api-key-env {policy.api_key_env or 'VAR'} as well"
-        " (or --api-key-env '' for no key) @ $.policy.base_url"
+        f"--policy-url points at another host than the config's base_url ({host}:{port}), which the key in"
+        f" ${policy.api_key_env} was meant for; to send that key to the new host, give --api-key-env"
+        f" {policy.api_key_env} as well (or --api-key-env '' to send no key) @ $.policy.base_url"
     )
 
 
