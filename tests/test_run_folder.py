@@ -28,7 +28,7 @@ def lines(path: Path) -> list[dict]:
 
 
 def test_a_second_writer_of_a_run_folder_is_refused_with_one_line(workspace, osmosis_exe, clean_env):
-    args = [*RUN, "--stub-policy", "--stub-latency", "0.2", "--concurrency", "2", "--output", "out"]
+    args = [*RUN, "--stub-policy", "--stub-latency", "0.6", "--concurrency", "2", "--output", "out"]
     first = subprocess.Popen([osmosis_exe, *args], cwd=workspace, env=clean_env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
     results = workspace / "out" / "results.jsonl"
