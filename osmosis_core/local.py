@@ -174,31 +174,31 @@ class LocalBackend(ExecutionBackend):
         self._queued += 1
         queued = True
         try:
-            async with report:
-                async with self._workflow_slots:
-                    self._queued -= 1
-                    queued = False
-                    timings["queued"] = time.perf_counter() - submitted
-                    self._running += 1
-                    try:
-                        result = await run_workflow(
-                            self.workflow_class, self.workflow_config, request, rollout, timings
-                        )
-                    finally:
-                        self._running -= 1
-                await report.report(result)
-                if report.ended:
-                    return
-                assert self.grader_class is not None and result.sample is not None
-                async with self._grader_slots:
-                    self._grading += 1
-                    try:
-                        graded = await run_grader(
-                            self.grader_class, self.grader_config, request, result.sample, rollout, timings
-                        )
-                    finally:
-                        self._grading -= 1
-                await report.report(graded)
+            async with self._workflow_slots:
+                self._queued -= 1
+                queued = False
+                timings["queued"] = time.perf_counter() - submitted
+                self._running += 1
+                try:
+                    result = await run_workflow(self.workflow_class, self.workflow_config, request, rollout, timings)
+                finally:
+                    self._running -= 1
+            await report.report(result)
+            if report.ended:
+                return
+            assert self.grader_class is not None and result.sample is not None
+            async with self._grader_slots:
+                self._grading += 1
+                try:
+                    graded = await run_grader(
+                        self.grader_class, self.grader_config, request, result.sample, rollout, timings
+                    )
+                finally:
+                    self._grading -= 1
+            await report.report(graded)
+        except anyio.get_cancelled_exc_class():  # (the stages report their own failures: only this is left)
+            await report.cancelled()
+            raise
         finally:
             if queued:
                 self._queued -= 1
