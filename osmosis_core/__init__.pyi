@@ -12,6 +12,9 @@ from osmosis_core.backend import (
 from osmosis_core.backend import (
     ResultCallback as ResultCallback,
 )
+from osmosis_core.backend import (
+    RunLimits as RunLimits,
+)
 from osmosis_core.config import structure_table as structure_table
 from osmosis_core.context import (
     ROLLOUT_ID_HEADER as ROLLOUT_ID_HEADER,

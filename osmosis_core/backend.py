@@ -1,25 +1,61 @@
 """The seam every backend implements, and the records a backend plugin registers.
 
-A backend receives one :class:`ExecutionRequest` at a time, runs the workflow (and the grader),
-and reports each stage through the callbacks. A minimal backend plugin::
+A backend receives one :class:`ExecutionRequest` at a time, runs the workflow (and the grader)
+somewhere, and reports each stage through the callbacks; :mod:`osmosis_core.lifecycle` keeps the
+rules every backend must (each callback once, in order; the categories; the cancellation report).
+A whole backend plugin (``osmosis_core/testing/example_backend.py``, the README's example)::
 
+    import anyio
     import attrs
-    from osmosis_core import BackendSetup, BackendSpec, ExecutionBackend, hookimpl
+
+    from osmosis_core import ExecutionRequest
+    from osmosis_core.plugin import (
+        BackendSetup,
+        BackendSpec,
+        ExecutionBackend,
+        ResultCallback,
+        Rollout,
+        hookimpl,
+        run_grader,
+        run_workflow,
+    )
+
 
     @attrs.define(kw_only=True)
-    class EchoConfig:
-        greeting: str = "hi"
+    class InlineConfig:  # the [backend.inline] table
+        max_concurrent: int = 4  # rollouts at once when the run sets no [run] concurrency
 
-    class EchoBackend(ExecutionBackend):
+
+    class InlineBackend(ExecutionBackend):  # each rollout on this event loop, max_concurrency at once
         def __init__(self, setup: BackendSetup) -> None:
             self.setup = setup
+            self.limit = setup.limits.concurrency or setup.backend_config.max_concurrent
+            self.slots = anyio.Semaphore(self.limit)
 
-        async def execute(self, request, on_workflow_complete, on_grader_complete=None) -> None:
-            ...  # run setup.workflow_class on request.prompt, then await on_workflow_complete(result)
+        @property
+        def max_concurrency(self) -> int:
+            return self.limit
+
+        async def execute(
+            self,
+            request: ExecutionRequest,
+            on_workflow_complete: ResultCallback,
+            on_grader_complete: ResultCallback | None = None,
+        ) -> None:
+            s = self.setup
+            grades = s.grader_class is not None and request.grade and (request.label is not None or s.require_labels)
+            async with Rollout(request, on_workflow_complete, on_grader_complete, grades=grades) as rollout:
+                async with self.slots:
+                    result = await run_workflow(s.workflow_class, s.workflow_config, request)
+                await rollout.report(result)
+                if not rollout.ended:  # the workflow succeeded and the row is graded
+                    assert s.grader_class is not None and result.sample is not None
+                    await rollout.report(await run_grader(s.grader_class, s.grader_config, request, result.sample))
+
 
     @hookimpl
-    def osmosis_register_backends():
-        return [BackendSpec("echo", EchoBackend, config_type=EchoConfig, description="Says hi.")]
+    def osmosis_register_backends() -> list[BackendSpec]:
+        return [BackendSpec("inline", InlineBackend, config_type=InlineConfig, description="On this event loop.")]
 """
 
 from __future__ import annotations
@@ -28,21 +64,22 @@ import abc
 import importlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
 
-from osmosis_core.records import (
-    ErrorCategory,
-    ErrorInfo,
-    ExecutionRequest,
-    ExecutionResult,
-    ExecutionStage,
-    ExecutionStatus,
-)
+from osmosis_core.records import ExecutionRequest, ExecutionResult, ExecutionStage
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
-__all__ = ["BackendSetup", "BackendSpec", "ExecutionBackend", "ResultCallback", "load_object", "report_cancelled"]
+__all__ = [
+    "BackendSetup",
+    "BackendSpec",
+    "ExecutionBackend",
+    "ResultCallback",
+    "RunLimits",
+    "load_object",
+    "report_cancelled",
+]
 
 ResultCallback = Callable[[ExecutionResult], Awaitable[None]]
 """An async callable a backend awaits with each stage's result."""
@@ -94,21 +131,69 @@ async def report_cancelled(
             await report_cancelled(request.rollout_id, stage, on_workflow_complete, on_grader_complete)
             raise
 
+    :class:`~osmosis_core.lifecycle.Rollout` does this (and knows the stage) for you.
+
     :param detail: appended to the message, e.g. ``" (trial kept: /runs/x/trials/y)"``.
     """
     import anyio
 
-    result = ExecutionResult(
-        rollout_id,
-        stage,
-        ExecutionStatus.CANCELLED,
-        error=ErrorInfo(ErrorCategory.CANCELLED, f"rollout cancelled during the {stage} stage{detail}"),
-        timings=dict(timings or {}),
-    )
+    from osmosis_core.lifecycle import cancelled_result
+
     callback = on_workflow_complete if stage is ExecutionStage.WORKFLOW else on_grader_complete
     if callback is not None:
         with anyio.CancelScope(shield=True):
-            await callback(result)
+            await callback(cancelled_result(rollout_id, stage, timings=timings, detail=detail))
+
+
+def _limit(_instance: Any, attribute: Any, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{attribute.name} must be >= 1 or None, got {value}")
+
+
+@attrs.frozen
+class RunLimits:
+    """How many rollouts run at once: the run's settings, carried from the config to what enforces them.
+
+    ``osmosis run`` builds it from ``[run] concurrency`` (``--concurrency``) and hands it to the
+    backend's factory in :attr:`BackendSetup.limits`; the author's ``workflow_config`` is never
+    written. An unset limit is the author's: ``workflow_config.concurrency`` (default 4), and for
+    grading ``grader_config.concurrency``, else the workflow limit (:meth:`resolve`).
+
+    >>> from osmosis_core import AgentWorkflowConfig
+    >>> RunLimits().resolve(AgentWorkflowConfig(), None)
+    RunLimits(concurrency=4, grader_concurrency=4)
+    >>> RunLimits(concurrency=10).resolve(AgentWorkflowConfig(), None).split(4)
+    RunLimits(concurrency=3, grader_concurrency=3)
+    """
+
+    concurrency: int | None = attrs.field(default=None, validator=_limit)
+    """Workflows at once over the whole backend; None: the workflow config's."""
+    grader_concurrency: int | None = attrs.field(default=None, validator=_limit)
+    """Grader stages at once; None: the grader config's, else :attr:`concurrency`."""
+
+    def resolve(self, workflow_config: AgentWorkflowConfig, grader_config: GraderConfig | None) -> RunLimits:
+        """Both limits as numbers, each unset one taken from the author's config (or the default of 4)."""
+        concurrency = self.concurrency or workflow_config.concurrency.limit
+        grading = self.grader_concurrency
+        if grading is None and grader_config is not None:
+            grading = grader_config.concurrency.max_concurrent
+        return RunLimits(concurrency, grading or concurrency)
+
+    def split(self, parts: int) -> RunLimits:
+        """One of ``parts`` even shares of resolved limits (rounded up, at least 1): what each worker
+        process or actor enforces so that together they keep the limits."""
+        assert self.concurrency is not None, "split() takes resolved limits (see resolve())"
+        grading = self.grader_concurrency or self.concurrency
+        return RunLimits(max(1, -(-self.concurrency // parts)), max(1, -(-grading // parts)))
+
+
+class SetupPaths(TypedDict):
+    """:meth:`BackendSetup.paths`: the run's paths, as keyword arguments."""
+
+    rollout_dir: Path | None
+    run_dir: Path | None
+    config_root: Path | None
+    dataset_path: Path | None
 
 
 @attrs.frozen
@@ -133,6 +218,24 @@ class BackendSetup:
     """Processes the backend may run rollouts in (``[run] workers``); the local backend forks a pool when > 1."""
     require_labels: bool = False
     """``[run] require_labels``: a row without a label fails (``validation_error``) instead of running ungraded."""
+    limits: RunLimits = RunLimits()
+    """The run's concurrency limits (``[run] concurrency``); an unset one is the author's config's."""
+
+    def rollout_args(
+        self,
+    ) -> tuple[type[AgentWorkflow[Any]], AgentWorkflowConfig, type[Grader[Any]] | None, GraderConfig | None]:
+        """``(workflow_class, workflow_config, grader_class, grader_config)``: the leading arguments of
+        a backend class that takes them the way :class:`~osmosis_core.LocalBackend` does."""
+        return self.workflow_class, self.workflow_config, self.grader_class, self.grader_config
+
+    def paths(self) -> SetupPaths:
+        """The run's paths as keyword arguments: ``rollout_dir``, ``run_dir``, ``config_root``, ``dataset_path``."""
+        return SetupPaths(
+            rollout_dir=self.rollout_dir,
+            run_dir=self.run_dir,
+            config_root=self.config_root,
+            dataset_path=self.dataset_path,
+        )
 
 
 def load_object(path: str) -> Any:

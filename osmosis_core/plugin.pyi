@@ -4,6 +4,7 @@ from osmosis_core.backend import BackendSetup as BackendSetup
 from osmosis_core.backend import BackendSpec as BackendSpec
 from osmosis_core.backend import ExecutionBackend as ExecutionBackend
 from osmosis_core.backend import ResultCallback as ResultCallback
+from osmosis_core.backend import RunLimits as RunLimits
 from osmosis_core.backend import load_object as load_object
 from osmosis_core.backend import report_cancelled as report_cancelled
 from osmosis_core.cli.common import config_options as config_options
@@ -33,6 +34,9 @@ from osmosis_core.http_session import http_request as http_request
 from osmosis_core.http_session import http_scope as http_scope
 from osmosis_core.http_session import read_limited as read_limited
 from osmosis_core.lazy import attach_stub as attach_stub
+from osmosis_core.lifecycle import Rollout as Rollout
+from osmosis_core.lifecycle import run_grader as run_grader
+from osmosis_core.lifecycle import run_workflow as run_workflow
 from osmosis_core.loader import apply_config_table as apply_config_table
 from osmosis_core.loader import load_rollout as load_rollout
 from osmosis_core.loader import resolve_object as resolve_object

@@ -27,7 +27,7 @@ import anyio
 import attrs
 
 from osmosis_core import __version__
-from osmosis_core.backend import BackendSetup, ExecutionBackend
+from osmosis_core.backend import BackendSetup, BackendSpec, ExecutionBackend, RunLimits
 from osmosis_core.config import RunConfig, api_key_from_env, structure_table
 from osmosis_core.dataset import DatasetRow, fingerprint, read_dataset
 from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
@@ -166,22 +166,10 @@ def build_backend(
     unknown = sorted(set(config.backend) - {b.name for b in registry.backends()})
     if unknown:
         raise ConfigError(source, [f"no backend is called {n!r} @ $.backend.{n}" for n in unknown])
-    table = config.backend.get(name, {})
-    config_type = spec.resolve_config_type()
-    if config_type is None:
-        if table:
-            raise ConfigError(source, [f"the {name!r} backend takes no settings @ $.backend.{name}"])
-        backend_config = None
-    else:
-        backend_config = structure_table(table, config_type, f"$.backend.{name}", source)
-    workflow_config = rollout.workflow_config
-    if config.run.concurrency is not None:
-        workflow_config = attrs.evolve(
-            workflow_config, concurrency=ConcurrencyConfig(max_concurrent=config.run.concurrency)
-        )
+    backend_config = backend_config_of(spec, config.backend.get(name, {}), source)
     setup = BackendSetup(
         workflow_class=rollout.workflow_class,
-        workflow_config=workflow_config,
+        workflow_config=rollout.workflow_config,  # the author's, as written: the run's limits travel apart
         grader_class=rollout.grader_class,
         grader_config=rollout.grader_config,
         backend_config=backend_config,
@@ -191,8 +179,19 @@ def build_backend(
         dataset_path=config.resolve(config.dataset.path),
         workers=config.run.workers,
         require_labels=config.run.require_labels,
+        limits=RunLimits(concurrency=config.run.concurrency),
     )
     return _make_backend(spec, setup, registry)
+
+
+def backend_config_of(spec: BackendSpec, table: dict[str, Any], source: str) -> Any:
+    """A backend's ``[backend.<name>]`` table read into its spec's config type (None when it takes none)."""
+    config_type = spec.resolve_config_type()
+    if config_type is None:
+        if table:
+            raise ConfigError(source, [f"the {spec.name!r} backend takes no settings @ $.backend.{spec.name}"])
+        return None
+    return structure_table(table, config_type, f"$.backend.{spec.name}", source)
 
 
 def _make_backend(spec: Any, setup: BackendSetup, registry: PluginRegistry) -> ExecutionBackend:

@@ -44,7 +44,6 @@ import concurrent.futures
 import contextlib
 import functools
 import gc
-import math
 import os
 import select
 import signal
@@ -59,9 +58,10 @@ from typing import Any
 import anyio
 import attrs
 
-from osmosis_core.backend import ExecutionBackend, ResultCallback, report_cancelled
+from osmosis_core.backend import ExecutionBackend, ResultCallback, RunLimits
 from osmosis_core.errors import BackendUnavailable, clip
 from osmosis_core.http_session import preload
+from osmosis_core.lifecycle import Rollout
 from osmosis_core.lifeline import parent_gone, set_parent_death_signal
 from osmosis_core.local import LocalBackend
 from osmosis_core.records import (
@@ -73,7 +73,7 @@ from osmosis_core.records import (
     ExecutionStatus,
 )
 from osmosis_core.waiters import Waiters
-from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, ConcurrencyConfig, Grader, GraderConfig
+from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
 __all__ = ["WorkerPool"]
 
@@ -285,14 +285,13 @@ class _Worker:
 
 
 class _Pending:
-    __slots__ = ("cancelled_reported", "ended", "grades", "holds_slot", "queue", "stage", "worker")
+    __slots__ = ("ended", "grades", "holds_slot", "queue", "stage", "worker")
 
     def __init__(self, worker: _Worker, grades: bool) -> None:
         self.worker = worker
         self.queue: asyncio.Queue[ExecutionResult | None] = asyncio.Queue()
         self.stage = ExecutionStage.WORKFLOW
         self.holds_slot = True
-        self.cancelled_reported = False
         self.grades = grades
         """A successful workflow is followed by a grader stage."""
         self.ended = False
@@ -303,7 +302,8 @@ class WorkerPool(ExecutionBackend):
     """:class:`LocalBackend` in ``workers`` processes; same results, same callbacks.
 
     :param max_concurrent: rollouts at once over all workers (split evenly between them, as is the
-        grader config's own limit when it has one).
+        grader limit); overrides ``limits.concurrency``.
+    :param limits: the run's limits (:class:`~osmosis_core.RunLimits`), for all workers together.
     :param max_restarts: how many dead workers are replaced over the pool's life (default
         ``4 * workers``); past it the pool shrinks, and stops when no worker is left.
 
@@ -321,6 +321,7 @@ class WorkerPool(ExecutionBackend):
         max_concurrent: int | None = None,
         max_restarts: int | None = None,
         require_labels: bool = False,
+        limits: RunLimits | None = None,
     ) -> None:
         if workers < 2:
             raise ValueError(f"a worker pool needs 2 or more workers, got {workers}")
@@ -333,21 +334,18 @@ class WorkerPool(ExecutionBackend):
             grader_config,
             max_concurrent=max_concurrent,
             require_labels=require_labels,
+            limits=limits,
         )
-        workflow_config, grader_config = template.workflow_config, template.grader_config
         self._limit = template.max_concurrency
-        self._share = max(1, math.ceil(self._limit / workers))
-        if template.grader_config is not None and template.grader_config.concurrency.max_concurrent is not None:
-            # a grader limit is for the whole run too: split it like the workflow limit
-            share = max(1, math.ceil(template.grader_config.concurrency.max_concurrent / workers))
-            grader_config = attrs.evolve(template.grader_config, concurrency=ConcurrencyConfig(max_concurrent=share))
+        share = template.limits.split(workers)  # each worker keeps its share of both limits
+        self._share = share.concurrency or 1
         backend = self._local = LocalBackend(
             template.workflow_class,
-            workflow_config,
+            template.workflow_config,
             template.grader_class,
-            grader_config,
-            max_concurrent=self._share,
+            template.grader_config,
             require_labels=require_labels,
+            limits=share,
         )
         self._size = workers
         self._restarts_left = 4 * workers if max_restarts is None else max_restarts
@@ -458,8 +456,6 @@ class WorkerPool(ExecutionBackend):
                         if payload.stage is ExecutionStage.WORKFLOW:
                             pending.stage = ExecutionStage.GRADER
                             self._release(pending)
-                        if payload.status is ExecutionStatus.CANCELLED:
-                            pending.cancelled_reported = True
                         pending.ended = payload.stage is ExecutionStage.GRADER or not (payload.ok and pending.grades)
                         pending.queue.put_nowait(payload)
                 elif kind == "done":
@@ -559,44 +555,36 @@ class WorkerPool(ExecutionBackend):
         on_grader_complete: ResultCallback | None = None,
     ) -> None:
         self._attach()
-        try:
+        report = Rollout(request, on_workflow_complete, on_grader_complete, grades=self._local.grades(request))
+        async with report:
             worker = await self._slot()
-        except anyio.get_cancelled_exc_class():
-            await report_cancelled(
-                request.rollout_id, ExecutionStage.WORKFLOW, on_workflow_complete, on_grader_complete
-            )
-            raise
-        pending = self._pending[request.rollout_id] = _Pending(worker, self._local.grades(request))
-        worker.running += 1
-        worker.rollouts += 1
+            pending = self._pending[request.rollout_id] = _Pending(worker, report.grades)
+            worker.running += 1
+            worker.rollouts += 1
 
-        async def relay() -> None:
-            """Hand each stage's result to its callback until the worker says the rollout is done."""
-            while (result := await pending.queue.get()) is not None:
-                callback = on_workflow_complete if result.stage is ExecutionStage.WORKFLOW else on_grader_complete
-                if callback is not None:
-                    await callback(result)
+            async def relay() -> None:
+                """Hand each stage's result to its callback until the worker says the rollout is done."""
+                while (result := await pending.queue.get()) is not None:
+                    await report.report(result)
 
-        try:
-            worker.conn.send(("run", request))
-            await relay()
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                if worker.alive:
-                    with contextlib.suppress(OSError):
-                        worker.conn.send(("cancel", request.rollout_id))
-                    with anyio.move_on_after(_STOP_GRACE_SEC):
-                        await relay()  # the worker reports the cancelled stage (if the rollout had started), then done
-                if not pending.cancelled_reported:
-                    await report_cancelled(request.rollout_id, pending.stage, on_workflow_complete, on_grader_complete)
-            raise
-        except OSError:  # the worker died before it could take the request
-            self._worker_lost(worker)
-            await relay()
-        finally:
-            self._release(pending)
-            worker.rollouts -= 1
-            self._pending.pop(request.rollout_id, None)
+            try:
+                worker.conn.send(("run", request))
+                await relay()
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
+                    if worker.alive:
+                        with contextlib.suppress(OSError):
+                            worker.conn.send(("cancel", request.rollout_id))
+                        with anyio.move_on_after(_STOP_GRACE_SEC):
+                            await relay()  # the worker reports the cancelled stage (if it had started), then done
+                raise  # (the rollout reports the cancellation, unless the worker did)
+            except OSError:  # the worker died before it could take the request
+                self._worker_lost(worker)
+                await relay()
+            finally:
+                self._release(pending)
+                worker.rollouts -= 1
+                self._pending.pop(request.rollout_id, None)
 
     async def aclose(self) -> None:
         """Stop the workers (their in-flight rollouts are cancelled), then the zygote; wait for them."""

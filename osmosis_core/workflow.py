@@ -182,7 +182,9 @@ class Grader[G: GraderConfig](abc.ABC):
         """Score ``ctx.sample`` against ``ctx.label``; return the reward or set it."""
 
 
-_SHARED_TYPES: frozenset[type[Any]] = frozenset({str, int, float, bool, bytes, complex, type(None), frozenset, range})
+_SHARED_TYPES: frozenset[type[Any]] = frozenset(
+    {str, int, float, bool, bytes, complex, type(None), frozenset, range, ConcurrencyConfig}  # (frozen, of ints)
+)
 _attrs_fields: dict[type[Any], tuple[str, ...]] = {}
 
 

@@ -6,10 +6,22 @@ import textwrap
 from pathlib import Path
 from typing import Literal
 
+import anyio
 import attrs
 import pytest
 
-from osmosis_core import BackendSpec, ConfigError, DatasetError, RolloutLoadError, hookimpl
+from osmosis_core import (
+    AgentWorkflow,
+    AgentWorkflowConfig,
+    BackendSpec,
+    ConcurrencyConfig,
+    ConfigError,
+    DatasetError,
+    ExecutionRequest,
+    PolicyEndpoint,
+    RolloutLoadError,
+    hookimpl,
+)
 from osmosis_core.config import load_config, workspace_root
 from osmosis_core.dataset import read_dataset
 from osmosis_core.loader import MissingDependency, load_rollout
@@ -158,6 +170,49 @@ def test_run_concurrency_sets_the_local_limit(workspace):
     assert build_backend(config, rollout, _registry(), None).max_concurrency == 8  # [run] concurrency = 8
     config.run.concurrency = 50
     assert build_backend(config, rollout, _registry(), None).max_concurrency == 50
+
+
+class _SeesItsConfig(AgentWorkflow):
+    """Answers with the ``concurrency`` its own config holds (what the author's class sees)."""
+
+    async def run(self, ctx):
+        return [*ctx.prompt, {"role": "assistant", "content": str(self.config.concurrency.max_concurrent)}]
+
+
+def _seen_by_the_workflow(backend) -> str:
+    results = []
+
+    async def keep(result):
+        results.append(result)
+
+    request = ExecutionRequest("r", [{"role": "user", "content": "?"}], PolicyEndpoint("http://127.0.0.1:9/v1", "m"))
+    anyio.run(backend.execute, request, keep)
+    return results[-1].sample.messages[-1]["content"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_concurrency_is_kept_and_the_authors_workflow_config_is_never_written(workspace, workers):
+    config = load_config(workspace / "configs" / "eval" / "multiply-plain.toml")
+    authors = AgentWorkflowConfig(concurrency=ConcurrencyConfig(max_concurrent=3))
+    rollout = attrs.evolve(
+        load_rollout(config), workflow_class=_SeesItsConfig, workflow_config=authors, grader_class=None
+    )
+    config.run.workers = workers
+    config.run.concurrency = None  # the author's own limit is honoured
+    backend = build_backend(config, rollout, _registry(), None)
+    try:
+        assert backend.max_concurrency == 3
+    finally:
+        anyio.run(backend.aclose)
+    config.run.concurrency = 50  # --concurrency 50: the run's limit, not a change to the author's config
+    backend = build_backend(config, rollout, _registry(), None)
+    try:
+        assert backend.max_concurrency == 50
+        if workers == 1:
+            assert _seen_by_the_workflow(backend) == "3"
+    finally:
+        anyio.run(backend.aclose)
+    assert authors.concurrency.max_concurrent == 3
 
 
 def test_missing_api_key_variable_is_named_not_valued(workspace, monkeypatch):

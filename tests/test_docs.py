@@ -49,3 +49,18 @@ def test_the_readme_names_every_plugin() -> None:
     plugins = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").is_file())
     assert plugins, "no plugin folder found"
     assert [p for p in plugins if p not in readme] == []
+
+
+def test_one_example_backend_in_the_readme_the_docstring_and_the_contract_suite():
+    """The README's backend plugin and ``osmosis_core.backend``'s docstring are the code the contract
+    suite runs (``osmosis_core/testing/example_backend.py``), word for word."""
+    import osmosis_core.backend
+    import osmosis_core.plugin
+
+    source = (ROOT / "osmosis_core" / "testing" / "example_backend.py").read_text()
+    code = source[source.index("import anyio") :]
+    assert code in (ROOT / "README.md").read_text()
+    docstring = osmosis_core.backend.__doc__ or ""
+    indented = "".join(f"    {line}" if line.strip() else line for line in code.splitlines(True))
+    assert indented.rstrip() in docstring
+    assert "EchoBackend" not in (ROOT / "README.md").read_text() + docstring + (osmosis_core.plugin.__doc__ or "")

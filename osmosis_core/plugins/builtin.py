@@ -13,29 +13,18 @@ __all__ = ["local_backend", "osmosis_register_backends", "osmosis_register_templ
 
 
 def local_backend(setup: BackendSetup) -> ExecutionBackend:
-    """The factory of the ``local`` backend. It takes no ``[backend.local]`` settings: ``[run]
-    concurrency`` sets its limit through the workflow config, and ``[run] workers`` > 1 runs it in a
+    """The factory of the ``local`` backend. It takes no ``[backend.local]`` settings: ``setup.limits``
+    (``[run] concurrency``) are its limits, and ``[run] workers`` > 1 runs it in a
     :class:`~osmosis_core.workers.WorkerPool` of that many processes."""
     if setup.workers > 1:
         from osmosis_core.workers import WorkerPool
 
         return WorkerPool(
-            setup.workflow_class,
-            setup.workflow_config,
-            setup.grader_class,
-            setup.grader_config,
-            workers=setup.workers,
-            require_labels=setup.require_labels,
+            *setup.rollout_args(), workers=setup.workers, require_labels=setup.require_labels, limits=setup.limits
         )
     from osmosis_core.local import LocalBackend
 
-    return LocalBackend(
-        setup.workflow_class,
-        setup.workflow_config,
-        setup.grader_class,
-        setup.grader_config,
-        require_labels=setup.require_labels,
-    )
+    return LocalBackend(*setup.rollout_args(), require_labels=setup.require_labels, limits=setup.limits)
 
 
 @hookimpl

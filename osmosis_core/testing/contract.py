@@ -1,15 +1,23 @@
 """The backend contract: what every :class:`~osmosis_core.ExecutionBackend` must do, as a test suite.
 
 A backend author runs it against their backend in a few lines: subclass :class:`BackendContract`
-in a test module and say how to build the backend::
+in a test module and name the backend; the suite builds it the way ``osmosis run`` does, through
+the factory of its registered :class:`~osmosis_core.BackendSpec`, from a
+:class:`~osmosis_core.BackendSetup` (the example backend of the README,
+:mod:`osmosis_core.testing.example_backend`)::
 
     from osmosis_core.testing import BackendContract
+    from osmosis_core.testing import example_backend
 
-    class TestEchoBackend(BackendContract):
-        def make_backend(self, workflow, grader=None, *, max_concurrent=4, require_labels=False):
-            return EchoBackend(workflow, grader, max_concurrent=max_concurrent, require_labels=require_labels)
+    class TestInlineBackend(BackendContract):
+        backend = "inline"
+        plugin = example_backend  # registered for the test; an installed plugin needs no line here
 
 pytest then runs every ``test_*`` method below on it, with real HTTP to a scripted policy server.
+A backend that needs more than that says so with class attributes: ``backend_table`` (its
+``[backend.<name>]`` settings), ``workers``, ``fixtures`` (pytest fixtures each check needs, such as
+a cluster), and capability flags (``keeps_partial_sample``). Overriding :meth:`make_backend` still
+works, for a backend built another way.
 The workflow and grader it hands over (:class:`ContractWorkflow`, :class:`ContractGrader`) live in
 this module, so a backend that imports them by name in another process, a sandbox or a cluster
 node can run them. Each rollout's behaviour is chosen by its row's metadata ``do``:
@@ -34,11 +42,12 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
+import attrs
 
-from osmosis_core.backend import ExecutionBackend
+from osmosis_core.backend import BackendSetup, ExecutionBackend, RunLimits
 from osmosis_core.errors import PolicyError
 from osmosis_core.records import (
     ErrorCategory,
@@ -57,6 +66,11 @@ from osmosis_core.workflow import (
     GraderConfig,
     GraderContext,
 )
+
+try:
+    import pytest
+except ImportError:  # a node or a sandbox that only runs the contract's workflow
+    pytest = None  # type: ignore[assignment]
 
 __all__ = ["BackendContract", "ContractGrader", "ContractWorkflow", "EchoWorkflow"]
 
@@ -117,12 +131,31 @@ class ContractGrader(Grader[GraderConfig]):
 
 
 class BackendContract:
-    """The contract, as pytest test methods; subclass it (as ``Test...``) and implement :meth:`make_backend`."""
+    """The contract, as pytest test methods; subclass it (as ``Test...``) and name the :attr:`backend`."""
 
+    backend: str = "local"
+    """The registered name of the backend under test (``--backend NAME``)."""
+    backend_table: ClassVar[dict[str, Any]] = {}
+    """Its ``[backend.<name>]`` table, read into its spec's config type as a run config's is."""
+    plugin: object | None = None
+    """A plugin object or module to register for the checks (one that is not installed)."""
+    workers: int = 1
+    """``[run] workers`` handed to the factory."""
+    fixtures: tuple[str, ...] = ()
+    """pytest fixtures every check needs (a cluster the backend attaches to, a service)."""
+    keeps_partial_sample: bool = True
+    """Capability: a failed workflow's partial sample comes back (the check is skipped when False)."""
     stage_timeout_sec: float = 1.0
     """The agent and grader timeouts of the timeout checks (raise it for a backend with a slow start)."""
     rollout_timeout_sec: float = 120.0
     """How long one check may take before it fails."""
+
+    if pytest is not None:
+
+        @pytest.fixture(autouse=True)
+        def _contract_fixtures(self, request: Any) -> None:
+            for name in self.fixtures:
+                request.getfixturevalue(name)
 
     def make_backend(
         self,
@@ -132,8 +165,34 @@ class BackendContract:
         max_concurrent: int = 4,
         require_labels: bool = False,
     ) -> ExecutionBackend:
-        """Build the backend under test for ``workflow`` and ``grader``, at most ``max_concurrent`` at once."""
-        raise NotImplementedError("subclass BackendContract and implement make_backend")
+        """Build the backend under test for ``workflow`` and ``grader``, at most ``max_concurrent`` at once.
+
+        As ``osmosis run`` builds it: its spec's factory, called with a :class:`BackendSetup` whose
+        limits are ``max_concurrent`` (and so is the workflow config's own ``concurrency``, as an
+        author who sets both would have it: a backend that reads either keeps the limit).
+        """
+        from osmosis_core.plugins.registry import PluginRegistry, get_registry
+        from osmosis_core.runner import _make_backend, backend_config_of
+        from osmosis_core.workflow import ConcurrencyConfig
+
+        registry = get_registry() if self.plugin is None else PluginRegistry()
+        if self.plugin is not None:
+            registry.register(self.plugin, f"contract-{self.backend}")
+        spec = registry.backend(self.backend)
+        workflow_config = attrs.evolve(
+            workflow.config_type(), concurrency=ConcurrencyConfig(max_concurrent=max_concurrent)
+        )
+        setup = BackendSetup(
+            workflow_class=workflow,
+            workflow_config=workflow_config,
+            grader_class=grader,
+            grader_config=grader.config_type() if grader is not None else None,
+            backend_config=backend_config_of(spec, dict(self.backend_table), f"[backend.{self.backend}]"),
+            workers=self.workers,
+            require_labels=require_labels,
+            limits=RunLimits(concurrency=max_concurrent),
+        )
+        return _make_backend(spec, setup, registry)
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -250,6 +309,8 @@ class BackendContract:
             assert len([r for r in seen[name] if r.stage is ExecutionStage.WORKFLOW]) == 1, (name, seen[name])
 
     def test_a_failed_workflow_keeps_its_partial_sample(self) -> None:
+        if not self.keeps_partial_sample and pytest is not None:
+            pytest.skip(f"the {self.backend!r} backend declares keeps_partial_sample = False")
         seen = self._run({"workflow": ContractWorkflow}, [self._request("", "partial", do="partial")])
         [failed] = seen["partial"]
         assert failed.error is not None and failed.error.category is ErrorCategory.AGENT_ERROR

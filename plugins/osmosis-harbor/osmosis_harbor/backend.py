@@ -84,7 +84,7 @@ from osmosis_core import (  # noqa: E402
     RolloutSample,
     message_text,
 )
-from osmosis_core.plugin import report_cancelled  # noqa: E402
+from osmosis_core.plugin import Rollout  # noqa: E402
 from osmosis_harbor.agent import AGENT_IMPORT_PATH  # noqa: E402
 from osmosis_harbor.bwrap import check_bwrap, find_bwrap, python_paths  # noqa: E402
 from osmosis_harbor.config import HarborBackendConfig  # noqa: E402
@@ -202,10 +202,14 @@ class HarborBackend(ExecutionBackend):
     :param config_root: the folder the run config's relative paths resolve against (tried first).
     :param dataset_path: the dataset file; hidden from every trial, since it holds the labels.
     :param require_labels: fail a row without a label instead of running it ungraded (template mode).
+    :param max_concurrent: trials at once (``[run] concurrency``) when ``config.n_concurrent`` is unset;
+        default: the workflow config's limit.
 
     osmosis-ai's keyword names are accepted and mapped onto ``config`` (each given in one spelling):
 
-    :param orchestrator: a Harbor ``TrialQueue`` to run the trials on (its ``n_concurrent`` is the limit).
+    :param orchestrator: a Harbor ``TrialQueue`` to run the trials on; it keeps its own ``n_concurrent``
+        (say the same number in ``config.n_concurrent`` or ``max_concurrent`` for ``max_concurrency``
+        to report it; else the backend reports no limit of its own, 0).
     :param task_dir: ``config.task_dir``. :param user_code_dir: ``config.code_dir``.
     :param environment_config: a Harbor ``EnvironmentConfig`` used as is for every trial (instead of
         ``config.environment``).
@@ -228,6 +232,7 @@ class HarborBackend(ExecutionBackend):
         config_root: Path | None = None,
         dataset_path: Path | None = None,
         require_labels: bool = False,
+        max_concurrent: int | None = None,
         orchestrator: TrialQueue | None = None,
         task_dir: Path | str | None = None,
         user_code_dir: Path | str | None = None,
@@ -296,11 +301,9 @@ class HarborBackend(ExecutionBackend):
             self._lib_paths = [_TRIAL_LIB]
         if orchestrator is not None:
             self._queue = orchestrator
-            self._limit = int(getattr(orchestrator, "_n_concurrent", 0) or config.n_concurrent or 0) or (
-                self.workflow_config.concurrency.limit
-            )
+            self._limit = config.n_concurrent or max_concurrent or 0
         else:
-            self._limit = config.n_concurrent or self.workflow_config.concurrency.limit
+            self._limit = config.n_concurrent or max_concurrent or self.workflow_config.concurrency.limit
             retry = RetryConfig(
                 max_retries=config.max_retries,
                 exclude_exceptions={
@@ -330,17 +333,13 @@ class HarborBackend(ExecutionBackend):
     def from_setup(cls, setup: BackendSetup) -> HarborBackend:
         """The factory registered for the ``harbor`` backend (``osmosis run --backend harbor``)."""
         config = setup.backend_config if isinstance(setup.backend_config, HarborBackendConfig) else None
+        limit = setup.limits.concurrency
         return cls(
-            setup.workflow_class,
-            setup.workflow_config,
-            setup.grader_class,
-            setup.grader_config,
+            *setup.rollout_args(),
             config=config,
-            rollout_dir=setup.rollout_dir,
-            run_dir=setup.run_dir,
-            config_root=setup.config_root,
-            dataset_path=setup.dataset_path,
             require_labels=setup.require_labels,
+            max_concurrent=limit,
+            **setup.paths(),
         )
 
     @property
@@ -491,85 +490,82 @@ class HarborBackend(ExecutionBackend):
         on_grader_complete: ResultCallback | None = None,
     ) -> None:
         submitted = time.perf_counter()
-        timings: dict[str, float] = {}
-        stage = _WF
+        rollout = Rollout(request, on_workflow_complete, on_grader_complete, grades=self.grades_request(request))
         ticket: Ticket | None = None
         trial_task: asyncio.Future[Any] | None = None
         try:
-            try:
-                task_dir = self._task_for(request)
-            except TaskProblem as exc:
-                await on_workflow_complete(failure(request.rollout_id, _WF, ErrorCategory.VALIDATION_ERROR, str(exc)))
-                return
-            trial_name = _trial_name(request.rollout_id)
-            ticket = Ticket(
-                request=request,
-                mode=self.mode,
-                task_name=task_name(task_dir),
-                trial_dir=self.trials_dir / trial_name,
-                workflow=self._class_ref(self.workflow_class),
-                workflow_config=self._workflow_blob,
-                grader=self._class_ref(self.grader_class) if self.grader_class is not None else None,
-                grader_config=self._grader_blob,
-                python=self.python,
-                lib_paths=self._lib_paths,
-                code_dir=(_TRIAL_CODE if not self._bwrap else str(self.code_dir)) if self.code_dir else None,
-                upload=self._uploads(),
-                grader_class=self.grader_class,
-                grader_config_object=self.grader_config,
-            )
-            TICKETS[ticket.id] = ticket
-            self._by_trial[trial_name] = ticket
-            trial_config = self._trial_config(ticket, task_dir, trial_name)
-            trial_task = asyncio.ensure_future(self._queue.submit(trial_config))
-            waiter = asyncio.ensure_future(ticket.workflow_done.wait())
-            try:
-                await asyncio.wait({trial_task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-            workflow = ticket.workflow_result
-            if workflow is not None and workflow.ok:
-                await on_workflow_complete(self._workflow_stage(ticket, timings, submitted))
-                stage = _GR
-            try:
-                trial = await trial_task
-            except Exception as exc:
-                await self._report_trial_crash(exc, ticket, stage, timings, on_workflow_complete, on_grader_complete)
-                return
-            timings["trial"] = time.perf_counter() - (ticket.trial_started or submitted)
-            if stage is _WF:
-                await on_workflow_complete(self._failed_workflow(ticket, trial, timings, submitted))
-                return
-            if not self.grades_request(request):
-                await self._cleanup(ticket, success=trial.exception_info is None)
-                return
-            graded, ok = self._grader_stage(ticket, trial, timings)
-            if on_grader_complete is not None:
-                await on_grader_complete(graded)
-            await self._cleanup(ticket, success=ok)
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                if trial_task is not None and not trial_task.done():
-                    trial_task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await asyncio.wait_for(asyncio.shield(trial_task), 30)
-            where = f" (trial kept: {ticket.trial_dir})" if ticket is not None else ""
-            await report_cancelled(
-                request.rollout_id, stage, on_workflow_complete, on_grader_complete, timings=timings, detail=where
-            )
-            raise
-        except Exception:
-            # a callback failed: do not leave the trial running behind the caller's back
-            if trial_task is not None and not trial_task.done():
-                trial_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(asyncio.shield(trial_task), 30)
-            raise
+            async with rollout:
+                try:
+                    task_dir = self._task_for(request)
+                except TaskProblem as exc:
+                    await rollout.report(failure(request.rollout_id, _WF, ErrorCategory.VALIDATION_ERROR, str(exc)))
+                    return
+                trial_name = _trial_name(request.rollout_id)
+                ticket = Ticket(
+                    request=request,
+                    mode=self.mode,
+                    task_name=task_name(task_dir),
+                    trial_dir=self.trials_dir / trial_name,
+                    workflow=self._class_ref(self.workflow_class),
+                    workflow_config=self._workflow_blob,
+                    grader=self._class_ref(self.grader_class) if self.grader_class is not None else None,
+                    grader_config=self._grader_blob,
+                    python=self.python,
+                    lib_paths=self._lib_paths,
+                    code_dir=(_TRIAL_CODE if not self._bwrap else str(self.code_dir)) if self.code_dir else None,
+                    upload=self._uploads(),
+                    grader_class=self.grader_class,
+                    grader_config_object=self.grader_config,
+                )
+                TICKETS[ticket.id] = ticket
+                self._by_trial[trial_name] = ticket
+                rollout.detail = f" (trial kept: {ticket.trial_dir})"
+                trial_config = self._trial_config(ticket, task_dir, trial_name)
+                trial_task = asyncio.ensure_future(self._queue.submit(trial_config))
+                try:
+                    await self._run_trial(rollout, ticket, trial_task, submitted)
+                except BaseException:
+                    # cancelled, or a callback failed: do not leave the trial running behind the caller's back
+                    with anyio.CancelScope(shield=True):
+                        if not trial_task.done():
+                            trial_task.cancel()
+                            with contextlib.suppress(BaseException):
+                                await asyncio.wait_for(asyncio.shield(trial_task), 30)
+                    raise
         finally:
             if ticket is not None:
                 TICKETS.pop(ticket.id, None)
                 self._by_trial.pop(ticket.trial_dir.name, None)
             self._done += 1
+
+    async def _run_trial(
+        self, rollout: Rollout, ticket: Ticket, trial_task: asyncio.Future[Any], submitted: float
+    ) -> None:
+        """Report the trial's stages as they end: the workflow's when the agent phase is done, then the grader's."""
+        timings = rollout.timings
+        waiter = asyncio.ensure_future(ticket.workflow_done.wait())
+        try:
+            await asyncio.wait({trial_task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        workflow = ticket.workflow_result
+        if workflow is not None and workflow.ok:
+            await rollout.report(self._workflow_stage(ticket, timings, submitted))
+        try:
+            trial = await trial_task
+        except Exception as exc:
+            await rollout.report(self._trial_crash(exc, ticket, rollout.stage, timings))
+            return
+        timings["trial"] = time.perf_counter() - (ticket.trial_started or submitted)
+        if rollout.stage is _WF:
+            await rollout.report(self._failed_workflow(ticket, trial, timings, submitted))
+            return
+        if rollout.ended:  # not graded
+            await self._cleanup(ticket, success=trial.exception_info is None)
+            return
+        graded, ok = self._grader_stage(ticket, trial, timings)
+        await rollout.report(graded)
+        await self._cleanup(ticket, success=ok)
 
     def _workflow_stage(self, ticket: Ticket, timings: dict[str, float], submitted: float) -> ExecutionResult:
         result = ticket.workflow_result
@@ -666,15 +662,10 @@ class HarborBackend(ExecutionBackend):
         )
         return failure(rid, _GR, error.category, error.message, sample=sample, timings=timings), False
 
-    async def _report_trial_crash(
-        self,
-        exc: Exception,
-        ticket: Ticket,
-        stage: ExecutionStage,
-        timings: dict[str, float],
-        on_workflow_complete: ResultCallback,
-        on_grader_complete: ResultCallback | None,
-    ) -> None:
+    @staticmethod
+    def _trial_crash(
+        exc: Exception, ticket: Ticket, stage: ExecutionStage, timings: dict[str, float]
+    ) -> ExecutionResult:
         """Harbor could not even run the trial (``Trial.create`` failed: a bad task folder, a setup error)."""
         text = " ".join(f"{type(exc).__name__}: {exc}".split())[:1500]
         # a task folder Harbor rejects (missing instruction.md or tests, a bad task.toml) is the data's
@@ -682,10 +673,7 @@ class HarborBackend(ExecutionBackend):
         bad_task = isinstance(exc, (FileNotFoundError, ValueError))
         category = ErrorCategory.VALIDATION_ERROR if bad_task else ErrorCategory.INFRA_ERROR
         message = f"Harbor could not start a trial of task {ticket.task_name!r}: {text} ({ticket.trial_dir})"
-        result = failure(ticket.request.rollout_id, stage, category, message, timings=timings)
-        callback = on_workflow_complete if stage is _WF else on_grader_complete
-        if callback is not None:
-            await callback(result)
+        return failure(ticket.request.rollout_id, stage, category, message, timings=timings)
 
     async def _cleanup(self, ticket: Ticket, *, success: bool) -> None:
         """Remove a successful trial's folder (unless asked to keep it); failed ones stay for debugging."""

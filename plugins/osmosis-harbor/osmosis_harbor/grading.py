@@ -1,7 +1,7 @@
 """Grading one finished sample exactly as the ``local`` backend grades it (used in and out of trials).
 
-The grader stage runs through :class:`~osmosis_core.local.LocalBackend` behind a workflow that just
-hands over the finished sample, so a missing label, a grader that sets no reward, a timeout or an
+The grader stage runs through the core's :func:`~osmosis_core.lifecycle.run_grader`, what the
+``local`` backend runs, so a missing label, a grader that sets no reward, a timeout or an
 exception end the same way (and in the same category) as on the ``local`` backend. A reward the
 agent put on its own sample is discarded first: only the grader sets it.
 """
@@ -11,16 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from osmosis_core import (
-    AgentWorkflow,
-    AgentWorkflowContext,
-    ExecutionRequest,
-    ExecutionResult,
-    Grader,
-    GraderConfig,
-    LocalBackend,
-    RolloutSample,
-)
+from osmosis_core import ExecutionRequest, ExecutionResult, Grader, GraderConfig, RolloutSample
+from osmosis_core.plugin import run_grader
 
 __all__ = ["grade_sample"]
 
@@ -46,16 +38,5 @@ async def grade_sample(
     sample.metrics = dict(sample.metrics)
     sample.reward = None
 
-    class _Replay(AgentWorkflow[Any]):  # hands the finished sample to the grader stage
-        async def run(self, ctx: AgentWorkflowContext[Any]) -> RolloutSample:
-            return sample
-
-    results: list[ExecutionResult] = []
-
-    async def keep(result: ExecutionResult) -> None:
-        results.append(result)
-
     # the backend decided this rollout is graded: a row without a label is the grader's validation_error here
-    backend = LocalBackend(_Replay, None, grader, grader_config, max_concurrent=1, require_labels=True)
-    await backend.execute(request, keep, keep)
-    return results[-1]
+    return await run_grader(grader, grader_config, request, sample)

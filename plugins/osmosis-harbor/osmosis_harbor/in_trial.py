@@ -3,8 +3,9 @@
 It runs in the trial's environment with the interpreter that runs osmosis (``sys.executable``,
 visible read-only in the bwrap sandbox) or the image's ``python3``, in isolated mode (``-I``: no
 current folder, no ``PYTHON*`` variables, no user site), so nothing the agent left in the trial
-can shadow a module. It never imports Harbor. Each phase runs through the core's
-:class:`~osmosis_core.local.LocalBackend`, so results mean exactly what they mean locally.
+can shadow a module. It never imports Harbor. Each phase runs through the core's stage runners
+(:func:`~osmosis_core.lifecycle.run_workflow`, :func:`~osmosis_core.lifecycle.run_grader`, what
+the ``local`` backend runs), so results mean exactly what they mean locally.
 
 * ``run REQUEST RESULT``: read the request the host uploaded (prompt, metadata, policy endpoint,
   rollout id; never the label), run the workflow, write the workflow's result.
@@ -106,8 +107,8 @@ async def _close_http() -> None:
 
 
 async def _run(request: dict[str, Any], policy: PolicyEndpoint) -> dict[str, Any]:
-    from osmosis_core import ExecutionRequest, ExecutionResult, LocalBackend
-    from osmosis_core.plugin import result_to_json
+    from osmosis_core import ExecutionRequest
+    from osmosis_core.plugin import result_to_json, run_workflow
     from osmosis_harbor.wire import load_object_blob
 
     rollout_id = str(request["rollout_id"])
@@ -130,16 +131,11 @@ async def _run(request: dict[str, Any], policy: PolicyEndpoint) -> dict[str, Any
         metadata=dict(request.get("metadata") or {}),
         agent_timeout_sec=timeout,
     )
-    results: list[ExecutionResult] = []
-
-    async def keep(result: ExecutionResult) -> None:
-        results.append(result)
-
     try:
-        await LocalBackend(workflow, config, max_concurrent=1).execute(execution, keep)
+        result = await run_workflow(workflow, config if config is not None else workflow.config_type(), execution)
     finally:
         await _close_http()
-    return result_to_json(results[-1])
+    return result_to_json(result)
 
 
 async def _grade(request: dict[str, Any], sample_file: str, policy: PolicyEndpoint) -> dict[str, Any]:

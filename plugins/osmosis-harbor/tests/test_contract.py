@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from osmosis_core.testing import BackendContract
-from osmosis_harbor import HarborBackend, HarborBackendConfig
 
 
 class TestHarborBackend(BackendContract):
+    backend = "harbor"  # built as `osmosis run --backend harbor` builds it: the limit comes in BackendSetup.limits
     stage_timeout_sec = 2.0  # a trial's interpreter takes a moment to start
-
-    def make_backend(self, workflow: Any, grader: Any = None, *, max_concurrent: int = 4, require_labels: bool = False):
-        config = HarborBackendConfig(n_concurrent=max_concurrent)
-        return HarborBackend(workflow, grader=grader, config=config, require_labels=require_labels)

@@ -92,8 +92,10 @@ def test_orchestrator_is_the_given_trial_queue():
 
     probe = load(PROBE_DIR, "probe_rollout.py")
     queue = TrialQueue(n_concurrent=3)
-    backend = HarborBackend(probe.workflow_class, orchestrator=queue)
+    backend = HarborBackend(probe.workflow_class, orchestrator=queue, max_concurrent=3)
     assert backend.queue is queue and backend.max_concurrency == 3
+    # the queue keeps its own limit (Harbor does not publish it): unsaid, the backend claims none of its own
+    assert HarborBackend(probe.workflow_class, orchestrator=TrialQueue(n_concurrent=3)).max_concurrency == 0
 
 
 def test_task_dir_user_code_dir_and_cleanup_map_onto_the_config(tmp_path):

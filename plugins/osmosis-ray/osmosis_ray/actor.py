@@ -43,7 +43,7 @@ from osmosis_core import (
     ExecutionStage,
     ExecutionStatus,
 )
-from osmosis_core.plugin import error_info, get_registry
+from osmosis_core.plugin import RunLimits, error_info, get_registry
 from osmosis_ray.failures import cancelled_result, failure_result
 from osmosis_ray.shipping import CodeLoadError, RolloutCode
 
@@ -68,6 +68,9 @@ class ActorSpec:
     """How the driver calls it in messages (``actor 3``, ``the quarantine actor``)."""
     inner: str = "local"
     capacity: int = 4
+    """Rollouts at once here: the actor's share of the run's concurrency."""
+    grader_capacity: int | None = None
+    """Grader stages at once here: its share of the grader limit (None: ``capacity``)."""
     require_labels: bool = False
     run_dir: str | None = None
     config_root: str | None = None
@@ -123,6 +126,7 @@ class RolloutActor:
             dataset_path=Path(spec.dataset_path) if spec.dataset_path else None,
             workers=1,
             require_labels=spec.require_labels,
+            limits=RunLimits(spec.capacity, spec.grader_capacity),
         )
         factory = get_registry().backend(spec.inner).resolve_factory()
         backend = factory(setup)

@@ -50,7 +50,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import attrs
 
 from osmosis_core import (
@@ -58,19 +57,17 @@ from osmosis_core import (
     AgentWorkflowConfig,
     BackendSetup,
     BackendUnavailable,
-    ConcurrencyConfig,
     ConfigError,
     ErrorCategory,
     ExecutionBackend,
     ExecutionRequest,
     ExecutionResult,
-    ExecutionStage,
     Grader,
     GraderConfig,
     InfraError,
     LocalBackend,
 )
-from osmosis_core.plugin import ResultCallback, get_registry, report_cancelled, structure_table
+from osmosis_core.plugin import ResultCallback, Rollout, RunLimits, get_registry, structure_table
 from osmosis_ray.cluster import ClusterLink, connect, is_loopback_url, ray_api
 from osmosis_ray.config import RayBackendConfig
 from osmosis_ray.dispatch import BROKEN, HEALTHY, ActorFailure, ActorSlot, Dispatcher
@@ -81,7 +78,6 @@ __all__ = ["RayBackend"]
 
 log = logging.getLogger("osmosis_ray")
 
-_WF = ExecutionStage.WORKFLOW
 _STOP_GRACE_SEC = 10.0
 _HUNG_PROBE_SEC = 10.0
 _EXTRA_CALLS = 8
@@ -105,6 +101,8 @@ class RayBackend(ExecutionBackend):
         declared dependencies installed where a node lacks them (``config.dependencies``).
     :param run_dir: :param config_root: :param dataset_path: the run's paths, handed to the inner backend.
     :param workers: ``[run] workers``: the number of actors when ``config.actors`` is unset.
+    :param limits: the run's limits (:class:`~osmosis_core.RunLimits`) over the whole cluster;
+        ``max_concurrent`` overrides its ``concurrency``.
 
     Building it attaches to (or starts) the cluster, starts the actors and waits until they are
     up: an unreachable cluster, a runtime environment Ray cannot set up, or actors that cannot be
@@ -126,6 +124,7 @@ class RayBackend(ExecutionBackend):
         config_root: Path | str | None = None,
         dataset_path: Path | str | None = None,
         workers: int = 1,
+        limits: RunLimits | None = None,
     ) -> None:
         # LocalBackend resolves import paths and configs exactly as every backend does, and decides
         # which requests get a grader stage (for the watchdog's deadline)
@@ -136,7 +135,9 @@ class RayBackend(ExecutionBackend):
             grader_config,
             max_concurrent=max_concurrent,
             require_labels=require_labels,
+            limits=limits,
         )
+        self._given_limits = limits or RunLimits()
         self.config = config if config is not None else RayBackendConfig()
         self.rollout_dir = Path(rollout_dir).resolve() if rollout_dir is not None else None
         self._config_root = Path(config_root) if config_root is not None else None
@@ -171,17 +172,12 @@ class RayBackend(ExecutionBackend):
         """The factory registered for the ``ray`` backend (``osmosis run --backend ray``)."""
         config = setup.backend_config if isinstance(setup.backend_config, RayBackendConfig) else None
         return cls(
-            setup.workflow_class,
-            setup.workflow_config,
-            setup.grader_class,
-            setup.grader_config,
+            *setup.rollout_args(),
             config=config,
             require_labels=setup.require_labels,
-            rollout_dir=setup.rollout_dir,
-            run_dir=setup.run_dir,
-            config_root=setup.config_root,
-            dataset_path=setup.dataset_path,
             workers=setup.workers,
+            limits=setup.limits,
+            **setup.paths(),
         )
 
     @staticmethod
@@ -214,41 +210,33 @@ class RayBackend(ExecutionBackend):
         if not n_actors:
             free = float(ray.available_resources().get("CPU", 0.0))
             n_actors = max(1, math.floor(free / cfg.cpus_per_actor)) if cfg.cpus_per_actor > 0 else self._node_count
+        limits = self._local.limits
         if cfg.concurrency_per_actor is not None:
-            capacity = cfg.concurrency_per_actor
-            self._limit = capacity * n_actors
-        else:
-            self._limit = self._local.max_concurrency
-            capacity = max(1, math.ceil(self._limit / n_actors))
+            limits = attrs.evolve(self._given_limits, concurrency=cfg.concurrency_per_actor * n_actors)
+            limits = limits.resolve(self._local.workflow_config, self._local.grader_config)
+        self._limit = limits.concurrency or 0
+        share = limits.split(n_actors)  # each actor's inner backend keeps its share of both limits
         runtime_env = self._runtime_env()
-        ship = cfg.ship_code and self.rollout_dir is not None
-
-        def code(share: int) -> Any:
-            workflow_config = attrs.evolve(
-                self._local.workflow_config, concurrency=ConcurrencyConfig(max_concurrent=share)
-            )
-            grader_config = self._local.grader_config
-            if grader_config is not None and grader_config.concurrency.max_concurrent is not None:
-                per_actor = max(1, math.ceil(grader_config.concurrency.max_concurrent / n_actors))
-                grader_config = attrs.evolve(
-                    grader_config, concurrency=ConcurrencyConfig(max_concurrent=min(share, per_actor))
-                )
-            objects = {
-                "workflow": self._local.workflow_class,
-                "workflow_config": workflow_config,
-                "grader": self._local.grader_class,
-                "grader_config": grader_config,
-                "inner_config": self._inner_config,
-            }
-            return pack_rollout_code(objects, rollout_dir=self.rollout_dir, ship=ship)
+        objects = {
+            "workflow": self._local.workflow_class,
+            "workflow_config": self._local.workflow_config,
+            "grader": self._local.grader_class,
+            "grader_config": self._local.grader_config,
+            "inner_config": self._inner_config,
+        }
+        code = pack_rollout_code(
+            objects, rollout_dir=self.rollout_dir, ship=cfg.ship_code and self.rollout_dir is not None
+        )
 
         remote = ray.remote(concurrency_groups={CONTROL: 4})(RolloutActor)
 
-        def make(name: str, share: int, cpus: float, index: int) -> ActorSlot:
+        def make(name: str, limits: RunLimits, cpus: float, index: int) -> ActorSlot:
+            capacity = limits.concurrency or 1
             spec = ActorSpec(
                 name=name,
                 inner=cfg.inner,
-                capacity=share,
+                capacity=capacity,
+                grader_capacity=limits.grader_concurrency,
                 require_labels=require_labels,
                 run_dir=str(run_dir) if run_dir is not None else None,
                 config_root=str(config_root) if config_root is not None else None,
@@ -258,19 +246,19 @@ class RayBackend(ExecutionBackend):
                 "num_cpus": cpus,
                 "max_restarts": -1,
                 "max_task_retries": 0,
-                "max_concurrency": share + _EXTRA_CALLS,
+                "max_concurrency": capacity + _EXTRA_CALLS,
                 "scheduling_strategy": "SPREAD",
             }
             if runtime_env:
                 options["runtime_env"] = runtime_env
-            handle = remote.options(**options).remote(code(share), spec)
-            return ActorSlot(index, name, handle, share)
+            handle = remote.options(**options).remote(code, spec)
+            return ActorSlot(index, name, handle, capacity)
 
         def quarantine() -> ActorSlot:
-            return make("the quarantine actor", 1, 0.0, -1)
+            return make("the quarantine actor", RunLimits(1, 1), 0.0, -1)
 
         self._make_quarantine = quarantine
-        self._actors = [make(f"actor {i}", capacity, cfg.cpus_per_actor, i) for i in range(n_actors)]
+        self._actors = [make(f"actor {i}", share, cfg.cpus_per_actor, i) for i in range(n_actors)]
         self._await_ready(self._actors)
         self._dispatch = Dispatcher(
             chunk_size=cfg.chunk_size,
@@ -418,17 +406,9 @@ class RayBackend(ExecutionBackend):
     ) -> None:
         self._attach()
         self._check_policy(request)
-        stage = _WF
-        try:
-            results = await self._run(request)
-            for result in results:
-                callback = on_workflow_complete if result.stage is _WF else on_grader_complete
-                if callback is not None:
-                    await callback(result)
-                stage = ExecutionStage.GRADER
-        except anyio.get_cancelled_exc_class():
-            await report_cancelled(request.rollout_id, stage, on_workflow_complete, on_grader_complete)
-            raise
+        async with Rollout(request, on_workflow_complete, on_grader_complete, grades=self.grades(request)) as rollout:
+            for result in await self._run(request):
+                await rollout.report(result)
 
     async def _run(self, request: ExecutionRequest) -> list[ExecutionResult]:
         """The rollout's results from some actor, after retries; or the failure the backend reports."""

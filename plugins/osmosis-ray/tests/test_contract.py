@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
+from typing import ClassVar
 
 from osmosis_core.testing import BackendContract
 
 
 class TestRayBackend(BackendContract):
-    @pytest.fixture(autouse=True)
-    def _on_the_session_cluster(self, cluster: Any) -> None:
-        """Every backend built here attaches to the session's cluster (this process is its driver)."""
-
-    def make_backend(self, workflow: Any, grader: Any = None, *, max_concurrent: int = 4, require_labels: bool = False):
-        from osmosis_ray import RayBackend, RayBackendConfig
-
-        config = RayBackendConfig(actors=2)
-        return RayBackend(
-            workflow, grader=grader, config=config, max_concurrent=max_concurrent, require_labels=require_labels
-        )
+    backend = "ray"  # built as `osmosis run --backend ray` builds it, from its [backend.ray] table
+    backend_table: ClassVar[dict[str, object]] = {"actors": 2}
+    fixtures = ("cluster",)  # every backend built here attaches to the session's cluster (this process drives it)
