@@ -140,7 +140,8 @@ def test_a_run_still_going_is_reported_as_partial_and_an_interrupted_one_says_so
     assert "data-partial" in final and "the run was interrupted" in final and "still going" not in final
 
 
-def test_osmosis_serve_writes_its_report_when_it_stops(workspace):
+@pytest.mark.parametrize("while_running", [False, True], ids=["when-it-stops", "while-it-runs"])
+def test_osmosis_serve_writes_its_report_when_it_stops(workspace, while_running):
     pytest.importorskip("osmosis_server", reason="osmosis-server is not installed")
     import asyncio
 
@@ -151,7 +152,7 @@ def test_osmosis_serve_writes_its_report_when_it_stops(workspace):
     with ScriptedPolicyServer() as policy:
         serve = subprocess.Popen(
             [osmosis_exe(), "serve", "configs/eval/multiply-plain.toml", "--port", "0", "--no-auth",
-             "--output", str(folder)],
+             "--output", str(folder), *(["--progress-every", "0.5"] if while_running else [])],
             cwd=workspace, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         url = ""
@@ -182,9 +183,15 @@ def test_osmosis_serve_writes_its_report_when_it_stops(workspace):
                 return await submit_and_wait()
 
         assert len(asyncio.run(go())) == 3
+        page = folder / "report.html"
+        if while_running:  # a long-running server's report is kept up to date while it serves
+            deadline = time.monotonic() + 60
+            while not (page.is_file() and "3 rollouts" in page.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert page.is_file() and "3 rollouts" in page.read_text(), "no report while the server ran"
+            assert serve.poll() is None
         serve.send_signal(signal.SIGTERM)
         serve.communicate(timeout=60)
-    page = folder / "report.html"
     assert page.is_file(), "osmosis serve wrote no report when it stopped"
     data = load_run(folder)
     assert data.kind == "serve" and data.summary.finished == 3 and data.summary.pass_rate == 2 / 3

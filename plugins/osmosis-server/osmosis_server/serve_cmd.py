@@ -12,6 +12,9 @@ import gc
 import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,7 @@ _NOT_FOR_SERVE = {
 @click.option(
     "--result-wait", type=click.FloatRange(min=0, min_open=True), help="The longest a result poll waits, in seconds."
 )
+@click.option("--progress-every", type=click.FloatRange(min=0, min_open=True), default=60.0, hidden=True)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -75,6 +79,7 @@ def serve(
     retention: float | None,
     grace: float | None,
     result_wait: float | None,
+    progress_every: float,
     log_level: str,
     **flags: Any,
 ) -> None:
@@ -221,16 +226,61 @@ def serve(
         )
         sys.stdout.flush()
 
+    from osmosis_core.plugin import folder_progress
+
+    progress = _ProgressTeller(
+        lambda final: registry.tell_progress(folder_progress(run_dir, final=final, config=config))
+    )
+    progress.start(folder.results_path, progress_every)
     try:
         serve_app(app, sock=sock, on_listening=listening, log_level="warning" if log_level != "debug" else "info")
     except OsmosisError:
         raise
     finally:
+        progress.stop()
         folder.close()
-    from osmosis_core.plugin import folder_progress
-
-    registry.tell_progress(folder_progress(run_dir, final=True, config=config))  # report.html, dashboards
+    progress.tell(final=True)  # report.html, dashboards
     console.print(f"stopped; results in {folder.results_path}", soft_wrap=True, markup=False)
+
+
+class _ProgressTeller:
+    """Tells the plugins' ``osmosis_run_progress`` hooks how a long-running server stands: every
+    ``every`` seconds in which results came in, from a thread of its own (a hook may take seconds),
+    and once when it stops. Each look reads the run folder's ``results.jsonl``; a server that has
+    recorded millions of rollouts waits at least twenty times as long as the last look took, so the
+    looks never take more than a twentieth of a core."""
+
+    def __init__(self, tell: Callable[[bool], None]) -> None:
+        self._tell = tell
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tell(self, *, final: bool) -> None:
+        self._tell(final)
+
+    def start(self, results: Path, every: float) -> None:
+        def loop() -> None:
+            seen: tuple[int, int] | None = None
+            wait = every
+            while not self._stop.wait(wait):
+                try:
+                    stat = results.stat()
+                except OSError:
+                    continue
+                if (stat.st_size, stat.st_mtime_ns) == seen:
+                    continue  # nothing new since the last look
+                seen = (stat.st_size, stat.st_mtime_ns)
+                started = time.monotonic()
+                self._tell(False)
+                wait = max(every, 20 * (time.monotonic() - started))
+
+        self._thread = threading.Thread(target=loop, name="osmosis-serve-progress", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
 
 
 def _logging(level: str) -> None:
