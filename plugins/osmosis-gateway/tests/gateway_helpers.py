@@ -17,7 +17,7 @@ from osmosis_core.testing import ScriptedPolicyServer, calculator
 from osmosis_gateway import PolicyGateway
 
 REPO = Path(__file__).resolve().parents[3]
-UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
+UPSTREAM_KEY = "sk-Qx7vR2kZp9WmT4nJ-0123456789"  # no word a message holds: any 8 of its characters are redacted
 QUESTION = [
     {"role": "system", "content": "You are a careful calculator."},
     {"role": "user", "content": "What is 12 times 7?"},
