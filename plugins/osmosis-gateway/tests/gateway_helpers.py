@@ -17,7 +17,7 @@ from osmosis_core.testing import ScriptedPolicyServer, calculator
 from osmosis_gateway import PolicyGateway
 
 REPO = Path(__file__).resolve().parents[3]
-UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
+UPSTREAM_KEY = "sk-9f8e7d6c5b4a3210fedcba98"  # no word of 8 letters: redaction takes any 8-character run of a key
 QUESTION = [
     {"role": "system", "content": "You are a careful calculator."},
     {"role": "user", "content": "What is 12 times 7?"},
