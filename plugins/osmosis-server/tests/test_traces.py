@@ -120,3 +120,29 @@ def test_the_reference_client_still_reads_a_result_with_a_trace(serve, tmp_path)
     assert out.returncode == 0, out.stderr
     [read] = json.loads(out.stdout)["results"]
     assert read["status"] == "success" and read["rollout_id"] == "ref"
+
+
+def test_osmosis_serve_traces_flag_and_a_missing_plugin_message(tmp_path):
+    """``osmosis serve --traces`` serves results with their trace; a bad ``[traces]`` key stops it at start."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    from server_helpers import ServeProcess
+    from test_serve import config, osmosis
+
+    path = config(tmp_path, workflow="OneCall", grader="EndsWithLabel")
+    served = ServeProcess(
+        [str(path), "--port", "0", "--output", str(tmp_path / "run"), "--traces"],
+        cwd=tmp_path,
+        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
+        log=tmp_path / "serve.log",
+    )
+    try:
+        with ScriptedPolicyServer(flavor="vllm") as upstream:
+            result = run(lambda: RolloutClient(served.url, token=TOKEN).run(_request("cli", upstream.url, label="42")))
+        served.terminate()
+        assert served.wait(60) == 0
+    finally:
+        served.kill()
+    assert result.trace is not None and result.trace["calls"][0]["prompt_token_ids"]
+    path.write_text(path.read_text() + '\n[traces]\nadapter = "nope"\n')
+    refused = osmosis("serve", str(path), "--port", "0", cwd=tmp_path, env={"OSMOSIS_SERVER_TOKEN": TOKEN})
+    assert refused.returncode != 0 and "$.traces.adapter" in refused.stderr, refused.stderr
