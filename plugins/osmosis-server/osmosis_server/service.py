@@ -772,6 +772,8 @@ class RolloutService:
 
     def _record(self, entry: Rollout, final: ExecutionResult, lease_expired: bool) -> None:
         try:
+            if entry.trace is not None:  # the trace line first: a result in the folder always has its trace
+                self.folder.record_trace(entry.row, entry.sample_index, entry.id, entry.trace, entry.secrets)
             self.folder.record(
                 entry.row,
                 entry.sample_index,

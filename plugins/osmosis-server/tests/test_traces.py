@@ -9,7 +9,7 @@ import os
 import subprocess
 
 import pytest
-from server_helpers import HERE, TOKEN, run
+from server_helpers import HERE, TOKEN, read_lines, run
 from test_push import receiver
 from workflows import OneCall
 
@@ -50,8 +50,14 @@ def test_each_result_carries_the_trace_of_its_own_upstream(serve):
 
         results = run(go)
         assert len(one.requests) == 1 and len(two.requests) == 1  # each rollout reached its own upstream
+    folder = served.service.folder
+    folder.flush()
+    written = {line["rollout_id"]: line for line in read_lines(folder.path / "traces.jsonl")}
+    assert sorted(written) == ["r-one", "r-two"]  # traces.jsonl beside results.jsonl, as osmosis run writes it
     for result in results:
         assert result.ok, result.error
+        line = written[result.rollout_id]
+        assert line["calls"] == result.trace["calls"] and line["complete"] is True
         trace = result.trace
         assert trace is not None and trace["complete"] is True and trace["rollout_id"] == result.rollout_id
         [call] = trace["calls"]
