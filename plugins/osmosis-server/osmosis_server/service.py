@@ -584,7 +584,12 @@ class RolloutService:
             if gateway is None:
                 await self._close_idle_gateways()
                 gateway = make_trace_gateway(upstream, self.traces or {}, source="$.traces")
-                await gateway.start()
+                try:
+                    await gateway.start()
+                except BaseException:  # cancelled or refused while starting: nothing left listening
+                    with contextlib.suppress(Exception):
+                        await gateway.aclose()
+                    raise
                 self._gateways[key] = gateway
             self._gateway_users[key] += 1
         entry.trace_key = key

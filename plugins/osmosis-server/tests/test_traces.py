@@ -152,3 +152,18 @@ def test_osmosis_serve_traces_flag_and_a_missing_plugin_message(tmp_path):
     path.write_text(path.read_text() + '\n[traces]\nadapter = "nope"\n')
     refused = osmosis("serve", str(path), "--port", "0", cwd=tmp_path, env={"OSMOSIS_SERVER_TOKEN": TOKEN})
     assert refused.returncode != 0 and "$.traces.adapter" in refused.stderr, refused.stderr
+
+
+def test_idle_gateways_past_the_limit_are_closed(serve, monkeypatch):
+    """One gateway per upstream, but not without bound: past the limit an idle one is closed."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    from osmosis_server import service as service_module
+
+    monkeypatch.setattr(service_module, "MAX_TRACE_GATEWAYS", 1)
+    served = serve(LocalBackend(OneCall), traces={}, settings=ServerSettings(grace_sec=1))
+    with ScriptedPolicyServer(flavor="vllm") as one, ScriptedPolicyServer(flavor="vllm") as two:
+        client = RolloutClient(served.url, token=TOKEN)
+        first = run(lambda: client.run(_request("first", one.url)))
+        second = run(lambda: client.run(_request("second", two.url)))
+        assert [key[0] for key in served.service._gateways] == [two.url]
+    assert first.trace["calls"] and second.trace["calls"] and first.trace["complete"] and second.trace["complete"]
