@@ -27,7 +27,15 @@ if TYPE_CHECKING:
     from osmosis_core.plugins.registry import PluginRegistry
     from osmosis_core.records import PolicyEndpoint
 
-__all__ = ["TRACES", "RolloutTraceLike", "RunTraces", "TraceGateway", "make_trace_gateway", "traces_enabled"]
+__all__ = [
+    "TRACES",
+    "RolloutTraceLike",
+    "RunTraces",
+    "TraceGateway",
+    "make_trace_gateway",
+    "trace_line",
+    "traces_enabled",
+]
 
 TRACES = "traces.jsonl"
 """The run folder's trace file: one line per finished rollout, like ``results.jsonl``."""
@@ -85,6 +93,17 @@ def make_trace_gateway(
     return gateway  # type: ignore[no-any-return]
 
 
+def trace_line(rollout_id: str, row_index: int, sample_index: int, trace: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``traces.jsonl`` line of a rollout's trace (its JSON form): its place, then the trace."""
+    data = dict(trace)
+    line = {"rollout_id": rollout_id, "row_index": row_index, "sample_index": sample_index}
+    line["complete"] = data.pop("complete", None)
+    line["incomplete_reason"] = data.pop("incomplete_reason", None)
+    data.pop("rollout_id", None)
+    line.update(data)
+    return line
+
+
 class RunTraces:
     """A run's gateway and its ``traces.jsonl``: a rollout's trace line is written just before its
     result line, so every result of the file has its trace (``--resume`` appends, as for results)."""
@@ -108,13 +127,7 @@ class RunTraces:
         trace = self.gateway.pop_trace(rollout_id)
         if trace is None or not write:
             return
-        data = trace.to_json()
-        line = {"rollout_id": rollout_id, "row_index": row_index, "sample_index": sample_index}
-        line["complete"] = data.pop("complete", None)
-        line["incomplete_reason"] = data.pop("incomplete_reason", None)
-        data.pop("rollout_id", None)
-        line.update(data)
-        self._writer.write(line)
+        self._writer.write(trace_line(rollout_id, row_index, sample_index, trace.to_json()))
 
     async def aclose(self) -> None:
         """Stop the gateway and close the file."""

@@ -9,6 +9,7 @@ from osmosis_gateway.trace import RolloutTrace as RolloutTrace
 from osmosis_gateway.trace import TraceCall as TraceCall
 from osmosis_gateway.trace import TrainerView as TrainerView
 from osmosis_gateway.trace import TrainingSequence as TrainingSequence
+from osmosis_gateway.trace import comparable_trace as comparable_trace
 from osmosis_gateway.trace import read_traces as read_traces
 from osmosis_gateway.trace import trace_from_json as trace_from_json
 from osmosis_gateway.trace import trainer_view as trainer_view

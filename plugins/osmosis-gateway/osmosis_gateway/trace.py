@@ -31,6 +31,7 @@ __all__ = [
     "TraceCall",
     "TrainerView",
     "TrainingSequence",
+    "comparable_trace",
     "read_traces",
     "trace_from_json",
     "trainer_view",
@@ -295,3 +296,24 @@ def read_traces(path: str | os.PathLike[str]) -> dict[tuple[int, int], tuple[dic
                 raise ValueError(f"{path}:{number}: not a trace line ({type(exc).__name__}: {exc})") from None
             found[key] = (line, trace)
     return found
+
+
+def comparable_trace(line: dict[str, Any]) -> dict[str, Any]:
+    """A ``traces.jsonl`` line without what differs from run to run: call ids, times, and the
+    tool-call ids a model makes up (echoed back in the next request). Two runs of the same rows
+    against a deterministic policy (the stand-in) give equal forms whatever backend ran them."""
+    calls = []
+    for call in line["calls"]:
+        call = {k: v for k, v in call.items() if k not in ("call_id", "started_at", "latency_sec")}
+        response = dict(call.get("response") or {})
+        if response.get("tool_calls"):
+            response["tool_calls"] = [{**t, "id": None} for t in response["tool_calls"]]
+        messages = []
+        for message in (call.get("request") or {}).get("messages", ()):
+            message = {k: v for k, v in message.items() if k != "tool_call_id"}
+            if message.get("tool_calls"):
+                message["tool_calls"] = [{**t, "id": None} for t in message["tool_calls"]]
+            messages.append(message)
+        calls.append(call | {"response": response, "request": {**(call.get("request") or {}), "messages": messages}})
+    keys = ("row_index", "sample_index", "complete", "incomplete_reason", "capture")
+    return {k: line.get(k) for k in keys} | {"calls": calls}

@@ -13,7 +13,7 @@ from gateway_helpers import REPO, UPSTREAM_KEY
 
 from osmosis_core.testing import ScriptedPolicyServer
 from osmosis_core.testing.stub_tokens import render_prompt
-from osmosis_gateway import read_traces, trace_from_json, trainer_view
+from osmosis_gateway import comparable_trace, read_traces, trace_from_json, trainer_view
 
 OSMOSIS = str(Path(sys.executable).parent / "osmosis")
 
@@ -37,31 +37,6 @@ def osmosis(*args: str, cwd: Path, env: dict[str, str], timeout: float = 120) ->
 
 def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def comparable(line: dict) -> dict:
-    """A trace line without what differs from run to run (ids, times)."""
-    calls = [
-        {k: v for k, v in c.items() if k not in ("call_id", "started_at", "latency_sec")}
-        | {
-            "response": {
-                **c["response"],
-                "tool_calls": [{**t, "id": None} for t in c["response"].get("tool_calls", [])],
-            }
-        }
-        for c in line["calls"]
-    ]
-    for c in calls:  # the tool-call ids the stand-in makes up are echoed back in the next request
-        for m in c["request"]["messages"]:
-            m.pop("tool_call_id", None)
-            for t in m.get("tool_calls") or ():
-                t["id"] = None
-    return {
-        "row_index": line["row_index"],
-        "sample_index": line["sample_index"],
-        "complete": line["complete"],
-        "calls": calls,
-    }
 
 
 def test_multiply_plain_with_traces_holds_every_call_with_the_ids_sent(workspace, clean_env):
@@ -136,8 +111,12 @@ def test_workers_give_the_same_traces_as_local(workspace, clean_env):
     one = osmosis(*args, "--output", "one", cwd=workspace, env=clean_env)
     two = osmosis(*args, "--workers", "2", "--output", "two", cwd=workspace, env=clean_env)
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
-    local = sorted((comparable(t) for t in lines(workspace / "one" / "traces.jsonl")), key=lambda t: t["row_index"])
-    workers = sorted((comparable(t) for t in lines(workspace / "two" / "traces.jsonl")), key=lambda t: t["row_index"])
+    local = sorted(
+        (comparable_trace(t) for t in lines(workspace / "one" / "traces.jsonl")), key=lambda t: t["row_index"]
+    )
+    workers = sorted(
+        (comparable_trace(t) for t in lines(workspace / "two" / "traces.jsonl")), key=lambda t: t["row_index"]
+    )
     assert len(local) == 8 and local == workers
 
 

@@ -54,6 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import attrs
@@ -89,7 +90,14 @@ from osmosis_harbor.agent import AGENT_IMPORT_PATH  # noqa: E402
 from osmosis_harbor.bwrap import check_bwrap, find_bwrap, python_paths  # noqa: E402
 from osmosis_harbor.config import HarborBackendConfig  # noqa: E402
 from osmosis_harbor.outcomes import NO_REWARD_ERRORS, failure, grader_file_result, pick_reward, trial_error  # noqa: E402
-from osmosis_harbor.tasks import DEFAULT_TASK_DIR, TaskProblem, find_dataset_task, is_task_dir, task_name  # noqa: E402
+from osmosis_harbor.tasks import (  # noqa: E402
+    DEFAULT_TASK_DIR,
+    TaskProblem,
+    find_dataset_task,
+    is_task_dir,
+    task_has_no_network,
+    task_name,
+)
 from osmosis_harbor.tickets import TICKETS, ClassRef, Ticket  # noqa: E402
 from osmosis_harbor.verifier import HOST_VERIFIER_IMPORT_PATH, VERIFIER_IMPORT_PATH  # noqa: E402
 from osmosis_harbor.wire import dump_object  # noqa: E402
@@ -186,6 +194,15 @@ def _with_reference_names(
     if problems:
         raise ConfigError("HarborBackend", problems)
     return attrs.evolve(config, **changes) if changes else config
+
+
+def _no_network_policy(base_url: str) -> str:
+    """Why a trial of a ``no-network`` task cannot reach its policy."""
+    return (
+        f"the task has network_mode = 'no-network', so its trials cannot reach the policy at "
+        f"{urlsplit(base_url).netloc} (a port on the host; with --traces, the policy gateway's): "
+        "give the task network_mode = 'public' (a path from no-network sandboxes to the gateway is not built yet)"
+    )
 
 
 class HarborBackend(ExecutionBackend):
@@ -516,6 +533,7 @@ class HarborBackend(ExecutionBackend):
                     upload=self._uploads(),
                     grader_class=self.grader_class,
                     grader_config_object=self.grader_config,
+                    no_network=task_has_no_network(task_dir),
                 )
                 TICKETS[ticket.id] = ticket
                 self._by_trial[trial_name] = ticket
@@ -596,6 +614,8 @@ class HarborBackend(ExecutionBackend):
             limit = ticket.request.agent_timeout_sec
             if result.error.category is ErrorCategory.TIMEOUT and limit:
                 message = f"the workflow ran past its {limit:g} s timeout"
+            elif result.error.category is ErrorCategory.POLICY_ERROR and ticket.no_network:
+                message = f"{message}; {_no_network_policy(ticket.request.policy.base_url)}"
             return failure(
                 rid,
                 _WF,

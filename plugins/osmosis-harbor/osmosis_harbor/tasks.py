@@ -40,6 +40,7 @@ __all__ = [
     "dataset_rows",
     "find_dataset_task",
     "is_task_dir",
+    "task_has_no_network",
     "task_name",
     "write_dataset",
 ]
@@ -58,14 +59,24 @@ def is_task_dir(path: Path) -> bool:
 
 
 @functools.cache
-def task_name(task_dir: Path) -> str:
-    """The task's name (``[task] name`` of its ``task.toml``), else its folder's name."""
+def _task_value(task_dir: Path, table: str, key: str) -> str | None:
+    """A string ``[table] key`` of the task's ``task.toml`` (None when absent or unreadable)."""
     try:
         data = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
-        return task_dir.name
-    name = data.get("task", {}).get("name") if isinstance(data.get("task"), dict) else None
-    return name if isinstance(name, str) and name else task_dir.name
+        return None
+    value = data.get(table, {}).get(key) if isinstance(data.get(table), dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def task_name(task_dir: Path) -> str:
+    """The task's name (``[task] name`` of its ``task.toml``), else its folder's name."""
+    return _task_value(task_dir, "task", "name") or task_dir.name
+
+
+def task_has_no_network(task_dir: Path) -> bool:
+    """Whether the task's trials run with ``[environment] network_mode = "no-network"``."""
+    return _task_value(task_dir, "environment", "network_mode") == "no-network"
 
 
 def find_dataset_task(metadata: Mapping[str, Any], task_key: str, dataset_dir: Path | None) -> Path:

@@ -66,6 +66,8 @@ class Ticket:
     grader_class: type[Any] | None = None
     """The grader itself, for grading in this process (``grade_on_host``)."""
     grader_config_object: Any = None
+    no_network: bool = False
+    """The task runs with ``network_mode = "no-network"`` (the policy on the host is out of reach)."""
     workflow_result: ExecutionResult | None = None
     grader_result: ExecutionResult | None = None
     workflow_done: asyncio.Event = attrs.field(factory=asyncio.Event)

@@ -167,6 +167,7 @@ def create_app(
     grader_timeout_sec: float | None = None,
     configure_logging: bool = True,
     handle_signals: bool = True,
+    traces: dict[str, Any] | None = None,
 ) -> Starlette:
     """The rollout server for ``backend``, as an ASGI app.
 
@@ -183,6 +184,8 @@ def create_app(
     :param headers: extra headers for every policy call.
     :param agent_timeout_sec: the workflow timeout when a request gives none (None: no limit).
     :param grader_timeout_sec: the grader timeout when a request gives none.
+    :param traces: the ``[traces]`` table, traces on: each result carries the rollout's ``trace``
+        (every model call through a policy gateway in front of the request's policy; osmosis-gateway).
     :param configure_logging: give the ``osmosis_server`` logger an INFO handler when the process has none.
     :param handle_signals: drain on SIGTERM / SIGINT while still serving (under uvicorn).
     :raises ValueError: bad settings, a named token variable that is unset, a weak token.
@@ -227,6 +230,7 @@ def create_app(
         max_response_bytes=max_response_bytes,
         agent_timeout_sec=agent_timeout_sec,
         grader_timeout_sec=grader_timeout_sec,
+        traces=traces,
     )
     hooks = _SignalHooks(service)
 

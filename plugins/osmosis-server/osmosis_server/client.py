@@ -206,6 +206,9 @@ class RolloutResult:
 
     ``error`` is in osmosis's categories (from our server's ``error`` field, else mapped from the
     reference's ``err_category``); ``err_category`` / ``err_message`` are the reference's as sent.
+    ``trace`` is the rollout's training trace when the server records traces (``osmosis serve
+    --traces``): the JSON form of a ``traces.jsonl`` line (``osmosis_gateway.trace_from_json``
+    reads it; ``complete`` says whether a trainer may use it), else None.
     """
 
     rollout_id: str
@@ -218,6 +221,7 @@ class RolloutResult:
     stage: str | None = None
     timings: dict[str, float] = attrs.field(factory=dict)
     remove_sample: bool = False
+    trace: dict[str, Any] | None = None
 
     @property
     def final(self) -> bool:
@@ -279,6 +283,7 @@ class RolloutResult:
             stage=data.get("stage"),
             timings=dict(timings) if isinstance(timings, dict) else {},
             remove_sample=remove,
+            trace=trace if isinstance(trace := data.get("trace"), dict) else None,
         )
 
 

@@ -134,6 +134,11 @@ _RESULT: Final = {
             "description": "osmosis: seconds per phase.",
         },
         "final": {"type": "boolean", "description": "osmosis, pushes only: true on a rollout's last delivery."},
+        "trace": {
+            "type": ["object", "null"],
+            "description": "osmosis, with traces on (osmosis serve --traces): the rollout's training trace, "
+            "a traces.jsonl line's form (complete, incomplete_reason, capture, calls with token ids and logprobs).",
+        },
     },
     "required": ["rollout_id", "status"],
 }

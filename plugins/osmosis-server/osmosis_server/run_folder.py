@@ -57,6 +57,7 @@ class RunFolder:
         self._secrets = tuple(s for s in secrets if s and len(s) >= 4)
         self._lock = RunLock(self.path)
         self._writer: ResultWriter | None = None
+        self._traces: ResultWriter | None = None
         self.ledger = Ledger(self.path)
         self._results = str(self.path / RESULTS)
         self._end = 0
@@ -210,6 +211,17 @@ class RunFolder:
         self.ledger.recorded(known, self._end)
         return start
 
+    def record_trace(
+        self, row: int, sample_index: int, rollout_id: str, trace: dict[str, Any], secrets: tuple[str, ...] = ()
+    ) -> None:
+        """Append a finished rollout's trace to ``traces.jsonl`` (``osmosis run --traces``'s form),
+        just before its result line. (A result read back from the folder carries no trace.)"""
+        from osmosis_core.traces import TRACES, trace_line
+
+        if self._traces is None:
+            self._traces = ResultWriter(self.path / TRACES, self._secrets)
+        self._traces.write(trace_line(rollout_id, row, sample_index, trace), secrets)
+
     def flush(self) -> None:
         """Write the ledger's pending changes to its index (the server does it about once a second)."""
         self.ledger.flush()
@@ -236,7 +248,10 @@ class RunFolder:
     def close(self) -> None:
         """Flush the results to disk and release the folder (idempotent)."""
         writer, self._writer = self._writer, None
+        traces, self._traces = self._traces, None
         try:
+            if traces is not None:
+                traces.close()
             if writer is not None:
                 writer.close()
         finally:

@@ -68,6 +68,12 @@ _NOT_FOR_SERVE = {
     show_default=True,
     help="debug also logs every rollout's queued / running / grading.",
 )
+@click.option(
+    "--traces",
+    is_flag=True,
+    help="Record every model call (prompt and generated token ids, logprobs) through a policy gateway in front "
+    "of each request's policy; each result carries its trace (as a [traces] table does; needs osmosis-gateway).",
+)
 def serve(
     config_file: Path | None,
     host: str | None,
@@ -81,6 +87,7 @@ def serve(
     result_wait: float | None,
     progress_every: float,
     log_level: str,
+    traces: bool,
     **flags: Any,
 ) -> None:
     """Serve a rollout to a trainer over HTTP (the osmosis-ai rollout protocol).
@@ -101,8 +108,9 @@ def serve(
     """
     import attrs
 
-    from osmosis_core import ConfigError, OsmosisError
+    from osmosis_core import ConfigError, OsmosisError, PolicyEndpoint
     from osmosis_core.plugin import build_backend, get_registry, load_rollout, make_console, structure_table
+    from osmosis_core.traces import make_trace_gateway, traces_enabled
     from osmosis_server.auth import is_loopback
     from osmosis_server.run_folder import RunFolder
     from osmosis_server.settings import DEFAULT_TOKEN_ENV, ServerSettings
@@ -114,6 +122,11 @@ def serve(
             )
     config, table = _read_config(config_file, flags)
     source = str(config.source or "<command line>")
+    if traces:
+        config.traces = {**config.traces, "enabled": True}
+    traces_table = config.traces if traces_enabled(config.traces) else None
+    if traces_table is not None:  # a missing plugin or a bad [traces] key stops here, not in every rollout
+        make_trace_gateway(PolicyEndpoint("http://127.0.0.1/v1", config.policy.model), traces_table, source=source)
     settings = structure_table(table, ServerSettings, "$.server", source)
     overrides = {
         "host": host,
@@ -197,6 +210,7 @@ def serve(
             agent_timeout_sec=config.run.agent_timeout_sec,
             grader_timeout_sec=config.run.grader_timeout_sec,
             configure_logging=False,
+            traces=traces_table,
         )
     except ValueError as exc:
         folder.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import enum
 import hashlib
 import hmac
@@ -35,8 +36,10 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
+
+import attrs
 
 from osmosis_core import (
     BackendUnavailable,
@@ -64,6 +67,7 @@ from osmosis_server.run_folder import RunFolder
 from osmosis_server.settings import ServerSettings
 
 __all__ = [
+    "MAX_TRACE_GATEWAYS",
     "BadLease",
     "Conflict",
     "Draining",
@@ -83,6 +87,8 @@ CANCEL_WAIT_SEC: Final = 30.0
 records them itself."""
 READ_WINDOW_SEC: Final = 5.0
 """After a drain, how long the server stays up for the final statuses to be read."""
+MAX_TRACE_GATEWAYS: Final = 8
+"""With traces on, the policy gateways (one per distinct upstream) kept open; past it, idle ones close."""
 
 _WF: Final = ExecutionStage.WORKFLOW
 _GR: Final = ExecutionStage.GRADER
@@ -169,6 +175,8 @@ class Rollout:
         "secrets",
         "status",
         "task",
+        "trace",
+        "trace_key",
         "why",
         "workflow_result",
     )
@@ -197,6 +205,8 @@ class Rollout:
         self.secrets: tuple[str, ...] = ()
         self.read = False
         self.finished_at = 0.0
+        self.trace: dict[str, Any] | None = None
+        self.trace_key: tuple[Any, ...] | None = None
 
 
 def _malformed(result: Any) -> str | None:
@@ -239,6 +249,11 @@ class RolloutService:
     :param headers: extra headers for every policy call (their values are secrets).
     :param agent_timeout_sec: the workflow timeout when a request gives none (None: no limit).
     :param grader_timeout_sec: the grader timeout when a request gives none.
+    :param traces: the ``[traces]`` table (traces on): each rollout's model calls go through a policy
+        gateway (osmosis-gateway) in front of the policy its request names, and its result carries
+        ``trace``. One gateway per distinct upstream (URL, model, key, headers): a trainer that sends
+        another ``chat_completions_url`` gets a gateway in front of that one; idle ones beyond
+        ``MAX_TRACE_GATEWAYS`` are closed.
     """
 
     def __init__(
@@ -253,8 +268,13 @@ class RolloutService:
         max_response_bytes: int | None = None,
         agent_timeout_sec: float | None = None,
         grader_timeout_sec: float | None = None,
+        traces: Mapping[str, Any] | None = None,
     ) -> None:
         self.backend = backend
+        self.traces = dict(traces) if traces is not None else None
+        self._gateways: dict[tuple[Any, ...], Any] = {}
+        self._gateway_users: collections.Counter[tuple[Any, ...]] = collections.Counter()
+        self._gateway_lock = asyncio.Lock()
         self.settings = settings
         self.folder = run_folder
         self.model = model
@@ -382,6 +402,11 @@ class RolloutService:
                 await self.backend.aclose()
             finally:
                 from osmosis_core.plugin import aclose_http
+
+                for gateway in self._gateways.values():
+                    with contextlib.suppress(Exception):
+                        await gateway.aclose()
+                self._gateways.clear()
 
                 try:
                     await aclose_http()
@@ -511,6 +536,8 @@ class RolloutService:
             entry.status = RolloutStatus.RUNNING
             self._changed(entry)
             log.debug("rollout %s: running", entry.id)
+            if self.traces is not None:
+                request = await self._open_trace(entry, request)
             await self.backend.execute(request, self._on_workflow(entry, grade), self._on_grader(entry))
             last = entry.grader_result or entry.workflow_result
             if last is None:
@@ -542,7 +569,48 @@ class RolloutService:
             final = self._failure(entry, info.category, info.message)
         finally:
             self._release(entry)
+            if self.traces is not None:
+                self._take_trace(entry)
         self._finish(entry, final)
+
+    async def _open_trace(self, entry: Rollout, request: ExecutionRequest) -> ExecutionRequest:
+        """The request with the rollout's own endpoint on the gateway in front of its policy."""
+        from osmosis_core.traces import make_trace_gateway
+
+        upstream = request.policy
+        key = (upstream.base_url, upstream.model, upstream.api_key, tuple(sorted(upstream.headers.items())))
+        async with self._gateway_lock:
+            gateway = self._gateways.get(key)
+            if gateway is None:
+                await self._close_idle_gateways()
+                gateway = make_trace_gateway(upstream, self.traces or {}, source="$.traces")
+                try:
+                    await gateway.start()
+                except BaseException:  # cancelled or refused while starting: nothing left listening
+                    with contextlib.suppress(Exception):
+                        await gateway.aclose()
+                    raise
+                self._gateways[key] = gateway
+            self._gateway_users[key] += 1
+        entry.trace_key = key
+        return attrs.evolve(request, policy=gateway.open_rollout(entry.id))
+
+    def _take_trace(self, entry: Rollout) -> None:
+        key = entry.trace_key
+        if key is None:
+            return
+        entry.trace_key = None
+        self._gateway_users[key] -= 1
+        trace = self._gateways[key].pop_trace(entry.id)
+        if trace is not None:
+            entry.trace = trace.to_json()
+
+    async def _close_idle_gateways(self) -> None:
+        if len(self._gateways) < MAX_TRACE_GATEWAYS:
+            return
+        for key in [k for k in self._gateways if self._gateway_users[k] <= 0]:
+            del self._gateway_users[key]
+            await self._gateways.pop(key).aclose()
 
     def _task_done(self, entry: Rollout) -> Callable[[asyncio.Task[None]], None]:
         # the safety net: a task cancelled before it ever ran (its coroutine never entered its
@@ -687,7 +755,8 @@ class RolloutService:
         problem = _malformed(final)
         if problem is None:
             try:
-                return final, dumps(result_document(final, label=entry.label, lease_expired=lease_expired))
+                document = result_document(final, label=entry.label, lease_expired=lease_expired)
+                return final, dumps(self._with_trace(entry, document))
             except (TypeError, ValueError, RecursionError) as exc:
                 info = error_info(exc, secrets=self._server_secrets + entry.secrets)
                 category, problem = (
@@ -698,10 +767,18 @@ class RolloutService:
         else:
             category, stage = ErrorCategory.INFRA_ERROR, _WF
         failure = ExecutionResult(entry.id, stage, ExecutionStatus.FAILURE, error=ErrorInfo(category, problem))
-        return failure, dumps(result_document(failure, label=entry.label))
+        return failure, dumps(self._with_trace(entry, result_document(failure, label=entry.label)))
+
+    def _with_trace(self, entry: Rollout, document: dict[str, Any]) -> dict[str, Any]:
+        """``document`` with the rollout's ``trace`` when traces are on (null when it has none)."""
+        if self.traces is not None:
+            document["trace"] = entry.trace
+        return document
 
     def _record(self, entry: Rollout, final: ExecutionResult, lease_expired: bool) -> None:
         try:
+            if entry.trace is not None:  # the trace line first: a result in the folder always has its trace
+                self.folder.record_trace(entry.row, entry.sample_index, entry.id, entry.trace, entry.secrets)
             self.folder.record(
                 entry.row,
                 entry.sample_index,

@@ -1,0 +1,169 @@
+"""``osmosis serve`` with traces on: each rollout's model calls go through a policy gateway in front
+of the policy its request names, and the result (polled or pushed) carries the trace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+
+import pytest
+from server_helpers import HERE, TOKEN, read_lines, run
+from test_push import receiver
+from workflows import OneCall
+
+from osmosis_core import LocalBackend
+from osmosis_core.testing import ScriptedPolicyServer
+from osmosis_server import RolloutClient, RolloutRequest, ServerSettings
+
+pytestmark = pytest.mark.together  # with osmosis-gateway installed beside this plugin
+
+
+def _request(rollout_id: str, url: str, **extra: object) -> RolloutRequest:
+    return RolloutRequest(
+        rollout_id=rollout_id,
+        initial_messages=[{"role": "user", "content": f"val1 = 6\nval2 = 7 ({rollout_id})"}],
+        chat_completions_url=url,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def test_each_result_carries_the_trace_of_its_own_upstream(serve):
+    """Two upstreams (a trainer may name another per request): each rollout is forwarded to its own,
+    and its trace holds the ids that upstream sent; the key a request brings never shows in a trace."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    from osmosis_core.testing.stub_tokens import render_prompt
+
+    served = serve(LocalBackend(OneCall), traces={"adapter": "vllm"}, settings=ServerSettings(grace_sec=1))
+    with (
+        ScriptedPolicyServer(flavor="vllm", api_key="sk-first-9a8b7c6d5e4f3210") as one,
+        ScriptedPolicyServer(flavor="vllm") as two,
+    ):
+
+        async def go():
+            client = RolloutClient(served.url, token=TOKEN)
+            return await asyncio.gather(
+                client.run(_request("r-one", one.url, llm_api_key="sk-first-9a8b7c6d5e4f3210")),
+                client.run(_request("r-two", two.url)),
+            )
+
+        results = run(go)
+        assert len(one.requests) == 1 and len(two.requests) == 1  # each rollout reached its own upstream
+    folder = served.service.folder
+    folder.flush()
+    written = {line["rollout_id"]: line for line in read_lines(folder.path / "traces.jsonl")}
+    assert sorted(written) == ["r-one", "r-two"]  # traces.jsonl beside results.jsonl, as osmosis run writes it
+    for result in results:
+        assert result.ok, result.error
+        line = written[result.rollout_id]
+        assert line["calls"] == result.trace["calls"] and line["complete"] is True
+        trace = result.trace
+        assert trace is not None and trace["complete"] is True and trace["rollout_id"] == result.rollout_id
+        [call] = trace["calls"]
+        assert call["prompt_token_ids"] == render_prompt(call["request"]["messages"])
+        assert len(call["completion_token_ids"]) == len(call["logprobs"]) > 0
+        assert result.rollout_id in call["request"]["messages"][0]["content"]
+        assert "sk-first" not in json.dumps(trace)
+
+
+def test_a_pushed_result_carries_the_trace(serve):
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    served = serve(LocalBackend(OneCall), traces={}, settings=ServerSettings(grace_sec=1))
+    with ScriptedPolicyServer(flavor="vllm") as upstream:
+
+        async def go():
+            runner, url, _attempts, accepted = await receiver(fail_first=0)
+            try:
+                client = RolloutClient(served.url, token=TOKEN)
+                await client.submit(_request("pushed", upstream.url, callback_url=url, grade=False))
+                for _ in range(200):
+                    if any(a.get("final") for a in accepted):
+                        break
+                    await asyncio.sleep(0.05)
+                return accepted
+            finally:
+                await runner.cleanup()
+
+        accepted = run(go)
+    final = next(a for a in accepted if a["final"])
+    assert final["status"] == "success" and final["trace"]["complete"] is True
+    assert final["trace"]["calls"][0]["completion_token_ids"]
+
+
+def test_without_traces_a_result_has_no_trace_field(serve):
+    served = serve(LocalBackend(OneCall), settings=ServerSettings(grace_sec=1))
+    with ScriptedPolicyServer() as upstream:
+        result = run(lambda: RolloutClient(served.url, token=TOKEN).run(_request("plain", upstream.url)))
+    assert result.ok and result.trace is None
+
+
+REFERENCE = os.environ.get("OSMOSIS_AI_PYTHON")
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(not REFERENCE, reason="set OSMOSIS_AI_PYTHON to a Python with osmosis-ai[server]==0.3.8")
+def test_the_reference_client_still_reads_a_result_with_a_trace(serve, tmp_path):
+    """osmosis-ai 0.3.8's own result model accepts a result document that carries ``trace``."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    import httpx
+
+    from osmosis_server import LEASE_HEADER
+
+    served = serve(LocalBackend(OneCall), traces={}, settings=ServerSettings(grace_sec=1))
+    with ScriptedPolicyServer(flavor="vllm") as upstream:
+        http = httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        body = {"rollout_id": "ref", "initial_messages": [{"role": "user", "content": "hi"}],
+                "chat_completions_url": upstream.url, "label": "42"}  # fmt: skip
+        lease = http.post("/rollout", json=body).json()["polling_lease_token"]
+        document = http.get("/rollout/ref/result?wait=final", headers={LEASE_HEADER: lease}).json()
+    assert document["trace"]["calls"]
+    (tmp_path / "documents.json").write_text(json.dumps({"results": [document], "admissions": []}))
+    out = subprocess.run(
+        [REFERENCE, str(HERE / "reference" / "ref_validate.py"), str(tmp_path / "documents.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    [read] = json.loads(out.stdout)["results"]
+    assert read["status"] == "success" and read["rollout_id"] == "ref"
+
+
+def test_osmosis_serve_traces_flag_and_a_missing_plugin_message(tmp_path):
+    """``osmosis serve --traces`` serves results with their trace; a bad ``[traces]`` key stops it at start."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    from server_helpers import ServeProcess
+    from test_serve import config, osmosis
+
+    path = config(tmp_path, workflow="OneCall", grader="EndsWithLabel")
+    served = ServeProcess(
+        [str(path), "--port", "0", "--output", str(tmp_path / "run"), "--traces"],
+        cwd=tmp_path,
+        env={"OSMOSIS_SERVER_TOKEN": TOKEN},
+        log=tmp_path / "serve.log",
+    )
+    try:
+        with ScriptedPolicyServer(flavor="vllm") as upstream:
+            result = run(lambda: RolloutClient(served.url, token=TOKEN).run(_request("cli", upstream.url, label="42")))
+        served.terminate()
+        assert served.wait(60) == 0
+    finally:
+        served.kill()
+    assert result.trace is not None and result.trace["calls"][0]["prompt_token_ids"]
+    path.write_text(path.read_text() + '\n[traces]\nadapter = "nope"\n')
+    refused = osmosis("serve", str(path), "--port", "0", cwd=tmp_path, env={"OSMOSIS_SERVER_TOKEN": TOKEN})
+    assert refused.returncode != 0 and "$.traces.adapter" in refused.stderr, refused.stderr
+
+
+def test_idle_gateways_past_the_limit_are_closed(serve, monkeypatch):
+    """One gateway per upstream, but not without bound: past the limit an idle one is closed."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    from osmosis_server import service as service_module
+
+    monkeypatch.setattr(service_module, "MAX_TRACE_GATEWAYS", 1)
+    served = serve(LocalBackend(OneCall), traces={}, settings=ServerSettings(grace_sec=1))
+    with ScriptedPolicyServer(flavor="vllm") as one, ScriptedPolicyServer(flavor="vllm") as two:
+        client = RolloutClient(served.url, token=TOKEN)
+        first = run(lambda: client.run(_request("first", one.url)))
+        second = run(lambda: client.run(_request("second", two.url)))
+        assert [key[0] for key in served.service._gateways] == [two.url]
+    assert first.trace["calls"] and second.trace["calls"] and first.trace["complete"] and second.trace["complete"]
