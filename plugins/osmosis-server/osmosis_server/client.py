@@ -54,6 +54,7 @@ import attrs
 
 from osmosis_core import ErrorCategory, ErrorInfo, Message, OsmosisError, RolloutSample
 from osmosis_server.protocol import LEASE_HEADER, RolloutStatus, retry_after_seconds
+from osmosis_server.retry import RetryLater, delay_of, retrying
 from osmosis_server.settings import DEFAULT_TOKEN_ENV
 
 __all__ = [
@@ -338,27 +339,32 @@ class RolloutClient:
         from osmosis_core.plugin import http_request
 
         client_timeout = aiohttp.ClientTimeout(total=timeout)
-        last = ""
-        for attempt in range(len(self.retry_delays) + 1):
-            try:
-                async with http_request(
-                    method, self.url + path, data=body, headers=headers, timeout=client_timeout, allow_redirects=False
-                ) as response:
-                    status = response.status
-                    content = await response.read()
-                    answer_headers = response.headers
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                last = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            else:
-                if status not in _GATEWAY:
-                    return status, content, answer_headers, attempt > 0
-                last = f"HTTP {status}: {_detail(content)}"
-                if attempt < len(self.retry_delays):
-                    delay = self.retry_delays[attempt]
-                    await asyncio.sleep(retry_after_seconds(answer_headers.get("Retry-After"), delay))
-                    continue
-            if attempt < len(self.retry_delays):
-                await asyncio.sleep(self.retry_delays[attempt])
+        try:
+            async for attempt in retrying(self.retry_delays):
+                with attempt:
+                    delay = delay_of(self.retry_delays, attempt.num)
+                    try:
+                        async with http_request(
+                            method,
+                            self.url + path,
+                            data=body,
+                            headers=headers,
+                            timeout=client_timeout,
+                            allow_redirects=False,
+                        ) as response:
+                            status = response.status
+                            content = await response.read()
+                            answer_headers = response.headers
+                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                        raise RetryLater(delay, f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
+                    if status in _GATEWAY:
+                        wait = retry_after_seconds(answer_headers.get("Retry-After"), delay)
+                        raise RetryLater(wait, f"HTTP {status}: {_detail(content)}")
+                    return status, content, answer_headers, attempt.num > 1
+        except RetryLater as exc:
+            last = exc.why
+        else:  # pragma: no cover - stamina ends with the last attempt's exception
+            last = "no attempt"
         raise ServerUnavailable(f"{method} {self.url}{path} failed after {len(self.retry_delays) + 1} attempts: {last}")
 
     def _raise(self, what: str, status: int, content: bytes) -> NoReturn:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Final
 
 from osmosis_server.protocol import retry_after_seconds
+from osmosis_server.retry import RetryLater, delay_of, retrying
 
 __all__ = ["RETRY_DELAYS_SEC", "Pusher"]
 
@@ -99,33 +100,35 @@ class Pusher:
         if api_key:
             headers["Authorization"] = "Bearer " + api_key
         timeout = aiohttp.ClientTimeout(total=self.timeout)
-        last = ""
-        for attempt in range(len(self.delays) + 1):
-            wait = self.delays[attempt] if attempt < len(self.delays) else None
-            try:
-                async with http_request("POST", url, data=body, headers=headers, timeout=timeout) as response:
-                    status = response.status
-                    retry_after = response.headers.get("Retry-After")
-                    await response.read()
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                last = type(exc).__name__
-            else:
-                if 200 <= status < 300:
-                    return True
-                last = f"HTTP {status}"
-                if status < 500 and status not in _RETRY_STATUSES:
-                    log.warning(
-                        "rollout %s: its callback receiver refused the result (%s); not sent again", rollout_id, last
-                    )
-                    return False
-                if wait is not None and retry_after is not None:
-                    wait = max(wait, retry_after_seconds(retry_after, wait))
-            if wait is None:
-                break
-            log.debug(
-                "rollout %s: callback attempt %d failed (%s); again in %.2fs", rollout_id, attempt + 1, last, wait
-            )
-            await asyncio.sleep(wait)
+        try:
+            async for attempt in retrying(self.delays):
+                with attempt:
+                    wait = delay_of(self.delays, attempt.num)
+                    try:
+                        async with http_request("POST", url, data=body, headers=headers, timeout=timeout) as response:
+                            status = response.status
+                            retry_after = response.headers.get("Retry-After")
+                            await response.read()
+                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                        _log_retry(rollout_id, attempt.num, type(exc).__name__, wait)
+                        raise RetryLater(wait, type(exc).__name__) from exc
+                    if 200 <= status < 300:
+                        return True
+                    if status < 500 and status not in _RETRY_STATUSES:
+                        log.warning(
+                            "rollout %s: its callback receiver refused the result (HTTP %s); not sent again",
+                            rollout_id,
+                            status,
+                        )
+                        return False
+                    if retry_after is not None:
+                        wait = max(wait, retry_after_seconds(retry_after, wait))
+                    _log_retry(rollout_id, attempt.num, f"HTTP {status}", wait)
+                    raise RetryLater(wait, f"HTTP {status}")
+        except RetryLater as exc:
+            last = exc.why
+        else:  # pragma: no cover - stamina ends with the last attempt's exception
+            last = "no attempt"
         log.warning(
             "rollout %s: callback delivery gave up after %d attempts (last: %s); the result stays readable "
             "by polling until its retention ends",
@@ -149,3 +152,7 @@ class Pusher:
         if pending:
             await asyncio.wait(pending, timeout=5.0)
         return len(pending)
+
+
+def _log_retry(rollout_id: str, attempt: int, why: str, wait: float) -> None:
+    log.debug("rollout %s: callback attempt %d failed (%s); again in %.2fs", rollout_id, attempt, why, wait)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 import time
 
@@ -153,3 +154,50 @@ def test_stopping_run_many_early_cancels_what_is_in_flight_on_the_server(serve):
         time.sleep(0.05)
     lines = {line["rollout_id"]: line["status"] for line in read_lines(served.service.folder.results_path)}
     assert lines == {"first": "success", **{f"stuck-{i}": "cancelled" for i in range(5)}}
+
+
+async def _unavailable(retry_after: str):
+    """A server on 127.0.0.1 that answers every request 503 with ``Retry-After``; the times it was asked."""
+    times: list[float] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        times.append(time.monotonic())
+        return web.Response(status=503, text="busy", headers={"Retry-After": retry_after})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", times, runner.cleanup
+
+
+def test_a_503_waits_its_retry_after_and_a_cancellation_ends_the_wait_at_once():
+    from osmosis_server.client import ServerUnavailable
+
+    async def go():
+        url, times, close = await _unavailable("0.4")
+        try:
+            client = RolloutClient(url, token=TOKEN, retry_delays=(0.01, 0.01))
+            with contextlib.suppress(ServerUnavailable):
+                await client.submit(request("busy"))
+            gaps = [b - a for a, b in itertools.pairwise(times)]
+            with socket.socket() as probe:  # a port nothing listens on: a connection error, then a 30 s wait
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            slow = RolloutClient(f"http://127.0.0.1:{port}", token=TOKEN, retry_delays=(30.0,))
+            task = asyncio.create_task(slow.submit(request("refused")))
+            await asyncio.sleep(0.5)
+            assert not task.done()
+            started = time.monotonic()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return gaps, time.monotonic() - started
+        finally:
+            await close()
+
+    gaps, cancel_took = run(go)
+    assert len(gaps) == 2 and all(gap >= 0.38 for gap in gaps), gaps  # Retry-After, not the 0.01 s delay
+    assert cancel_took < 0.2
