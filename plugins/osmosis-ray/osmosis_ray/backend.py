@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import stamina
 
 from osmosis_core import (
     AgentWorkflow,
@@ -423,29 +424,33 @@ class RayBackend(ExecutionBackend):
         finally:
             self._waiting -= 1
         try:
-            for attempt in range(1, cfg.max_infra_attempts + 1):
-                if self._implicated.get(rollout_id, 0) >= cfg.isolate_after_deaths:
-                    return await self._run_isolated(request, causes)
-                actor = await self._actor_for(request, tried, started=attempt > 1)
-                if isinstance(actor, ExecutionResult):
-                    return [actor]
-                try:
-                    results = await self._attempt(actor, request)
-                except ActorFailure as failure:
-                    if not failure.retriable:
-                        return [failure_result(request, ErrorCategory.INFRA_ERROR, str(failure))]
-                    causes.append(str(failure))
-                    if failure.implicated:
-                        self._implicated[rollout_id] = self._implicated.get(rollout_id, 0) + 1
-                    tried.add(actor.index)
-                    if attempt < cfg.max_infra_attempts:
-                        self._retried += 1
-                        await asyncio.sleep(self._backoff(attempt))
-                    continue
-                except _WatchdogExpired:
-                    return [self._watchdog_result(request, actor)]
-                self._implicated.pop(rollout_id, None)
-                return results
+            try:
+                async for retry in stamina.retry_context(on=_retry_wait, attempts=cfg.max_infra_attempts, timeout=None):
+                    with retry:
+                        attempt = retry.num
+                        if self._implicated.get(rollout_id, 0) >= cfg.isolate_after_deaths:
+                            return await self._run_isolated(request, causes)
+                        actor = await self._actor_for(request, tried, started=attempt > 1)
+                        if isinstance(actor, ExecutionResult):
+                            return [actor]
+                        try:
+                            results = await self._attempt(actor, request)
+                        except ActorFailure as failure:
+                            if not failure.retriable:
+                                return [failure_result(request, ErrorCategory.INFRA_ERROR, str(failure))]
+                            causes.append(str(failure))
+                            if failure.implicated:
+                                self._implicated[rollout_id] = self._implicated.get(rollout_id, 0) + 1
+                            tried.add(actor.index)
+                            if attempt < cfg.max_infra_attempts:
+                                self._retried += 1
+                            raise _RetryAfter(self._backoff(attempt)) from failure
+                        except _WatchdogExpired:
+                            return [self._watchdog_result(request, actor)]
+                        self._implicated.pop(rollout_id, None)
+                        return results
+            except _RetryAfter:
+                pass  # the last attempt failed too
             message = (
                 f"the rollout failed on Ray {cfg.max_infra_attempts} times ({'; '.join(causes[-3:])}); "
                 "raise [backend.ray] max_infra_attempts to try more"
@@ -695,3 +700,16 @@ def _ray_message(exc: BaseException) -> str:
     """A Ray error in one line: a runtime environment that failed says why."""
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return f"{type(exc).__name__}: {text[:800]}"
+
+
+class _RetryAfter(Exception):
+    """An attempt failed on Ray in a way worth another try (on another actor) after ``wait`` seconds."""
+
+    def __init__(self, wait: float) -> None:
+        super().__init__(f"retry in {wait:.2f} s")
+        self.wait = wait
+
+
+def _retry_wait(exc: Exception) -> bool | float:
+    """stamina's hook: the wait :meth:`RayBackend._backoff` chose; any other exception is not retried."""
+    return exc.wait if isinstance(exc, _RetryAfter) else False
