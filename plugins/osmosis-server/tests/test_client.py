@@ -76,19 +76,24 @@ async def lossy_proxy(upstream: str, *, drop_first_submit: bool, bad_gateway_pol
             return web.Response(status=500)
         return web.Response(status=status, body=content, content_type="application/json")
 
+    url, cleanup = await _serve(handle)
+
+    async def close() -> None:
+        await cleanup()
+        await session.close()
+
+    return url, seen, close
+
+
+async def _serve(handle):
+    """``handle`` answering every request on 127.0.0.1: its URL and its clean-up."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-
-    async def close() -> None:
-        await runner.cleanup()
-        await session.close()
-
-    return f"http://127.0.0.1:{port}", seen, close
+    return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", runner.cleanup
 
 
 def test_a_resubmit_after_a_lost_answer_is_already_admitted_and_gateway_errors_are_retried(serve):
@@ -164,13 +169,8 @@ async def _unavailable(retry_after: str):
         times.append(time.monotonic())
         return web.Response(status=503, text="busy", headers={"Retry-After": retry_after})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", times, runner.cleanup
+    url, cleanup = await _serve(handle)
+    return url, times, cleanup
 
 
 def test_a_503_waits_its_retry_after_and_a_cancellation_ends_the_wait_at_once():
