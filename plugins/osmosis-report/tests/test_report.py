@@ -143,11 +143,6 @@ def test_a_run_still_going_is_reported_as_partial_and_an_interrupted_one_says_so
 @pytest.mark.parametrize("while_running", [False, True], ids=["when-it-stops", "while-it-runs"])
 def test_osmosis_serve_writes_its_report_when_it_stops(workspace, while_running):
     pytest.importorskip("osmosis_server", reason="osmosis-server is not installed")
-    import asyncio
-
-    from osmosis_core.plugin import http_scope
-    from osmosis_server import RolloutClient, RolloutRequest
-
     folder = workspace / "runs" / "served"
     with ScriptedPolicyServer() as policy:
         serve = subprocess.Popen(
@@ -155,44 +150,59 @@ def test_osmosis_serve_writes_its_report_when_it_stops(workspace, while_running)
              "--output", str(folder), *(["--progress-every", "0.5"] if while_running else [])],
             cwd=workspace, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        url = ""
-        for out in serve.stdout:
-            if match := re.search(r"listening on (http://\S+)", out):
-                url = match.group(1)
-                break
-        assert url, serve.stderr.read()
-
-        async def submit_and_wait():
-            client = RolloutClient(url)
-            prompts = [("val1 = 3\nval2 = 4", "12"), ("val1 = 5\nval2 = 6", "30"), ("val1 = 7\nval2 = 8", "1")]
-            admissions = [
-                await client.submit(
-                    RolloutRequest(
-                        rollout_id=f"s-{i}",
-                        initial_messages=[{"role": "user", "content": text}],
-                        chat_completions_url=policy.url,
-                        label=label,
-                    )
-                )
-                for i, (text, label) in enumerate(prompts)
-            ]
-            return [await client.result(a) for a in admissions]
-
-        async def go():
-            async with http_scope():  # the loop's shared HTTP session, closed with it
-                return await submit_and_wait()
-
-        assert len(asyncio.run(go())) == 3
-        page = folder / "report.html"
-        if while_running:  # a long-running server's report is kept up to date while it serves
-            deadline = time.monotonic() + 60
-            while not (page.is_file() and "3 rollouts" in page.read_text()) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert page.is_file() and "3 rollouts" in page.read_text(), "no report while the server ran"
-            assert serve.poll() is None
-        serve.send_signal(signal.SIGTERM)
-        serve.communicate(timeout=60)
+        try:
+            _drive_the_server(serve, policy, folder, while_running)
+        finally:  # a failed check never leaves the server running
+            if serve.poll() is None:
+                serve.kill()
+                serve.communicate(timeout=30)
+    page = folder / "report.html"
     assert page.is_file(), "osmosis serve wrote no report when it stopped"
     data = load_run(folder)
     assert data.kind == "serve" and data.summary.finished == 3 and data.summary.pass_rate == 2 / 3
     assert "3 rollouts" in page.read_text()
+
+
+def _drive_the_server(serve, policy, folder, while_running):
+    import asyncio
+
+    from osmosis_core.plugin import http_scope
+    from osmosis_server import RolloutClient, RolloutRequest
+
+    url = ""
+    for out in serve.stdout:
+        if match := re.search(r"listening on (http://\S+)", out):
+            url = match.group(1)
+            break
+    assert url, serve.stderr.read()
+
+    async def submit_and_wait():
+        client = RolloutClient(url)
+        prompts = [("val1 = 3\nval2 = 4", "12"), ("val1 = 5\nval2 = 6", "30"), ("val1 = 7\nval2 = 8", "1")]
+        admissions = [
+            await client.submit(
+                RolloutRequest(
+                    rollout_id=f"s-{i}",
+                    initial_messages=[{"role": "user", "content": text}],
+                    chat_completions_url=policy.url,
+                    label=label,
+                )
+            )
+            for i, (text, label) in enumerate(prompts)
+        ]
+        return [await client.result(a) for a in admissions]
+
+    async def go():
+        async with http_scope():  # the loop's shared HTTP session, closed with it
+            return await submit_and_wait()
+
+    assert len(asyncio.run(go())) == 3
+    page = folder / "report.html"
+    if while_running:  # a long-running server's report is kept up to date while it serves
+        deadline = time.monotonic() + 60
+        while not (page.is_file() and "3 rollouts" in page.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert page.is_file() and "3 rollouts" in page.read_text(), "no report while the server ran"
+        assert serve.poll() is None
+    serve.send_signal(signal.SIGTERM)
+    serve.communicate(timeout=60)
