@@ -143,7 +143,7 @@ def test_a_run_still_going_is_reported_as_partial_and_an_interrupted_one_says_so
 @pytest.mark.parametrize("while_running", [False, True], ids=["when-it-stops", "while-it-runs"])
 def test_osmosis_serve_writes_its_report_when_it_stops(workspace, while_running):
     pytest.importorskip("osmosis_server", reason="osmosis-server is not installed")
-    folder = workspace / "runs" / "served"
+    folder = workspace / "runs" / f"served-{while_running}"  # a server remembers its folder: one each
     with ScriptedPolicyServer() as policy:
         serve = subprocess.Popen(
             [osmosis_exe(), "serve", "configs/eval/multiply-plain.toml", "--port", "0", "--no-auth",
