@@ -57,6 +57,7 @@ POLICY_SOCKET = "/run/osmosis/policy.sock"
 """Where a no-network trial finds the socket to its policy."""
 
 _CHUNK = 1 << 16
+_PREFIX = "osmosis-relay-"
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
@@ -144,7 +145,8 @@ class HostRelay:
     async def start(self) -> Path:
         """Listen on a fresh socket (in a folder only this user can enter); return its path."""
         # a short path (a unix socket's is at most 107 bytes): the trial's folder may be deep
-        self._folder = Path(tempfile.mkdtemp(prefix="osmosis-relay-"))
+        _sweep()
+        self._folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
         try:
             self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket))
             os.chmod(self.socket, 0o600)
@@ -177,6 +179,15 @@ class HostRelay:
         folder, self._folder = self._folder, None
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep() -> None:
+    """Remove the socket folders of osmosis processes that are gone (killed before closing their relays)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
+        pid = folder.name[len(_PREFIX) :].split("-", 1)[0]
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists() and folder.lstat().st_uid == os.geteuid():
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def start_sandbox_forwarder(socket_path: str, *, timeout: float = 10) -> int:
