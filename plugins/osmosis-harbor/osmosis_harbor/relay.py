@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import os
 import shutil
 import tempfile
@@ -57,6 +58,7 @@ POLICY_SOCKET = "/run/osmosis/policy.sock"
 """Where a no-network trial finds the socket to its policy."""
 
 _CHUNK = 1 << 16
+_MAX_UNREAD = 64 << 20
 _PREFIX = "osmosis-relay-"
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
@@ -107,12 +109,40 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write_eof()
 
 
-async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connect: Connect) -> None:
-    """Relay one accepted connection to a new connection made by ``connect`` (both ways), then close both."""
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, problem: str) -> None:
+    """Answer the connection's (first) HTTP request with a 502 that says ``problem``, then close it.
+
+    The request is read first (headers, then a ``Content-Length`` body), so the client gets the
+    answer rather than a reset.
+    """
+    with contextlib.suppress(Exception):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length" and value.strip().isdigit():
+                await asyncio.wait_for(reader.readexactly(min(int(value.strip()), _MAX_UNREAD)), 5)
+        body = json.dumps({"error": {"message": problem, "type": "server_error", "param": None, "code": 502}})
+        data = body.encode()
+        writer.write(
+            b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        await writer.drain()
+    writer.close()
+
+
+async def _splice(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connect: Connect, unreachable: str
+) -> None:
+    """Relay one accepted connection to a new connection made by ``connect`` (both ways), then close both.
+
+    When ``connect`` fails, the caller gets an HTTP 502 saying ``unreachable`` and why, not a bare hang-up.
+    """
     try:
         far_reader, far_writer = await connect()
-    except OSError:
-        writer.close()
+    except OSError as exc:
+        await _refuse(reader, writer, f"osmosis: {unreachable}: {os.strerror(exc.errno) if exc.errno else exc}")
         return
     try:
         await asyncio.gather(_pipe(reader, far_writer), _pipe(far_reader, writer))
@@ -162,7 +192,11 @@ class HostRelay:
         assert task is not None
         self._connections.add(task)
         try:
-            await _splice(reader, writer, lambda: asyncio.open_connection(*self.target))
+            host, port = self.target
+            where = f"the policy at {host}:{port}, relayed into this no-network trial, is not reachable"
+            await _splice(reader, writer, lambda: asyncio.open_connection(host, port), where)
+        except asyncio.CancelledError:
+            writer.close()  # cut by aclose(); ending quietly (asyncio logs a connection task that ends cancelled)
         finally:
             self._connections.discard(task)
 
@@ -203,7 +237,8 @@ def start_sandbox_forwarder(socket_path: str, *, timeout: float = 10) -> int:
 
     async def serve() -> None:
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await _splice(reader, writer, lambda: asyncio.open_unix_connection(socket_path))
+            where = f"this no-network trial's path to its policy ({socket_path}) is closed"
+            await _splice(reader, writer, lambda: asyncio.open_unix_connection(socket_path), where)
 
         try:
             server = await asyncio.start_server(accepted, "127.0.0.1", 0)

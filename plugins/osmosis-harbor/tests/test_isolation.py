@@ -320,3 +320,17 @@ keep_successful_trials = true
     assert key not in run.stdout + run.stderr and header not in run.stdout + run.stderr
     trials = tmp_path / "out" / "harbor-trials"
     assert oct(trials.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_no_network_trial_whose_policy_cannot_be_relayed_fails_saying_why(probe, tmp_path):
+    """A policy that is not plain http on this machine's loopback (here an outside address) has no path
+    into a no-network trial: the rollout is a policy_error naming the reason and the ways out."""
+    from osmosis_harbor import HarborBackend, HarborBackendConfig
+
+    config = HarborBackendConfig(task_dir=str(TASKS_DIR / "nonet"))
+    backend = HarborBackend(probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir=tmp_path)
+    [out] = run_all(backend, [request("remote", "http://192.0.2.7:8000/v1", probe=[{"chat": "hi"}])])
+    assert out.final.status.value == "failure" and out.final.error.category.value == "policy_error"
+    message = out.final.error.message
+    assert "network_mode = 'no-network', so its trials cannot reach the policy at 192.0.2.7:8000" in message
+    assert "a plain http policy on this machine's loopback" in message and "--traces" in message
