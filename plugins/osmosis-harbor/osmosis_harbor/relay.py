@@ -156,11 +156,16 @@ class HostRelay:
 
     :param target: the policy's address (:func:`loopback_address`).
     :param owner: the host ``(uid, gid)`` of the sandbox's root, which gets the socket; None: this process's.
+    :param max_connections: connections relayed at once; more are answered with a 502 (a trial cannot
+        use up the osmosis process's file descriptors, which every trial shares).
     """
 
-    def __init__(self, target: tuple[str, int], owner: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, target: tuple[str, int], owner: tuple[int, int] | None = None, *, max_connections: int = 256
+    ) -> None:
         self.target = target
         self.owner = owner
+        self.max_connections = max_connections
         self._folder: Path | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -192,6 +197,10 @@ class HostRelay:
         assert task is not None
         self._connections.add(task)
         try:
+            if len(self._connections) > self.max_connections:
+                problem = f"osmosis: this trial has {self.max_connections} connections to its policy open already"
+                await _refuse(reader, writer, problem)
+                return
             host, port = self.target
             where = f"the policy at {host}:{port}, relayed into this no-network trial, is not reachable"
             await _splice(reader, writer, lambda: asyncio.open_connection(host, port), where)

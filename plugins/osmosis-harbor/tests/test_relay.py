@@ -98,3 +98,28 @@ def test_a_closed_path_answers_a_502_that_says_which_end_is_gone(tmp_path):
     assert f"the policy at 127.0.0.1:{free}, relayed into this no-network trial, is not reachable" in down.text
     assert "Connection refused" in down.text
     assert "this no-network trial's path to its policy" in gone.text and "gone.sock" in gone.text
+
+
+def test_a_trial_cannot_hold_more_connections_than_its_share():
+    with ScriptedPolicyServer() as server:
+
+        async def main() -> tuple[list[bytes], bytes]:
+            relay = HostRelay(loopback_address(server.url), max_connections=2)
+            socket = await relay.start()
+            try:
+                held = [await anyio.connect_unix(socket) for _ in range(2)]
+                for stream in held:  # each reached the policy (its /health answers)
+                    await stream.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                answers = [await stream.receive() for stream in held]
+                async with await anyio.connect_unix(socket) as extra:
+                    await extra.send(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                    refused = b"".join([chunk async for chunk in extra])
+                for stream in held:
+                    await stream.aclose()
+            finally:
+                await relay.aclose()
+            return answers, refused
+
+        answers, refused = anyio.run(main)
+    assert all(a.startswith(b"HTTP/1.1 200") for a in answers)
+    assert refused.startswith(b"HTTP/1.1 502") and b"2 connections to its policy open already" in refused
