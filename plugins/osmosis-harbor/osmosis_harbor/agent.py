@@ -88,6 +88,7 @@ class OsmosisWorkflowAgent(BaseAgent):
             "code_dir": ticket.code_dir,
             "deadline": deadline,
             "task": ticket.task_name,
+            "policy_socket": getattr(environment, "policy_socket", None),  # a no-network trial's path to it
         }
         staged = ticket.staging / "request.json"
         staged.write_text(json.dumps(payload, default=repr), encoding="utf-8")

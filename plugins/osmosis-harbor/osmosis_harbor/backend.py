@@ -90,6 +90,7 @@ from osmosis_harbor.agent import AGENT_IMPORT_PATH  # noqa: E402
 from osmosis_harbor.bwrap import check_bwrap, find_bwrap, python_paths  # noqa: E402
 from osmosis_harbor.config import HarborBackendConfig  # noqa: E402
 from osmosis_harbor.outcomes import NO_REWARD_ERRORS, failure, grader_file_result, pick_reward, trial_error  # noqa: E402
+from osmosis_harbor.relay import loopback_address  # noqa: E402
 from osmosis_harbor.tasks import (  # noqa: E402
     DEFAULT_TASK_DIR,
     TaskProblem,
@@ -196,12 +197,19 @@ def _with_reference_names(
     return attrs.evolve(config, **changes) if changes else config
 
 
-def _no_network_policy(base_url: str) -> str:
+def _no_network_policy(base_url: str, bwrap: bool) -> str:
     """Why a trial of a ``no-network`` task cannot reach its policy."""
+    where = urlsplit(base_url).netloc
+    if not bwrap:
+        return (
+            f"the task has network_mode = 'no-network', so its trials cannot reach the policy at {where}: in "
+            "this environment no-network trials have no path to it; give the task network_mode = 'public'"
+        )
     return (
-        f"the task has network_mode = 'no-network', so its trials cannot reach the policy at "
-        f"{urlsplit(base_url).netloc} (a port on the host; with --traces, the policy gateway's): "
-        "give the task network_mode = 'public' (a path from no-network sandboxes to the gateway is not built yet)"
+        f"the task has network_mode = 'no-network', so its trials cannot reach the policy at {where}: a "
+        "no-network trial reaches only a plain http policy on this machine's loopback (with --traces, the "
+        "policy gateway), through its own socket; serve the policy there, run with --traces, or give the task "
+        "network_mode = 'public'"
     )
 
 
@@ -438,7 +446,9 @@ class HarborBackend(ExecutionBackend):
             uploads[_TRIAL_CODE] = str(self.code_dir)
         return uploads
 
-    def _environment_config(self) -> EnvironmentConfig:
+    def _environment_config(self, policy_relay: tuple[str, int] | None = None) -> EnvironmentConfig:
+        """The trial's environment; ``policy_relay``: the policy's loopback address, relayed into a
+        no-network bwrap trial (:mod:`osmosis_harbor.relay`)."""
         if self._harbor_environment is not None:
             return self._harbor_environment.model_copy(deep=True)
         env = self.config.environment
@@ -468,6 +478,9 @@ class HarborBackend(ExecutionBackend):
             "bwrap": sandbox.bwrap,
             **env.kwargs,
         }
+        if policy_relay is not None:
+            host, port = policy_relay
+            kwargs["policy_relay"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         return EnvironmentConfig(import_path=SANDBOX_IMPORT_PATH, kwargs=kwargs, delete=False, **common)
 
     def _trial_config(self, ticket: Ticket, task_dir: Path, trial_name: str) -> TrialConfig:
@@ -495,7 +508,7 @@ class HarborBackend(ExecutionBackend):
                 kwargs={"ticket": ticket.id, "rollout_id": request.rollout_id},
                 override_timeout_sec=request.agent_timeout_sec or None,
             ),
-            environment=self._environment_config(),
+            environment=self._environment_config(ticket.policy_relay),
             verifier=verifier,
             extra_instructions=extra,
         )
@@ -535,6 +548,8 @@ class HarborBackend(ExecutionBackend):
                     grader_config_object=self.grader_config,
                     no_network=task_has_no_network(task_dir),
                 )
+                if ticket.no_network and self._bwrap:  # its one path to the policy, when there can be one
+                    ticket.policy_relay = loopback_address(request.policy.base_url)
                 TICKETS[ticket.id] = ticket
                 self._by_trial[trial_name] = ticket
                 rollout.detail = f" (trial kept: {ticket.trial_dir})"
@@ -614,8 +629,8 @@ class HarborBackend(ExecutionBackend):
             limit = ticket.request.agent_timeout_sec
             if result.error.category is ErrorCategory.TIMEOUT and limit:
                 message = f"the workflow ran past its {limit:g} s timeout"
-            elif result.error.category is ErrorCategory.POLICY_ERROR and ticket.no_network:
-                message = f"{message}; {_no_network_policy(ticket.request.policy.base_url)}"
+            elif result.error.category is ErrorCategory.POLICY_ERROR and ticket.no_network and not ticket.policy_relay:
+                message = f"{message}; {_no_network_policy(ticket.request.policy.base_url, self._bwrap)}"
             return failure(
                 rid,
                 _WF,

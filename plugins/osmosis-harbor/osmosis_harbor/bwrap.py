@@ -24,7 +24,7 @@ What a sandboxed command sees:
 * its own PID, IPC, UTS and cgroup namespaces, no capabilities, a clean environment (only
   ``PATH``, ``HOME=/root``, ``TMPDIR``, the locale and what Harbor passes); the host's
   network (so a policy on 127.0.0.1 is reachable) unless the task asks for none, then only a
-  private loopback;
+  private loopback and the one unix socket to its policy (:mod:`osmosis_harbor.relay`);
 * memory and process limits on the trial's commands (:mod:`osmosis_harbor.limits`); when a
   command ends, times out or is cancelled, everything it started is killed (its own PID namespace,
   ``--die-with-parent``, and the trial's cgroup).
@@ -436,6 +436,8 @@ class Sandbox:
     :param max_processes: process limit of all its commands together (None: none).
     :param id_base: the host id its root is (its own user namespace, see :func:`sandbox_id_base`);
         None: bubblewrap's own user namespace, as the user running osmosis (not root).
+    :param sockets: host unix sockets bound read-only into every command, as ``(host path, sandbox
+        path)`` (a no-network trial's path to its policy: :mod:`osmosis_harbor.relay`).
     """
 
     root: Path
@@ -448,6 +450,7 @@ class Sandbox:
     layout: HostLayout = attrs.field(factory=HostLayout.detect)
     limits: Limits = attrs.field(factory=sandbox_limits)
     id_base: int | None = attrs.field(factory=sandbox_id_base)
+    sockets: Sequence[tuple[Path, str]] = ()
     _cgroup: ExecLimits | None = attrs.field(default=None, init=False)
     _userns: UserNamespace | None = attrs.field(default=None, init=False)
     _shown: tuple[list[Path], list[Path], list[tuple[str, ...]]] | None = attrs.field(default=None, init=False)
@@ -553,6 +556,8 @@ class Sandbox:
         args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not network:
             args.append("--unshare-net")
+        for host, inside in self.sockets:
+            args += ["--ro-bind", str(host), inside]
         args += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--chdir", cwd, "--"]
         if userns is None:
             args[-1:-1] = ["--cap-drop", "ALL"]
@@ -573,6 +578,11 @@ class Sandbox:
         for path in exposed:  # and no symlink where bwrap makes the mount point itself
             if not self.layout.is_host_path(str(path)) and tree.exists(path.parts[1:]) == "other":
                 tree.discard(path.parts[1:])
+        for _, inside in self.sockets:  # a real folder on the way, and bwrap makes the mount point itself
+            parts = Path(inside).parts[1:]
+            tree.mkdir(parts[:-1])
+            if tree.exists(parts) not in (None, "file"):
+                tree.discard(parts)
 
     def _worked_out(self) -> tuple[list[Path], list[Path], list[tuple[str, ...]]]:
         if self._shown is None:

@@ -14,6 +14,10 @@ the ``local`` backend runs), so results mean exactly what they mean locally.
   put one there, is discarded), write ``reward.json`` (``{"reward": r}``) for Harbor's verifier and
   ``osmosis-grader.json`` (the grader's result) for the host.
 
+A request with ``policy_socket`` (a ``no-network`` trial) first starts the forwarder from the
+sandbox's own loopback to that socket (:func:`osmosis_harbor.relay.start_sandbox_forwarder`) and
+points the policy's ``base_url`` at it.
+
 The exit status is 0 whenever a result was written, failures included.
 """
 
@@ -172,18 +176,30 @@ async def _grade(request: dict[str, Any], sample_file: str, policy: PolicyEndpoi
     return result_to_json(graded)
 
 
-def main(argv: list[str]) -> int:
-    """``run REQUEST RESULT`` or ``grade REQUEST SAMPLE VERIFIER_DIR``; returns the exit status."""
+def _policy(request: dict[str, Any]) -> PolicyEndpoint:
+    """The request's policy endpoint, reached through the trial's socket when it names one."""
+    import attrs
+
+    from osmosis_harbor.relay import start_sandbox_forwarder, via_port
     from osmosis_harbor.wire import policy_from_request
 
+    policy = policy_from_request(request["policy"])
+    socket = request.get("policy_socket")
+    if not socket:
+        return policy
+    return attrs.evolve(policy, base_url=via_port(policy.base_url, start_sandbox_forwarder(str(socket))))
+
+
+def main(argv: list[str]) -> int:
+    """``run REQUEST RESULT`` or ``grade REQUEST SAMPLE VERIFIER_DIR``; returns the exit status."""
     if len(argv) == 3 and argv[0] == "run":
         request = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
-        policy = policy_from_request(request["policy"])
+        policy = _policy(request)
         _write_json(argv[2], asyncio.run(_run(request, policy)), policy.secrets())
         return 0
     if len(argv) == 4 and argv[0] == "grade":
         request = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
-        policy = policy_from_request(request["policy"])
+        policy = _policy(request)
         verifier_dir = Path(argv[3])
         verifier_dir.mkdir(parents=True, exist_ok=True)
         graded = asyncio.run(_grade(request, argv[2], policy))

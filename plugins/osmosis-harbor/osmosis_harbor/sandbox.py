@@ -18,7 +18,10 @@ Constructor keywords (``EnvironmentConfig.kwargs``, ``--ek key=value``):
 * ``max_processes``: processes of the trial's commands (default 1024; ``0`` for no limit);
 * ``hide_paths`` / ``expose_paths``: more host paths to hide / to show read-only (a list, or one
   comma-separated string from the command line);
-* ``bwrap``: the bubblewrap executable.
+* ``bwrap``: the bubblewrap executable;
+* ``policy_relay``: the policy's loopback ``host:port`` (the ``harbor`` backend passes it for a
+  ``no-network`` task): the trial's commands get a unix socket relayed to it, at
+  :data:`~osmosis_harbor.relay.POLICY_SOCKET` (:mod:`osmosis_harbor.relay`), and nothing else.
 
 **The verifier's phase.** Harbor starts verifying by uploading the task's tests to ``/tests``. From
 then on: ``/tests`` holds only what was uploaded (anything the agent left there is removed first);
@@ -35,8 +38,7 @@ osmosis runs as root (host ids from ``OSMOSIS_SANDBOX_ID_BASE``, default 2046820
 host's root; the trial's files are owned by them on the host), else as the user running osmosis;
 ``/proc/sys`` and ``/sys`` are read-only; background processes do not survive their command;
 ``network_mode = "allowlist"`` is refused;
-``no-network`` gives a private loopback only, so a policy endpoint on the host is unreachable
-from such a task.
+``no-network`` gives a private loopback only, plus, with ``policy_relay``, the one socket to the policy.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from osmosis_harbor.bwrap import (  # noqa: E402
     python_paths,
 )
 from osmosis_harbor.config import DEFAULT_MAX_PROCESSES, DEFAULT_MEMORY_MB  # noqa: E402
+from osmosis_harbor.relay import POLICY_SOCKET, HostRelay, parse_address  # noqa: E402
 from osmosis_harbor.safetree import SafeTree  # noqa: E402
 
 __all__ = ["ENVIRONMENT_TYPE", "BubblewrapEnvironment"]
@@ -94,6 +97,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         hide_paths: list[str] | tuple[str, ...] | str = (),
         expose_paths: list[str] | tuple[str, ...] | str = (),
         bwrap: str | None = None,
+        policy_relay: str | None = None,
         **kwargs: Any,
     ) -> None:
         self._memory_mb = _count(memory_mb)
@@ -101,6 +105,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._hide = _paths(hide_paths)
         self._expose = _paths(expose_paths)
         self._bwrap = bwrap
+        self._policy_target = parse_address(policy_relay) if policy_relay else None
+        self._relay: HostRelay | None = None
         role = session_id.rsplit("__", 1)[-1] if "__" in session_id else "env"
         self._root = Path(trial_paths.trial_dir) / "sandbox" / role
         self._tree = SafeTree(self._root)
@@ -151,6 +157,11 @@ class BubblewrapEnvironment(BaseEnvironment):
         return self._sandbox
 
     @property
+    def policy_socket(self) -> str | None:
+        """Where the trial's commands find the socket to the policy (no-network with ``policy_relay``), else None."""
+        return POLICY_SOCKET if self._relay is not None else None
+
+    @property
     def workdir(self) -> str:
         """The task's working folder (``/app`` when the task names none)."""
         return self.task_env_config.workdir or "/app"
@@ -171,6 +182,14 @@ class BubblewrapEnvironment(BaseEnvironment):
             self._sandbox.prepare([self.workdir, *_LOG_DIRS])
         except OSError as exc:
             raise SandboxStartError(f"cannot prepare the sandbox folder {self._root}: {exc}") from None
+        if self._policy_target is not None and self._network_disabled:
+            self._relay = HostRelay(self._policy_target, self._sandbox.owner)
+            try:
+                socket = await self._relay.start()
+            except OSError as exc:
+                self._relay = None
+                raise SandboxStartError(f"cannot open the trial's socket to its policy: {exc}") from None
+            self._sandbox.sockets = [(socket, POLICY_SOCKET)]
         env_dir = Path(self.environment_dir)
         if env_dir.is_dir():
             target = "/tests" if not self._enable_environment_dir_upload else self.workdir
@@ -183,6 +202,9 @@ class BubblewrapEnvironment(BaseEnvironment):
                     self._tree.write_file([*_parts(target), entry.name], entry)
 
     async def stop(self, delete: bool) -> None:
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            await relay.aclose()
         if self._sandbox is not None:
             await self._sandbox.close()
         if delete:

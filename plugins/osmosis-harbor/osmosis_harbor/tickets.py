@@ -67,7 +67,9 @@ class Ticket:
     """The grader itself, for grading in this process (``grade_on_host``)."""
     grader_config_object: Any = None
     no_network: bool = False
-    """The task runs with ``network_mode = "no-network"`` (the policy on the host is out of reach)."""
+    """The task runs with ``network_mode = "no-network"`` (the network and the host are out of reach)."""
+    policy_relay: tuple[str, int] | None = None
+    """The policy's loopback address, relayed into the no-network trial (None: it has no path to it)."""
     workflow_result: ExecutionResult | None = None
     grader_result: ExecutionResult | None = None
     workflow_done: asyncio.Event = attrs.field(factory=asyncio.Event)

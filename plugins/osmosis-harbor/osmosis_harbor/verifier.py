@@ -101,6 +101,7 @@ class OsmosisGraderVerifier(Verifier):
             "code_dir": ticket.code_dir,
             "timeout": request.grader_timeout_sec,
             "nonce": ticket.nonce,
+            "policy_socket": getattr(self.environment, "policy_socket", None),
         }
         (staged / GRADE_REQUEST_FILE.rsplit("/", 1)[1]).write_text(json.dumps(payload, default=repr), encoding="utf-8")
         script = staged / GRADE_SCRIPT_FILE.rsplit("/", 1)[1]

@@ -17,6 +17,7 @@ MODULES = [
     "osmosis_harbor.grading",
     "osmosis_harbor.limits",
     "osmosis_harbor.bwrap",
+    "osmosis_harbor.relay",
 ]
 
 

@@ -121,7 +121,9 @@ def test_a_trial_is_not_the_hosts_root_and_cannot_change_kernel_settings(probe, 
     made.unlink()  # the host can clean up what the trial made
 
 
-def test_a_no_network_task_reaches_nothing(probe, tmp_path):
+def test_a_no_network_task_reaches_its_policy_and_nothing_else(probe, tmp_path):
+    """Traces off: the trial's socket relays to the plain policy on the host's loopback, its one path out.
+    The policy's own port, the host's loopback, the outside and DNS stay out of reach."""
     from osmosis_harbor import HarborBackend, HarborBackendConfig
 
     config = HarborBackendConfig(task_dir=str(TASKS_DIR / "nonet"))
@@ -138,15 +140,24 @@ def test_a_no_network_task_reaches_nothing(probe, tmp_path):
                         {"connect": ["1.1.1.1", 53]},
                         {"connect": ["pypi.org", 443]},
                         {"list": "/sys/class/net"},
+                        {"chat": "What is 2 times 3?"},
+                        {"policy_url": None},
+                        {"shell": "rm -f /run/osmosis/policy.sock; ls -l /run/osmosis"},
                     ],
                 )
             ],
         )
+        calls, port = list(server.requests), server.port
     assert out.final.status.value == "success", out.final.error
-    loopback, outside, dns, _ = _seen(out)[1:]
+    loopback, outside, dns, _, answer, url, unmovable = _seen(out)[1:]
     assert loopback.startswith("error: ConnectionRefusedError")  # the host's 127.0.0.1 is not this one
     assert "Network is unreachable" in outside
     assert dns.startswith("error: gaierror")
+    assert answer and not str(answer).startswith("error")  # the policy answered, through the socket
+    assert url.startswith("http://127.0.0.1:") and f":{port}/" not in url  # the sandbox's own loopback
+    assert len(calls) == 1 and calls[0].status == 200
+    assert "policy.sock" in unmovable  # a mount point: the trial cannot take its path away
+    assert list(tmp_path.glob("harbor-trials/*")) == []  # the trial and its relay are gone
 
 
 def test_a_rollout_cannot_forge_its_reward(probe, tmp_path):
@@ -309,3 +320,17 @@ keep_successful_trials = true
     assert key not in run.stdout + run.stderr and header not in run.stdout + run.stderr
     trials = tmp_path / "out" / "harbor-trials"
     assert oct(trials.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_no_network_trial_whose_policy_cannot_be_relayed_fails_saying_why(probe, tmp_path):
+    """A policy that is not plain http on this machine's loopback (here an outside address) has no path
+    into a no-network trial: the rollout is a policy_error naming the reason and the ways out."""
+    from osmosis_harbor import HarborBackend, HarborBackendConfig
+
+    config = HarborBackendConfig(task_dir=str(TASKS_DIR / "nonet"))
+    backend = HarborBackend(probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir=tmp_path)
+    [out] = run_all(backend, [request("remote", "http://192.0.2.7:8000/v1", probe=[{"chat": "hi"}])])
+    assert out.final.status.value == "failure" and out.final.error.category.value == "policy_error"
+    message = out.final.error.message
+    assert "network_mode = 'no-network', so its trials cannot reach the policy at 192.0.2.7:8000" in message
+    assert "a plain http policy on this machine's loopback" in message and "--traces" in message

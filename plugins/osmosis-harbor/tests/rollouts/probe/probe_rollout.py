@@ -32,6 +32,24 @@ def _connect(host: str, port: int) -> str:
         return "connected"
 
 
+def _chat_as(policy: Any, rollout_id: str, with_token: bool) -> int:
+    """The HTTP status of a chat call to another rollout's route (the same base, another id)."""
+    import urllib.error
+    import urllib.request
+
+    base = policy.base_url.rstrip("/").rsplit("/", 1)[0]
+    body = json.dumps({"model": policy.model, "messages": [{"role": "user", "content": "forged"}]}).encode()
+    headers = {"Content-Type": "application/json"}
+    if with_token:
+        headers["Authorization"] = f"Bearer {policy.api_key}"
+    call = urllib.request.Request(f"{base}/{rollout_id}/chat/completions", body, headers, method="POST")
+    try:
+        with urllib.request.urlopen(call, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def _writable(tops: list[str]) -> list[str]:
     """Every path under ``tops`` this process may write (checked with access(2): nothing is written)."""
     found = []
@@ -111,6 +129,10 @@ class ProbeWorkflow(AgentWorkflow):
             elif kind == "chat":
                 reply = await chat_completion([{"role": "user", "content": str(arg)}])
                 seen.append(reply.get("content"))
+            elif kind == "chat_as":  # [rollout id, with its own token]: a call to another rollout's trace
+                seen.append(_try(lambda a=arg: _chat_as(ctx.policy, a[0], a[1])))
+            elif kind == "policy_url":
+                seen.append(ctx.policy.base_url)
             elif kind == "raise":
                 raise RuntimeError(str(arg))
         messages = [*ctx.prompt, {"role": "assistant", "content": json.dumps(seen, default=repr)}]
