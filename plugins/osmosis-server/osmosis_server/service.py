@@ -472,7 +472,7 @@ class RolloutService:
             self.headers,
             **self._policy_extra,
         )
-        metadata = body.metadata or {}
+        metadata: dict[str, Any] = body.metadata or {}
         entry.request = ExecutionRequest(
             rollout_id=body.rollout_id,
             prompt=body.initial_messages,
