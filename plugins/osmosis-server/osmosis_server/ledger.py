@@ -7,13 +7,14 @@ Two files of the run folder:
   instant every id that got its 202 is in the log (a last line cut short is removed on start);
 * ``admissions.db`` (SQLite): the index a server looks ids up in, one row per id: the digest of
   the body it was admitted with, its row and sample index, its string label, and once it is
-  recorded, where its line starts in ``results.jsonl`` and its final status. It is written in
+  recorded, where its line starts in ``results.jsonl``, its final status, and (traces on) where
+  its trace line starts in ``traces.jsonl``. It is written in
   batches (about once a second, and when 1,024 changes wait), off the path of every request; what
   is not in it yet is held in memory and found there.
 
 ``results.jsonl`` stays the record of what finished. On start, the server folds into the index
-what the log and ``results.jsonl`` hold past the offsets the index last saw (both files are read
-as streams), so a change that was waiting for its batch when the process died is never lost. After
+what the log, ``results.jsonl`` and ``traces.jsonl`` hold past the offsets the index last saw (the
+files are read as streams), so a change that was waiting for its batch when the process died is never lost. After
 that, every id ever admitted on the folder is either *recorded* (its result is read back from its
 line, and it is never admitted again, so never recorded twice) or *lost* (admitted, never
 recorded: the trainer may submit it again, and it runs once more), never forgotten.
@@ -62,29 +63,34 @@ CREATE TABLE IF NOT EXISTS rollouts (
     label TEXT,
     line_offset INTEGER,
     status TEXT,
-    lease_expired INTEGER NOT NULL
+    lease_expired INTEGER NOT NULL,
+    trace_offset INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS unrecorded ON rollouts(id) WHERE line_offset IS NULL;
 """
-_COLUMNS: Final = "id, digest, attempts, row_index, sample_index, label, line_offset, status, lease_expired"
+_COLUMNS: Final = (
+    "id, digest, attempts, row_index, sample_index, label, line_offset, status, lease_expired, trace_offset"
+)
 _UPSERT: Final = (
-    f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+    f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
     "digest = excluded.digest, attempts = excluded.attempts, row_index = excluded.row_index, "
     "sample_index = excluded.sample_index, label = excluded.label, line_offset = excluded.line_offset, "
-    "status = excluded.status, lease_expired = excluded.lease_expired"
+    "status = excluded.status, lease_expired = excluded.lease_expired, trace_offset = excluded.trace_offset"
 )
 _SELECT: Final = f"SELECT {_COLUMNS} FROM rollouts WHERE id = ?"
 # what results.jsonl says of an id: it is recorded there (first line wins)
 _MARK: Final = (
-    f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?, x'', 1, ?, ?, NULL, ?, ?, 0) ON CONFLICT (id) DO UPDATE SET "
+    f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?, x'', 1, ?, ?, NULL, ?, ?, 0, NULL) ON CONFLICT (id) DO UPDATE SET "
     "line_offset = excluded.line_offset, status = excluded.status WHERE line_offset IS NULL"
 )
 # what the admissions log says of an id: admitted (never over a recorded one)
 _ADMITTED: Final = (
-    f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, 0) ON CONFLICT (id) DO UPDATE SET "
+    f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL) ON CONFLICT (id) DO UPDATE SET "
     "digest = excluded.digest, attempts = excluded.attempts, row_index = excluded.row_index, "
     "sample_index = excluded.sample_index, label = excluded.label WHERE line_offset IS NULL"
 )
+# what traces.jsonl says of an id: where its (latest) trace line starts
+_TRACED: Final = "UPDATE rollouts SET trace_offset = ? WHERE id = ?"
 
 
 @attrs.frozen
@@ -102,6 +108,8 @@ class Known:
     """Where its line starts in ``results.jsonl``; None until it is recorded."""
     status: str | None = None
     lease_expired: bool = False
+    trace_offset: int | None = None
+    """Where its trace line starts in ``traces.jsonl`` (None: recorded without a trace)."""
 
     @property
     def recorded(self) -> bool:
@@ -119,6 +127,7 @@ class Known:
             self.offset,
             self.status,
             int(self.lease_expired),
+            self.trace_offset,
         )
 
 
@@ -191,6 +200,8 @@ class Ledger:
         self._log_end = 0
         self.results_end = 0
         """How far results.jsonl is marked (the run folder moves it on as it appends)."""
+        self.traces_end = 0
+        """How far traces.jsonl is marked (likewise)."""
         self.lease_key = b""
         self.next_row = 0
         self.recovered: dict[str, int] = {"recorded": 0, "lost": 0}
@@ -203,9 +214,9 @@ class Ledger:
 
     # -- open: catch up with the log and results.jsonl ---------------------------------------------
 
-    def open(self, results: Path) -> int:
-        """Open (or create) the ledger and fold in what the log and ``results`` hold past what the
-        index saw; return the size of ``results`` (a last line cut short removed).
+    def open(self, results: Path, traces: Path | None = None) -> tuple[int, int]:
+        """Open (or create) the ledger and fold in what the log, ``results`` and ``traces`` hold past
+        what the index saw; return the sizes of ``results`` and ``traces`` (a last line cut short removed).
 
         :raises OSError: the ledger cannot be created or read.
         """
@@ -220,9 +231,11 @@ class Ledger:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.executescript(_SCHEMA)
+                if "trace_offset" not in {row[1] for row in db.execute("PRAGMA table_info(rollouts)")}:
+                    db.execute("ALTER TABLE rollouts ADD COLUMN trace_offset INTEGER")  # a ledger of before traces
                 self._db = db
                 self._reader = db.cursor()
-                size = self._catch_up(results)
+                sizes = self._catch_up(results, traces)
             except BaseException:
                 self._db = None
                 db.close()
@@ -230,7 +243,7 @@ class Ledger:
         except sqlite3.Error as exc:
             raise OSError(f"{self.path}: the admissions ledger cannot be opened: {exc}") from None
         self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        return size
+        return sizes
 
     def _meta(self, key: str) -> Any:
         found = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -243,10 +256,11 @@ class Ledger:
         seen = self._meta(key)
         return seen if isinstance(seen, int) and 0 <= seen <= size else 0  # a file replaced: from its start
 
-    def _catch_up(self, results: Path) -> int:
+    def _catch_up(self, results: Path, traces: Path | None) -> tuple[int, int]:
         db = self.db
         log_size = cut_partial_tail(self.log_path)
         size = cut_partial_tail(results)
+        traces_size = 0 if traces is None else cut_partial_tail(traces)
         with db:
             key = self._meta("lease_key")
             if not isinstance(key, bytes) or len(key) < 32:
@@ -272,16 +286,22 @@ class Ledger:
                 db.execute(_MARK, (rollout_id, row, sample_index, at, str(line.get("status"))))
             if not isinstance(next_row, int):  # a folder without a ledger yet: rows continue after its lines
                 self.next_row = max(self.next_row, lines)
-            self._log_end, self.results_end = log_size, size
+            if traces is not None:  # after the results: a trace line notes where it is on its id's row
+                for at, line in _lines(traces, self._since("traces_end", traces_size), traces_size):
+                    rollout_id = line.get("rollout_id")
+                    if isinstance(rollout_id, str):
+                        db.execute(_TRACED, (at, rollout_id))
+            self._log_end, self.results_end, self.traces_end = log_size, size, traces_size
             self._checkpoint()
         total = db.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
         lost = db.execute("SELECT COUNT(*) FROM rollouts WHERE line_offset IS NULL").fetchone()[0]
         self.recovered = {"recorded": total - lost, "lost": lost}
-        return size
+        return size, traces_size
 
     def _checkpoint(self) -> None:
         self._set("log_end", self._log_end)
         self._set("results_end", self.results_end)
+        self._set("traces_end", self.traces_end)
         self._set("next_row", self.next_row)
 
     # -- a running server's changes ----------------------------------------------------------------
@@ -302,8 +322,10 @@ class Ledger:
             raise OSError(f"{self.path}: cannot be read: {exc}") from None
         if found is None:
             return None
-        rid, digest, attempts, row, sample_index, label, offset, status, lease_expired = found
-        return Known(rid, bytes(digest), attempts, row, sample_index, label, offset, status, bool(lease_expired))
+        rid, digest, attempts, row, sample_index, label, offset, status, lease_expired, trace_offset = found
+        return Known(
+            rid, bytes(digest), attempts, row, sample_index, label, offset, status, bool(lease_expired), trace_offset
+        )
 
     def admit(self, known: Known, *, auto_row: bool = False) -> None:
         """Append an admission to the log (one ``write``, done when this returns); the index
@@ -325,10 +347,13 @@ class Ledger:
         self._log_end += written
         self._hold(known)
 
-    def recorded(self, known: Known, end: int) -> None:
+    def recorded(self, known: Known, end: int, traces_end: int | None = None) -> None:
         """Note a recorded rollout (``known.offset``: where its line starts in results.jsonl, which
-        is now ``end`` bytes long); the index follows with the next batch."""
+        is now ``end`` bytes long; ``traces_end``: traces.jsonl's size, when its trace was written);
+        the index follows with the next batch."""
         self.results_end = end
+        if traces_end is not None:
+            self.traces_end = traces_end
         self._hold(known)
 
     def _hold(self, known: Known) -> None:

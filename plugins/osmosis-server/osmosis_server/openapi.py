@@ -1,15 +1,17 @@
 """The OpenAPI 3.1 document of the rollout server (served at ``/openapi.json``).
 
-It is written out here rather than generated, and a test keeps it true: every route of the app is
-in it with its method, every status a route answers is listed under that route, and the submit
-body's properties are exactly the fields :func:`osmosis_server.protocol.parse_submit` reads.
+The request bodies' schemas are generated from the models the server structures them into
+(:class:`~osmosis_server.protocol.SubmitBody`, :class:`~osmosis_server.protocol.CancelBody`, by
+:func:`~osmosis_server.protocol.body_schema`), so they list exactly the fields it reads, with their
+checks. The routes and responses are written out here, and a test keeps them true: every route of
+the app is in it with its method, and every status a route answers is listed under that route.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from osmosis_server.protocol import LEASE_HEADER, RolloutStatus
+from osmosis_server.protocol import LEASE_HEADER, CancelBody, RolloutStatus, SubmitBody, body_schema
 
 __all__ = ["openapi_document"]
 
@@ -31,64 +33,6 @@ def _problem(description: str) -> dict[str, Any]:
 
 
 _NULLABLE_STR: Final = {"type": ["string", "null"]}
-_NULLABLE_OBJECT: Final = {"type": ["object", "null"]}
-_SECONDS: Final = {"type": ["number", "null"], "exclusiveMinimum": 0}
-_INDEX: Final = {"type": ["integer", "null"], "minimum": 0}
-
-SUBMIT_PROPERTIES: Final[dict[str, Any]] = {
-    "rollout_id": {
-        "type": "string",
-        "minLength": 1,
-        "maxLength": 512,
-        "description": "One path segment, one header value, one log line: no '/' or '\\', not '.' or '..', "
-        "printable (no control, format or separator character but the space), valid UTF-8 (no lone "
-        "surrogate), at most 512 bytes of UTF-8. Admitted once per run folder.",
-    },
-    "initial_messages": {"type": "array", "items": {"type": "object"}, "description": "The prompt: chat messages."},
-    "chat_completions_url": {
-        "type": "string",
-        "format": "uri",
-        "description": "The policy's OpenAI-compatible base URL; calls go to {url}/chat/completions.",
-    },
-    "llm_api_key": {
-        **_NULLABLE_STR,
-        "minLength": 1,
-        "description": "Bearer token for chat_completions_url (never logged or written).",
-    },
-    "label": {"description": "The row's ground truth, given to the grader only (any JSON value)."},
-    "metadata": {**_NULLABLE_OBJECT, "description": "The row's other fields, given to the workflow and the grader."},
-    "grade": {
-        "type": "boolean",
-        "default": True,
-        "description": "false: no grading, even with a label. A row without a label is not graded.",
-    },
-    "agent_timeout_sec": {**_SECONDS, "description": "The workflow's timeout (default: the server's)."},
-    "grader_timeout_sec": {**_SECONDS, "description": "The grader's timeout (default: the server's)."},
-    "extra_fields": {**_NULLABLE_OBJECT, "description": "Kept with the request; not used by the server."},
-    "callback_url": {
-        **_NULLABLE_STR,
-        "format": "uri",
-        "description": "osmosis: push mode: the workflow's result, then the final one, are POSTed here (no lease).",
-    },
-    "callback_api_key": {
-        **_NULLABLE_STR,
-        "minLength": 1,
-        "description": "osmosis: sent to callback_url as a bearer token.",
-    },
-    "model": {
-        **_NULLABLE_STR,
-        "minLength": 1,
-        "description": "osmosis: the model name sent to the policy (default: the server's).",
-    },
-    "row": {
-        **_INDEX,
-        "description": "osmosis: the rollout's row in results.jsonl (default: metadata.row, else a running index).",
-    },
-    "sample_index": {
-        **_INDEX,
-        "description": "osmosis: its sample index in results.jsonl (default: metadata.sample_index, else 0).",
-    },
-}
 
 _SAMPLE: Final = {
     "type": "object",
@@ -318,22 +262,11 @@ def openapi_document(version: str) -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "SubmitBody": {
-                    "type": "object",
-                    "properties": SUBMIT_PROPERTIES,
-                    "required": ["rollout_id", "initial_messages", "chat_completions_url"],
-                },
+                "SubmitBody": body_schema(SubmitBody),
                 "Admission": _ADMISSION,
                 "Result": _RESULT,
                 "Sample": _SAMPLE,
-                "CancelBody": {
-                    "type": "object",
-                    "properties": {
-                        "ids": {"type": "array", "items": {"type": "string"}},
-                        "prefix": {"type": "string", "minLength": 1, "description": "Not empty: all=true for all."},
-                        "all": {"type": "boolean"},
-                    },
-                },
+                "CancelBody": body_schema(CancelBody),
                 "Problem": {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]},
             },
         },

@@ -44,8 +44,12 @@ import enum
 import json
 import math
 import re
-from collections.abc import Mapping
-from typing import Any, Final
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Final, NewType
+
+import attrs
+import cattrs
 
 from osmosis_core import ErrorCategory, ExecutionResult, ExecutionStatus
 
@@ -57,6 +61,7 @@ __all__ = [
     "CancelBody",
     "RolloutStatus",
     "SubmitBody",
+    "body_schema",
     "dumps",
     "parse_cancel",
     "parse_submit",
@@ -175,89 +180,31 @@ def dumps(document: Any) -> bytes:
 
 
 # -------------------------------------------------------------------------------------------------
-# POST /rollout
+# request bodies: attrs models, structured by a cattrs converter
 # -------------------------------------------------------------------------------------------------
+#
+# Each checked kind of value is a NewType with one structure hook (its check and its message) and
+# one JSON schema (for the OpenAPI document, generated from the models by :func:`body_schema`).
+# cattrs walks the models and reports every problem with its path (``@ $.field``, ``[i]``).
 
-
-class SubmitBody:
-    """A checked ``POST /rollout`` body (see the module docstring for the fields)."""
-
-    __slots__ = (
-        "agent_timeout_sec",
-        "callback_api_key",
-        "callback_url",
-        "chat_completions_url",
-        "extra_fields",
-        "grade",
-        "grader_timeout_sec",
-        "initial_messages",
-        "label",
-        "llm_api_key",
-        "metadata",
-        "model",
-        "rollout_id",
-        "row",
-        "sample_index",
-    )
-
-    def __init__(
-        self,
-        rollout_id: str,
-        initial_messages: list[dict[str, Any]],
-        chat_completions_url: str,
-        *,
-        llm_api_key: str | None = None,
-        label: Any = None,
-        metadata: dict[str, Any] | None = None,
-        grade: bool = True,
-        agent_timeout_sec: float | None = None,
-        grader_timeout_sec: float | None = None,
-        extra_fields: dict[str, Any] | None = None,
-        callback_url: str | None = None,
-        callback_api_key: str | None = None,
-        model: str | None = None,
-        row: int | None = None,
-        sample_index: int | None = None,
-    ) -> None:
-        self.rollout_id = rollout_id
-        self.initial_messages = initial_messages
-        self.chat_completions_url = chat_completions_url
-        self.llm_api_key = llm_api_key
-        self.label = label
-        self.metadata = metadata
-        self.grade = grade
-        self.agent_timeout_sec = agent_timeout_sec
-        self.grader_timeout_sec = grader_timeout_sec
-        self.extra_fields = extra_fields
-        self.callback_url = callback_url
-        self.callback_api_key = callback_api_key
-        self.model = model
-        self.row = row
-        self.sample_index = sample_index
-
-    def __repr__(self) -> str:  # no key in a repr
-        return f"SubmitBody(rollout_id={self.rollout_id!r}, chat_completions_url={self.chat_completions_url!r})"
-
-
-def _rollout_id(value: Any) -> str:
-    """An id that is one path segment, one header value and one log line: printable, valid UTF-8,
-    no separator, at most :data:`MAX_ID_BYTES` bytes."""
-    if not isinstance(value, str):
-        raise BadRequest(f"expected a string, got {_kind(value)} @ $.rollout_id")
-    if not value or value in (".", "..") or "/" in value or "\\" in value:
-        raise BadRequest("rollout_id must be a single path segment (no '/' or '\\', not '.' or '..') @ $.rollout_id")
-    if _has_surrogate(value):
-        raise BadRequest("rollout_id holds a lone surrogate: it is not valid UTF-8 @ $.rollout_id")
-    if not value.isprintable():
-        bad = next(c for c in value if not c.isprintable())
-        raise BadRequest(
-            f"rollout_id must be printable: it holds U+{ord(bad):04X} (a control, format or separator character, "
-            "which cannot be a header value or part of one log line) @ $.rollout_id"
-        )
-    size = len(value.encode("utf-8"))
-    if size > MAX_ID_BYTES:
-        raise BadRequest(f"rollout_id is {size} bytes of UTF-8, more than {MAX_ID_BYTES} @ $.rollout_id")
-    return value
+RolloutId = NewType("RolloutId", str)
+"""One path segment, one header value and one log line (see :func:`_rollout_id`)."""
+HttpUrl = NewType("HttpUrl", str)
+"""An ``http://`` or ``https://`` URL."""
+NonEmptyText = NewType("NonEmptyText", str)
+"""A non-empty string (an optional field: omitted or null for none)."""
+Seconds = NewType("Seconds", float)
+"""A positive, finite number of seconds (an optional field: omitted or null for no limit)."""
+Index = NewType("Index", int)
+"""A whole number >= 0 (an optional field)."""
+JsonObject = NewType("JsonObject", dict[str, Any])
+"""A JSON object (an optional field)."""
+Message = NewType("Message", dict[str, Any])
+"""A chat message object."""
+RolloutIds = NewType("RolloutIds", list[str])
+"""An array of rollout ids (strings)."""
+Prefix = NewType("Prefix", str)
+"""A non-empty rollout-id prefix."""
 
 
 def _kind(value: Any) -> str:
@@ -268,149 +215,291 @@ def _kind(value: Any) -> str:
     )
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list):
-        raise BadRequest(f"expected an array of message objects, got {_kind(value)} @ $.initial_messages")
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise BadRequest(f"expected a message object, got {_kind(message)} @ $.initial_messages[{i}]")
+def _rollout_id(value: Any, _type: Any = None) -> str:
+    """An id that is one path segment, one header value and one log line: printable, valid UTF-8,
+    no separator, at most :data:`MAX_ID_BYTES` bytes."""
+    if type(value) is not str:
+        raise ValueError(f"expected a string, got {_kind(value)}")
+    if not value or value in (".", "..") or "/" in value or "\\" in value:
+        raise ValueError("rollout_id must be a single path segment (no '/' or '\\', not '.' or '..')")
+    if _has_surrogate(value):
+        raise ValueError("rollout_id holds a lone surrogate: it is not valid UTF-8")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise ValueError(
+            f"rollout_id must be printable: it holds U+{ord(bad):04X} (a control, format or separator character, "
+            "which cannot be a header value or part of one log line)"
+        )
+    size = len(value.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise ValueError(f"rollout_id is {size} bytes of UTF-8, more than {MAX_ID_BYTES}")
     return value
 
 
-def _url(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise BadRequest(f"expected a URL string, got {_kind(value)} @ $.{field}")
+def _url(value: Any, _type: Any) -> str:
+    if type(value) is not str:
+        raise ValueError(f"expected a URL string, got {_kind(value)}")
     if not value.startswith(("http://", "https://")) or len(value) < 8:
-        raise BadRequest(f"must be an http:// or https:// URL @ $.{field}")
+        raise ValueError("must be an http:// or https:// URL")
     return value
 
 
-def _optional_str(data: Mapping[str, Any], field: str, *, non_empty: bool = False) -> str | None:
-    value = data.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise BadRequest(f"expected a string or null, got {_kind(value)} @ $.{field}")
-    if non_empty and not value:
-        raise BadRequest(f"must be omitted or a non-empty string @ $.{field}")
+def _non_empty(value: Any, _type: Any) -> str:
+    if type(value) is not str:
+        raise ValueError(f"expected a string or null, got {_kind(value)}")
+    if not value:
+        raise ValueError("must be omitted or a non-empty string")
     return value
 
 
-def _optional_object(data: Mapping[str, Any], field: str) -> dict[str, Any] | None:
-    value = data.get(field)
-    if value is None or isinstance(value, dict):
-        return value
-    raise BadRequest(f"expected an object or null, got {_kind(value)} @ $.{field}")
-
-
-def _optional_seconds(data: Mapping[str, Any], field: str) -> float | None:
-    value = data.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"expected a number of seconds or null, got {_kind(value)} @ $.{field}")
+def _seconds(value: Any, _type: Any) -> float:
+    if type(value) is not float and type(value) is not int:
+        raise ValueError(f"expected a number of seconds or null, got {_kind(value)}")
     if not math.isfinite(value) or value <= 0:
-        raise BadRequest(f"must be a positive, finite number of seconds (omit it for no limit) @ $.{field}")
+        raise ValueError("must be a positive, finite number of seconds (omit it for no limit)")
     return float(value)
 
 
-def _optional_index(data: Mapping[str, Any], field: str) -> int | None:
-    value = data.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadRequest(f"expected a whole number >= 0 or null, got {value!r} @ $.{field}")
+def _index(value: Any, _type: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"expected a whole number >= 0 or null, got {value!r}")
+    return int(value)
+
+
+def _object(value: Any, _type: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise ValueError(f"expected an object or null, got {_kind(value)}")
     return value
 
 
-SUBMIT_FIELDS: Final = (
-    "rollout_id",
-    "initial_messages",
-    "chat_completions_url",
-    "llm_api_key",
-    "label",
-    "metadata",
-    "grade",
-    "agent_timeout_sec",
-    "grader_timeout_sec",
-    "extra_fields",
-    "callback_url",
-    "callback_api_key",
-    "model",
-    "row",
-    "sample_index",
-)
-"""Every field :func:`parse_submit` reads (the OpenAPI document lists the same)."""
+def _message(value: Any, _type: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise ValueError(f"expected a message object, got {_kind(value)}")
+    return value
+
+
+def _boolean(value: Any, _type: Any) -> bool:
+    if type(value) is not bool:
+        raise ValueError(f"expected true or false, got {_kind(value)}")
+    return value
+
+
+def _rollout_ids(value: Any, _type: Any) -> list[str]:
+    if type(value) is not list or not all(type(i) is str for i in value):
+        raise ValueError("expected an array of rollout ids")
+    return value
+
+
+def _prefix(value: Any, _type: Any) -> str:
+    if type(value) is not str:
+        raise ValueError(f"expected a string, got {_kind(value)}")
+    if not value:
+        raise ValueError('an empty prefix would select every rollout; send {"all": true} for that')
+    return value
+
+
+_NULL: Final = {"type": "null"}
+_VALUE_TYPES: Final[dict[Any, tuple[Callable[[Any, Any], Any], dict[str, Any]]]] = {
+    RolloutId: (_rollout_id, {"type": "string", "minLength": 1, "maxLength": MAX_ID_BYTES}),
+    HttpUrl: (_url, {"type": "string", "format": "uri"}),
+    NonEmptyText: (_non_empty, {"type": "string", "minLength": 1}),
+    Seconds: (_seconds, {"type": "number", "exclusiveMinimum": 0}),
+    Index: (_index, {"type": "integer", "minimum": 0}),
+    JsonObject: (_object, {"type": "object"}),
+    Message: (_message, {"type": "object"}),
+    bool: (_boolean, {"type": "boolean"}),
+    RolloutIds: (_rollout_ids, {"type": "array", "items": {"type": "string"}}),
+    Prefix: (_prefix, {"type": "string", "minLength": 1}),
+}
+"""Each checked kind of value: its structure hook and its JSON schema."""
+
+
+def _is(wanted: Any) -> Callable[[Any], bool]:
+    return lambda type_: bool(type_ == wanted)
+
+
+def _or_null(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    return lambda value, type_: None if value is None else hook(value, type_)
+
+
+def _converter(detailed: bool) -> cattrs.Converter:
+    """A converter of request bodies (unknown keys are ignored, as the reference does); a
+    ``detailed`` one reports every problem with its path, the other stops at the first (faster)."""
+    converter = cattrs.Converter(detailed_validation=detailed)
+    for type_, (hook, _) in _VALUE_TYPES.items():
+        converter.register_structure_hook(type_, hook)
+        converter.register_structure_hook_func(_is(type_ | None), _or_null(hook))  # once, not per call
+    items = converter.get_structure_hook(list[Message])
+
+    def messages(value: Any, type_: Any) -> list[dict[str, Any]]:
+        if type(value) is not list:
+            raise ValueError(f"expected an array of message objects, got {_kind(value)}")
+        for message in value:
+            if type(message) is not dict:
+                return items(value, type_)  # type: ignore[no-any-return]  # cattrs names the item: [i]
+        return value
+
+    converter.register_structure_hook_func(_is(list[dict[str, Any]]), messages)  # each checked as a Message
+    return converter
+
+
+_fast: Final = _converter(detailed=False)
+_detailed: Final = _converter(detailed=True)
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@attrs.define(repr=False)
+class SubmitBody:
+    """A checked ``POST /rollout`` body (see the module docstring for the fields)."""
+
+    rollout_id: RolloutId = attrs.field(
+        metadata=_doc(
+            "One path segment, one header value, one log line: no '/' or '\\', not '.' or '..', "
+            "printable (no control, format or separator character but the space), valid UTF-8 (no lone "
+            "surrogate), at most 512 bytes of UTF-8. Admitted once per run folder."
+        )
+    )
+    initial_messages: list[dict[str, Any]] = attrs.field(metadata=_doc("The prompt: chat messages."))
+    chat_completions_url: HttpUrl = attrs.field(
+        metadata=_doc("The policy's OpenAI-compatible base URL; calls go to {url}/chat/completions.")
+    )
+    llm_api_key: NonEmptyText | None = attrs.field(
+        default=None, kw_only=True, metadata=_doc("Bearer token for chat_completions_url (never logged or written).")
+    )
+    label: Any = attrs.field(
+        default=None, kw_only=True, metadata=_doc("The row's ground truth, given to the grader only (any JSON value).")
+    )
+    metadata: JsonObject | None = attrs.field(
+        default=None, kw_only=True, metadata=_doc("The row's other fields, given to the workflow and the grader.")
+    )
+    grade: bool = attrs.field(
+        default=True,
+        kw_only=True,
+        metadata=_doc("false: no grading, even with a label. A row without a label is not graded."),
+    )
+    agent_timeout_sec: Seconds | None = attrs.field(
+        default=None, kw_only=True, metadata=_doc("The workflow's timeout (default: the server's).")
+    )
+    grader_timeout_sec: Seconds | None = attrs.field(
+        default=None, kw_only=True, metadata=_doc("The grader's timeout (default: the server's).")
+    )
+    extra_fields: JsonObject | None = attrs.field(
+        default=None, kw_only=True, metadata=_doc("Kept with the request; not used by the server.")
+    )
+    callback_url: HttpUrl | None = attrs.field(
+        default=None,
+        kw_only=True,
+        metadata=_doc("osmosis: push mode: the workflow's result, then the final one, are POSTed here (no lease)."),
+    )
+    callback_api_key: NonEmptyText | None = attrs.field(
+        default=None, kw_only=True, metadata=_doc("osmosis: sent to callback_url as a bearer token.")
+    )
+    model: NonEmptyText | None = attrs.field(
+        default=None, kw_only=True, metadata=_doc("osmosis: the model name sent to the policy (default: the server's).")
+    )
+    row: Index | None = attrs.field(
+        default=None,
+        kw_only=True,
+        metadata=_doc("osmosis: the rollout's row in results.jsonl (default: metadata.row, else a running index)."),
+    )
+    sample_index: Index | None = attrs.field(
+        default=None,
+        kw_only=True,
+        metadata=_doc("osmosis: its sample index in results.jsonl (default: metadata.sample_index, else 0)."),
+    )
+
+    def __repr__(self) -> str:  # no key in a repr
+        return f"SubmitBody(rollout_id={self.rollout_id!r}, chat_completions_url={self.chat_completions_url!r})"
+
+
+attrs.resolve_types(SubmitBody)  # the annotations are strings (postponed): give cattrs and body_schema the types
+SUBMIT_FIELDS: Final = tuple(field.name for field in attrs.fields(SubmitBody))
+"""Every field :func:`parse_submit` reads (the OpenAPI document lists the same: it is generated from them)."""
+
+
+@attrs.define
+class CancelBody:
+    """A checked ``POST /rollout/cancel`` body: exactly one of ``ids``, ``prefix``, ``all``."""
+
+    ids: RolloutIds | None = attrs.field(default=None, metadata=_doc("The rollouts to cancel."))
+    prefix: Prefix | None = attrs.field(
+        default=None, metadata=_doc("Cancel every rollout whose id starts with it. Not empty: all=true for all.")
+    )
+    all: bool = attrs.field(default=False, metadata=_doc("Cancel every rollout in flight."))
+
+
+attrs.resolve_types(CancelBody)
+
+
+def _problem(exc: BaseException, _type: Any) -> str:
+    if isinstance(exc, KeyError):
+        return "required field missing"
+    return str(exc)
+
+
+def _structure[T](raw: bytes, type_: type[T]) -> T:
+    data = loads(raw)
+    if type(data) is not dict:
+        raise BadRequest(f"expected a JSON object, got {_kind(data)} @ $")
+    try:
+        return _fast.structure(data, type_)
+    except (ValueError, TypeError, KeyError):  # a bad body: structured again, to name every problem's place
+        pass
+    try:
+        return _detailed.structure(data, type_)
+    except cattrs.ClassValidationError as exc:
+        raise BadRequest("; ".join(cattrs.transform_error(exc, path="$", format_exception=_problem))) from None
 
 
 def parse_submit(raw: bytes) -> SubmitBody:
     """Check a ``POST /rollout`` body. Unknown fields are ignored (as the reference does).
 
-    :raises BadRequest: the first problem found, naming its field.
+    :raises BadRequest: every problem found, each naming its field.
     """
-    data = loads(raw)
-    if not isinstance(data, dict):
-        raise BadRequest(f"expected a JSON object, got {_kind(data)} @ $")
-    for field in ("rollout_id", "initial_messages", "chat_completions_url"):
-        if field not in data:
-            raise BadRequest(f"required field missing @ $.{field}")
-    grade = data.get("grade", True)
-    if not isinstance(grade, bool):
-        raise BadRequest(f"expected true or false, got {_kind(grade)} @ $.grade")
-    return SubmitBody(
-        _rollout_id(data["rollout_id"]),
-        _messages(data["initial_messages"]),
-        _url(data["chat_completions_url"], "chat_completions_url"),
-        llm_api_key=_optional_str(data, "llm_api_key", non_empty=True),
-        label=data.get("label"),
-        metadata=_optional_object(data, "metadata"),
-        grade=grade,
-        agent_timeout_sec=_optional_seconds(data, "agent_timeout_sec"),
-        grader_timeout_sec=_optional_seconds(data, "grader_timeout_sec"),
-        extra_fields=_optional_object(data, "extra_fields"),
-        callback_url=None if data.get("callback_url") is None else _url(data["callback_url"], "callback_url"),
-        callback_api_key=_optional_str(data, "callback_api_key", non_empty=True),
-        model=_optional_str(data, "model", non_empty=True),
-        row=_optional_index(data, "row"),
-        sample_index=_optional_index(data, "sample_index"),
-    )
-
-
-# -------------------------------------------------------------------------------------------------
-# POST /rollout/cancel
-# -------------------------------------------------------------------------------------------------
-
-
-class CancelBody:
-    """A checked ``POST /rollout/cancel`` body: exactly one of ``ids``, ``prefix``, ``all``."""
-
-    __slots__ = ("all", "ids", "prefix")
-
-    def __init__(self, ids: list[str] | None, prefix: str | None, all: bool) -> None:
-        self.ids = ids
-        self.prefix = prefix
-        self.all = all
+    return _structure(raw, SubmitBody)
 
 
 def parse_cancel(raw: bytes) -> CancelBody:
     """Check a ``POST /rollout/cancel`` body. :raises BadRequest: not exactly one selector, or a bad one."""
-    data = loads(raw)
-    if not isinstance(data, dict):
-        raise BadRequest(f"expected a JSON object, got {_kind(data)} @ $")
-    ids = data.get("ids")
-    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
-        raise BadRequest("expected an array of rollout ids @ $.ids")
-    prefix = data.get("prefix")
-    if prefix is not None and not isinstance(prefix, str):
-        raise BadRequest(f"expected a string, got {_kind(prefix)} @ $.prefix")
-    if prefix == "":
-        raise BadRequest('an empty prefix would select every rollout; send {"all": true} for that @ $.prefix')
-    everything = data.get("all", False)
-    if not isinstance(everything, bool):
-        raise BadRequest(f"expected true or false, got {_kind(everything)} @ $.all")
-    if (ids is not None) + (prefix is not None) + everything != 1:
+    body = _structure(raw, CancelBody)
+    if (body.ids is not None) + (body.prefix is not None) + body.all != 1:
         raise BadRequest("pass exactly one selector: ids, prefix, or all @ $")
-    return CancelBody(ids, prefix, everything)
+    return body
+
+
+def body_schema(model: type[Any]) -> dict[str, Any]:
+    """The JSON schema of a request model: each field's from its type (:data:`_VALUE_TYPES`, ``X | None``
+    adds null), its description and default; the fields without a default are required."""
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in attrs.fields(model):
+        type_ = field.type
+        args = typing.get_args(type_)
+        nullable = type(None) in args
+        if nullable:
+            [type_] = [a for a in args if a is not type(None)]
+        if type_ is Any:
+            schema: dict[str, Any] = {}
+        elif type_ == list[dict[str, Any]]:  # initial_messages
+            schema = {"type": "array", "items": dict(_VALUE_TYPES[Message][1])}
+        else:
+            schema = dict(_VALUE_TYPES[type_][1])
+        if nullable:
+            schema["type"] = [schema["type"], "null"]
+        if field.default is attrs.NOTHING:
+            required.append(field.name)
+        elif field.default is not None:
+            schema["default"] = field.default
+        if "doc" in field.metadata:
+            schema["description"] = field.metadata["doc"]
+        properties[field.name] = schema
+    document: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        document["required"] = required
+    return document
 
 
 # -------------------------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ from typing import Any, Final
 
 from osmosis_core import ExecutionResult, OsmosisError
 from osmosis_core.plugin import ResultWriter, RunLock, result_line
+from osmosis_core.traces import TRACES, trace_line
 from osmosis_server.ledger import Known, Ledger
 
-__all__ = ["RESULTS", "RUN_META", "TOKEN_FILE", "RunFolder"]
+__all__ = ["RESULTS", "RUN_META", "TOKEN_FILE", "TRACES", "RunFolder"]
 
 RESULTS: Final = "results.jsonl"
 RUN_META: Final = "run.json"
@@ -61,12 +62,18 @@ class RunFolder:
         self.ledger = Ledger(self.path)
         self._results = str(self.path / RESULTS)
         self._end = 0
+        self._traces_end = 0
         self.written = 0
 
     @property
     def results_path(self) -> Path:
         """``<folder>/results.jsonl``."""
         return self.path / RESULTS
+
+    @property
+    def traces_path(self) -> Path:
+        """``<folder>/traces.jsonl`` (written when traces are on)."""
+        return self.path / TRACES
 
     @property
     def is_open(self) -> bool:
@@ -95,7 +102,7 @@ class RunFolder:
                 raise OsmosisError(
                     f"{self.path} holds the results of an `osmosis run`, not of a server; choose another --output"
                 )
-            self._end = self.ledger.open(self.results_path)
+            self._end, self._traces_end = self.ledger.open(self.results_path, self.traces_path)
             from osmosis_core import __version__ as core_version
             from osmosis_server import __version__
 
@@ -184,9 +191,11 @@ class RunFolder:
         digest: bytes = b"",
         attempts: int = 1,
         label: Any = None,
+        trace_offset: int | None = None,
     ) -> int:
         """Append the line of one finished rollout (``secrets`` are that rollout's own: its key)
-        and note it in the ledger, with what :meth:`admit` was given; return where the line starts.
+        and note it in the ledger, with what :meth:`admit` was given and where :meth:`record_trace`
+        wrote its trace; return where the line starts.
 
         :raises TypeError, ValueError: the line is not JSON (a sample the workflow filled with objects).
         :raises OSError: the line could not be written.
@@ -207,20 +216,25 @@ class RunFolder:
             start,
             result.status.value,
             lease_expired,
+            trace_offset,
         )
-        self.ledger.recorded(known, self._end)
+        self.ledger.recorded(known, self._end, None if trace_offset is None else self._traces_end)
         return start
 
     def record_trace(
         self, row: int, sample_index: int, rollout_id: str, trace: dict[str, Any], secrets: tuple[str, ...] = ()
-    ) -> None:
+    ) -> int:
         """Append a finished rollout's trace to ``traces.jsonl`` (``osmosis run --traces``'s form),
-        just before its result line. (A result read back from the folder carries no trace.)"""
-        from osmosis_core.traces import TRACES, trace_line
+        just before its result line; return where the line starts (for :meth:`record`).
 
+        :raises TypeError, ValueError: the trace is not JSON. :raises OSError: it could not be written.
+        """
         if self._traces is None:
-            self._traces = ResultWriter(self.path / TRACES, self._secrets)
+            self._traces = ResultWriter(self.traces_path, self._secrets)
+        start = self._traces_end
         self._traces.write(trace_line(rollout_id, row, sample_index, trace), secrets)
+        self._traces_end = os.stat(self._traces.path).st_size
+        return start
 
     def flush(self) -> None:
         """Write the ledger's pending changes to its index (the server does it about once a second)."""
@@ -234,15 +248,19 @@ class RunFolder:
         """
         if known.offset is None:
             raise ValueError(f"rollout {known.rollout_id} is not recorded")
-        with self.results_path.open("rb") as handle:
-            handle.seek(known.offset)
-            raw = handle.readline()
-        try:
-            line = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"{self.results_path} at byte {known.offset}: not a JSON line ({exc})") from None
-        if not isinstance(line, dict) or line.get("rollout_id") != known.rollout_id:
-            raise ValueError(f"{self.results_path} at byte {known.offset}: not the line of {known.rollout_id}")
+        return _line_at(self.results_path, known.offset, known.rollout_id)
+
+    def read_trace(self, known: Known) -> dict[str, Any] | None:
+        """The trace of a recorded rollout as its result carried it, read back from its line in
+        ``traces.jsonl`` (one seek, one line); None when it was recorded without one.
+
+        :raises ValueError: the line there is not that rollout's trace. :raises OSError: it cannot be read.
+        """
+        if known.trace_offset is None:
+            return None
+        line = _line_at(self.traces_path, known.trace_offset, known.rollout_id)
+        line.pop("row_index", None)  # the inverse of trace_line: the trace's own JSON form
+        line.pop("sample_index", None)
         return line
 
     def close(self) -> None:
@@ -257,3 +275,21 @@ class RunFolder:
         finally:
             self.ledger.close()
             self._lock.release()
+
+
+def _line_at(path: Path, offset: int, rollout_id: str) -> dict[str, Any]:
+    """The JSON line of ``rollout_id`` starting at byte ``offset`` of ``path``.
+
+    :raises ValueError: the line there is not that rollout's (the file was changed by hand).
+    :raises OSError: it cannot be read.
+    """
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        raw = handle.readline()
+    try:
+        line = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{path} at byte {offset}: not a JSON line ({exc})") from None
+    if not isinstance(line, dict) or line.get("rollout_id") != rollout_id:
+        raise ValueError(f"{path} at byte {offset}: not the line of {rollout_id}")
+    return line

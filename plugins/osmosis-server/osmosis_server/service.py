@@ -54,6 +54,7 @@ from osmosis_core import (
     RolloutSample,
 )
 from osmosis_core.plugin import clip, error_info
+from osmosis_server.ledger import Known
 from osmosis_server.protocol import (
     CancelBody,
     RolloutStatus,
@@ -471,7 +472,7 @@ class RolloutService:
             self.headers,
             **self._policy_extra,
         )
-        metadata = body.metadata or {}
+        metadata: dict[str, Any] = body.metadata or {}
         entry.request = ExecutionRequest(
             rollout_id=body.rollout_id,
             prompt=body.initial_messages,
@@ -777,8 +778,11 @@ class RolloutService:
 
     def _record(self, entry: Rollout, final: ExecutionResult, lease_expired: bool) -> None:
         try:
+            trace_offset = None
             if entry.trace is not None:  # the trace line first: a result in the folder always has its trace
-                self.folder.record_trace(entry.row, entry.sample_index, entry.id, entry.trace, entry.secrets)
+                trace_offset = self.folder.record_trace(
+                    entry.row, entry.sample_index, entry.id, entry.trace, entry.secrets
+                )
             self.folder.record(
                 entry.row,
                 entry.sample_index,
@@ -788,6 +792,7 @@ class RolloutService:
                 digest=entry.digest,
                 attempts=entry.attempts,
                 label=entry.label,
+                trace_offset=trace_offset,
             )
         except (OSError, TypeError, ValueError, RecursionError) as exc:
             self.counts["unrecorded"] += 1
@@ -891,7 +896,9 @@ class RolloutService:
 
     async def _recorded(self, rollout_id: str, token: str) -> bytes:
         """The result of a rollout this run folder recorded (read back from its line in
-        results.jsonl), checked against its lease as a live one is.
+        results.jsonl, and its trace from its line in traces.jsonl), checked against its lease as a
+        live one is. It carries ``trace`` as a live one does: when traces are on (null when it was
+        recorded without one), or whenever a trace was recorded.
 
         :raises UnknownRollout: never admitted here. :raises BadLease: 403. :raises Lost: 410.
         :raises Unreadable: 500.
@@ -909,12 +916,17 @@ class RolloutService:
         if not known.recorded:
             raise Lost(rollout_id, known.attempts)
         try:
-            line = await asyncio.to_thread(self.folder.read_line, known)
-            result = result_from_line(line)
-            return dumps(result_document(result, label=known.label, lease_expired=known.lease_expired))
+            line, trace = await asyncio.to_thread(self._read_back, known)
+            document = result_document(result_from_line(line), label=known.label, lease_expired=known.lease_expired)
+            if trace is not None or self.traces is not None:
+                document["trace"] = trace
+            return dumps(document)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.error("rollout %s: its recorded result cannot be read back: %s", rollout_id, exc)
             raise Unreadable(f"rollout {rollout_id} is recorded, but its line cannot be read back: {exc}") from None
+
+    def _read_back(self, known: Known) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        return self.folder.read_line(known), self.folder.read_trace(known)
 
     # -- cancel ----------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from urllib.parse import quote
 
 import httpx
@@ -83,3 +84,41 @@ def test_the_server_still_serves_after_the_fuzzing(server):
     served, http = server
     assert http.get("/health").json()["status"] == "ok"
     assert served.service.health()["server"]["counts"].get("error:infra_error", 0) == 0
+
+
+BEYOND_THE_SCHEMA = {"rollout_id", "chat_completions_url", "callback_url"}
+"""Fields whose checks the schema states only in part (path segment, printable, http(s) scheme)."""
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(body=near_valid)
+@example(body={"rollout_id": "r", "initial_messages": [{}, 1], "chat_completions_url": "http://h/v1", "row": -1})
+@example(body={"agent_timeout_sec": 0, "grade": None, "metadata": [], "llm_api_key": ""})
+def test_the_openapi_submit_schema_refuses_exactly_what_the_server_refuses(body):
+    """The SubmitBody schema of /openapi.json is generated from the model the server structures a
+    body into: a field the server refuses is one the schema refuses, and the other way round (but
+    for the checks a JSON schema cannot state), every problem named at its field."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from osmosis_server.openapi import openapi_document
+    from osmosis_server.protocol import BadRequest, loads, parse_submit
+
+    raw = json.dumps(body).encode()
+    try:
+        loads(raw)
+    except BadRequest:  # not JSON at all (an infinity): refused before any field is looked at
+        return
+    try:
+        parse_submit(raw)
+        refused: set[str] = set()
+    except BadRequest as exc:
+        refused = set(re.findall(r"@ \$\.(\w+)", str(exc)))
+        assert refused, str(exc)  # every problem is named at its field
+    schema = openapi_document("test")["components"]["schemas"]["SubmitBody"]
+    invalid: set[str] = set()
+    for error in jsonschema.Draft202012Validator(schema).iter_errors(body):
+        if error.validator == "required":
+            invalid |= set(schema["required"]) - set(body)
+        else:
+            invalid.add(str(error.absolute_path[0]))
+    assert refused - BEYOND_THE_SCHEMA == invalid - BEYOND_THE_SCHEMA, (body, refused, invalid)
+    assert invalid <= refused, (body, refused, invalid)  # the schema never refuses what the server takes

@@ -345,3 +345,61 @@ def test_the_ledger_survives_a_kill_between_its_batches_and_after_emptying_its_l
     finally:
         folder.close()
     assert sorted(recorded_once(folder_path / "results.jsonl")) == sorted(f"c-{i}" for i in range(0, 6000, 2))
+
+
+TRACED_CHILD = """
+import os, signal, sys
+from osmosis_core import ExecutionResult, ExecutionStage, ExecutionStatus
+from osmosis_server import RunFolder
+
+folder = RunFolder(sys.argv[1]).open()
+for i in range(4):
+    rid = f"t-{i}"
+    folder.admit(rid, b"d" * 32, i, 0, None)
+    trace = {"rollout_id": rid, "complete": True, "incomplete_reason": None, "calls": [{"n": i}]}
+    at = folder.record_trace(i, 0, rid, trace) if i != 2 else None  # t-2: recorded without a trace
+    folder.record(i, 0, ExecutionResult(rid, ExecutionStage.WORKFLOW, ExecutionStatus.SUCCESS), digest=b"d" * 32,
+                  trace_offset=at)
+    if i == 1:
+        folder.flush()
+os.kill(os.getpid(), signal.SIGKILL)  # t-2 and t-3 were in no batch yet: in the files only
+"""
+
+
+def test_a_trace_is_found_again_after_a_kill_between_batches_and_in_a_ledger_of_before_traces(tmp_path):
+    """Where a rollout's trace line is comes back from traces.jsonl itself: after a kill that left
+    it out of the index, and for a ledger written before the index held trace offsets."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from osmosis_server import RunFolder
+
+    folder_path = tmp_path / "run"
+    child = subprocess.run(
+        [sys.executable, "-c", TRACED_CHILD, str(folder_path)], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+
+    def traces() -> list[object]:
+        folder = RunFolder(folder_path).open()
+        try:
+            found = []
+            for i in range(4):
+                known = folder.lookup(f"t-{i}")
+                assert known is not None and known.recorded, i
+                found.append(folder.read_trace(known))
+            return found
+        finally:
+            folder.close()
+
+    expected = [
+        None if i == 2 else {"rollout_id": f"t-{i}", "complete": True, "incomplete_reason": None, "calls": [{"n": i}]}
+        for i in range(4)
+    ]
+    assert traces() == expected
+    with sqlite3.connect(folder_path / "admissions.db") as db:  # as an older server left it
+        db.execute("ALTER TABLE rollouts DROP COLUMN trace_offset")
+        db.execute("DELETE FROM meta WHERE key = 'traces_end'")
+    db.close()
+    assert traces() == expected

@@ -4,6 +4,7 @@ of the policy its request names, and the result (polled or pushed) carries the t
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -167,3 +168,62 @@ def test_idle_gateways_past_the_limit_are_closed(serve, monkeypatch):
         second = run(lambda: client.run(_request("second", two.url)))
         assert [key[0] for key in served.service._gateways] == [two.url]
     assert first.trace["calls"] and second.trace["calls"] and first.trace["complete"] and second.trace["complete"]
+
+
+def test_a_restarted_server_returns_a_recorded_result_with_its_trace(tmp_path):
+    """``osmosis serve --traces`` stopped with SIGTERM and started again on its folder: a result read
+    back from the folder carries the trace the live one did (from its line in traces.jsonl), also
+    when the second server runs without traces; a rollout recorded without a trace reads back null."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    from server_helpers import ServeProcess
+    from test_serve import config
+
+    path = config(tmp_path, workflow="OneCall", grader="EndsWithLabel")
+
+    def start(*flags: str, log: str) -> ServeProcess:
+        return ServeProcess(
+            [str(path), "--port", "0", "--output", str(tmp_path / "run"), *flags],
+            cwd=tmp_path,
+            env={"OSMOSIS_SERVER_TOKEN": TOKEN},
+            log=tmp_path / f"{log}.log",
+        )
+
+    def stop(served: ServeProcess) -> None:
+        served.terminate()
+        assert served.wait(60) == 0, served.output()
+
+    async def run_all(url: str, upstream: str, ids: list[str]):
+        client = RolloutClient(url, token=TOKEN)
+        admissions = [await client.submit(_request(rid, upstream, label="42")) for rid in ids]
+        return admissions, [await client.result(a) for a in admissions]
+
+    async def read_back(url: str, admissions):
+        client = RolloutClient(url, token=TOKEN)
+        return [await client.result(a) for a in admissions]
+
+    with ScriptedPolicyServer(flavor="vllm") as upstream:
+        served = start("--traces", log="first")
+        try:
+            traced, before = run(lambda: run_all(served.url, upstream.url, ["t-0", "t-1"]))
+            stop(served)
+        finally:
+            served.kill()
+        served = start(log="plain")  # a second server without traces records a rollout without one
+        try:
+            plain, [untraced] = run(lambda: run_all(served.url, upstream.url, ["p-0"]))
+            assert untraced.ok and untraced.trace is None
+            stop(served)
+        finally:
+            served.kill()
+    for result in before:
+        assert result.ok and result.trace is not None and result.trace["calls"][0]["completion_token_ids"]
+    for flags in (("--traces",), ()):
+        served = start(*flags, log="again" + "".join(flags))
+        try:
+            after = run(functools.partial(read_back, served.url, traced + plain))
+        finally:
+            served.kill()
+        assert [r.rollout_id for r in after] == ["t-0", "t-1", "p-0"]
+        for old, new in zip(before, after, strict=False):
+            assert new.ok and new.trace == old.trace, flags  # the same trace, read back from traces.jsonl
+        assert after[2].ok and after[2].trace is None
