@@ -6,7 +6,8 @@ Sessions (`nox -l` lists them):
   package                   the built wheel installed alone: template apply, run, validate
   lint                      ruff (lint + format check) and import-linter (the layers, the plugin API)
   types                     mypy --strict on osmosis_core (each plugin session types its plugin)
-  plugin(plugin='<name>')   the core plus one plugin from plugins/: its tests and mypy --strict
+  plugin(plugin='<name>')   the core plus one plugin from plugins/ (and the plugins/ folders it depends
+                            on, e.g. osmosis-openai): its tests and mypy --strict
                             (osmosis-server's also against osmosis-ai 0.3.8, in a venv of its own)
   plugins_all               every plugin installed together: pip check, no name clashes, and the tests that
                             need other plugins beside their own (marked `together`; the rest ran alone)
@@ -25,6 +26,7 @@ import subprocess
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
@@ -55,6 +57,21 @@ def _group(name: str, project: Path = ROOT) -> list[str]:
 
 def _package(plugin: str) -> str:
     return plugin.replace("-", "_")
+
+
+def _local_deps(plugin: str) -> list[str]:
+    """The plugins/ folders ``plugin`` depends on, directly or not (osmosis-strands: osmosis-openai):
+    they are not on an index, so a session installs them from here, editable, beside the plugin."""
+    found: list[str] = []
+    todo = [plugin]
+    while todo:
+        requires = nox.project.load_toml(ROOT / "plugins" / todo.pop() / "pyproject.toml")["project"]["dependencies"]
+        for requirement in requires:
+            name = Requirement(requirement).name
+            if name in PLUGINS and name not in found:
+                found.append(name)
+                todo.append(name)
+    return sorted(found)
 
 
 def _compile_sources(session: nox.Session, *paths: str) -> None:
@@ -121,7 +138,9 @@ def plugin(session: nox.Session, plugin: str | None) -> None:
     if plugin is None:
         session.skip("no plugins in plugins/ yet")
     folder = ROOT / "plugins" / plugin
-    session.install("-e", ".", "-e", f"plugins/{plugin}", *_group("test"), *_group("test", folder), "mypy>=1.11")
+    local = [arg for dep in _local_deps(plugin) for arg in ("-e", f"plugins/{dep}")]
+    tests = [*_group("test"), *_group("test", folder), "mypy>=1.11"]
+    session.install("-e", ".", *local, "-e", f"plugins/{plugin}", *tests)
     _compile_sources(session, "osmosis_core", f"plugins/{plugin}")
     _pip_check(session)
     session.run("osmosis", "plugins", "--json", silent=True)

@@ -63,7 +63,7 @@ class BareOpenAI(AgentWorkflow):
     """The same two calls with the pooled AsyncOpenAI client and no framework."""
 
     async def run(self, ctx: Any) -> list[dict[str, Any]]:
-        from osmosis_core.openai_client import rollout_openai_client
+        from osmosis_openai import rollout_openai_client
 
         client = rollout_openai_client()
         messages: list[dict[str, Any]] = list(ctx.prompt)

@@ -97,7 +97,8 @@ def test_an_unknown_name_is_still_an_attribute_error():
 
 def test_every_deprecation_is_in_the_changelog():
     changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
-    for name in ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire"):
+    names = ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire")
+    for name in (*names, "osmosis_core.plugin.rollout_openai_client", "osmosis_core.plugin.policy_error"):
         assert name in changelog, name
 
 
@@ -125,3 +126,29 @@ def test_osmosis_core_migrate_forwards_to_the_plugin_with_a_warning_or_says_what
             _ = old.apply_migration
     with pytest.raises(AttributeError):
         _ = old.nothing_here
+
+
+@pytest.mark.parametrize("name", ["rollout_openai_client", "policy_error"])
+def test_the_openai_client_names_forward_to_osmosis_openai_naming_what_to_install(monkeypatch, name):
+    """``osmosis_core.plugin.rollout_openai_client`` and ``policy_error`` moved to the osmosis-openai
+    distribution: the old names warn with ``pip install osmosis-openai`` and are the same objects
+    (when it is installed), or fail with an ImportError saying what to install (when it is not)."""
+    import importlib.util
+    import sys
+
+    import osmosis_core.plugin
+
+    if importlib.util.find_spec("osmosis_openai") is not None:
+        with pytest.warns(OsmosisDeprecationWarning, match=r"use osmosis_openai\.\w+ \(pip install osmosis-openai\)"):
+            forwarded = getattr(osmosis_core.plugin, name)
+        import osmosis_openai
+
+        assert forwarded is getattr(osmosis_openai, name)
+    monkeypatch.setitem(sys.modules, "osmosis_openai", None)  # as if it were not installed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OsmosisDeprecationWarning)
+        with pytest.raises(ImportError, match=f"osmosis_core.plugin.{name} moved to the osmosis-openai distribution"):
+            getattr(osmosis_core.plugin, name)
+    assert name not in osmosis_core.plugin.__all__
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        osmosis_core.plugin.nope  # noqa: B018

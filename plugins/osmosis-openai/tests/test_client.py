@@ -1,4 +1,4 @@
-"""The fast path of the rollouts' OpenAI client (osmosis_core.openai_client) against this openai release.
+"""The fast path of the rollouts' OpenAI client (osmosis_openai.client) against this openai release.
 
 It posts plain-JSON chat-completions requests without openai's typed request transform, through
 openai internals (``AsyncCompletions._post``, ``make_request_options``, ``AsyncChat.completions``).
@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osmosis_core import PolicyEndpoint, RolloutContext
-from osmosis_core.http_session import http_scope
-from osmosis_core.openai_client import fast_client_class, rollout_openai_client
+from osmosis_core.plugin import http_scope
 from osmosis_core.testing import ScriptedPolicyServer
+from osmosis_openai import fast_client_class, policy_error, rollout_openai_client
 
 MESSAGES = [
     {"role": "system", "content": "You are a calculator."},
@@ -84,7 +84,7 @@ def test_the_fast_path_sends_what_openais_normal_path_sends():
 
 @pytest.mark.parametrize("value", [object(), (1, 2), {1: "x"}])
 def test_anything_but_plain_json_takes_openais_path(value):
-    from osmosis_core.openai_client import _plain_json
+    from osmosis_openai.client import _plain_json
 
     assert not _plain_json({"messages": [{"role": "user", "content": value}]})
     assert _plain_json({"messages": MESSAGES, "tools": TOOLS, "temperature": 0.5})
@@ -127,8 +127,6 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
                         [chunk async for chunk in reply]
         finally:
             await runner.cleanup()
-        from osmosis_core.openai_client import policy_error
-
         error = policy_error(caught.value)
         assert isinstance(error, PolicyError), caught.value
         assert f"policy endpoint {url}/chat/completions answered 200 with" in str(error)
@@ -140,7 +138,7 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
 
 
 def _check_in_pieces(body: bytes, cuts: list[int]) -> Any:
-    from osmosis_core.openai_client import _checked_stream
+    from osmosis_openai.client import _checked_stream
 
     class Pieces:
         async def __aiter__(self) -> Any:
