@@ -14,8 +14,9 @@ Sessions (`nox -l` lists them):
   bench                     the benchmarks in bench/ (not run by default)
 
 Test dependencies come from the `test` dependency group of the core's pyproject.toml and of each
-plugin's. Every session compiles what it installs to bytecode, as pip does for users (uv does not
-by default, and with PYTHONDONTWRITEBYTECODE set every process would compile its imports again).
+plugin's, by name; their versions from test-constraints.txt (UV_CONSTRAINT, for every install).
+Every session compiles what it installs to bytecode, as pip does for users (uv does not by
+default, and with PYTHONDONTWRITEBYTECODE set every process would compile its imports again).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ nox.options.reuse_venv = "yes"
 os.environ["UV_COMPILE_BYTECODE"] = "1"
 
 ROOT = Path(__file__).parent
+# the versions of every test tool, written once: the dependency groups name the tools without one
+os.environ["UV_CONSTRAINT"] = str(ROOT / "test-constraints.txt")
 SUPPORTED = ("3.12", "3.13")
 
 
@@ -100,7 +103,7 @@ def package(session: nox.Session) -> None:
     """The built wheel, installed alone as a user would: apply the template, run it, check the guides."""
     tmp = Path(session.create_tmp())
     dist = tmp / "dist"
-    session.install("build>=1.2", "uv")
+    session.install("build", "uv")
     session.run("python", "-m", "build", "--wheel", "--installer", "uv", "--outdir", str(dist), str(ROOT))
     [wheel] = sorted(dist.glob("osmosis_core-*.whl"))[-1:]
     session.install(str(wheel))
@@ -139,7 +142,7 @@ def plugin(session: nox.Session, plugin: str | None) -> None:
         session.skip("no plugins in plugins/ yet")
     folder = ROOT / "plugins" / plugin
     local = [arg for dep in _local_deps(plugin) for arg in ("-e", f"plugins/{dep}")]
-    tests = [*_group("test"), *_group("test", folder), "mypy>=1.11"]
+    tests = [*_group("test"), *_group("test", folder), "mypy"]
     session.install("-e", ".", *local, "-e", f"plugins/{plugin}", *tests)
     _compile_sources(session, "osmosis_core", f"plugins/{plugin}")
     _pip_check(session)

@@ -85,3 +85,35 @@ def test_an_installed_distribution_reports_the_version_its_package_writes(name):
         pytest.skip(f"{name} is not installed here")
     package = importlib.import_module(name.replace("-", "_"))
     assert package.__version__ == installed == VERSIONS[name]
+
+
+CONSTRAINTS = ROOT / "test-constraints.txt"
+
+
+def test_the_test_tools_are_pinned_once_in_the_constraints_file():
+    """The dependency groups (core and plugins) name their tools; test-constraints.txt, which the
+    noxfile passes to every install, holds each one's version, once."""
+    pinned: dict[str, str] = {}
+    for line in CONSTRAINTS.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            assert requirement.name not in pinned, f"{CONSTRAINTS.name}: {requirement.name} pinned twice"
+            assert requirement.specifier, f"{CONSTRAINTS.name}: {line} has no version"
+            pinned[requirement.name] = str(requirement.specifier)
+    named = set()
+    for folder in DISTRIBUTIONS:
+        where = folder.relative_to(ROOT) / "pyproject.toml"
+        for group, entries in _pyproject(folder).get("dependency-groups", {}).items():
+            for entry in entries:
+                if isinstance(entry, dict):  # {include-group = "..."}
+                    continue
+                requirement = Requirement(entry)
+                assert not requirement.specifier, (
+                    f"{where} [{group}]: {entry}: its version belongs in {CONSTRAINTS.name}"
+                )
+                assert requirement.name in pinned, f"{where} [{group}]: {requirement.name} is not in {CONSTRAINTS.name}"
+                named.add(requirement.name)
+    assert {"pytest", "pytest-timeout", "hypothesis", "mypy", "ruff"} <= named
+    noxfile = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    assert 'os.environ["UV_CONSTRAINT"] = str(ROOT / "test-constraints.txt")' in noxfile
