@@ -45,7 +45,8 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
     env = {**clean_env, "PYTHONPATH": str(site)}
     listed = subprocess.run([osmosis_exe, "plugins", "--json"], env=env, capture_output=True, text=True, timeout=60)
     legacy = [p for p in json.loads(listed.stdout) if p["name"] == "legacy"]
-    assert legacy and legacy[0]["status"] == "active", listed.stdout
+    assert legacy, listed.stdout
+    assert legacy[0]["status"] == "active", listed.stdout
     args = ["configs/eval/multiply-plain.toml", "--stub-policy", "--backend", "legacy", "--limit", "3"]
     run = subprocess.run(
         [osmosis_exe, "run", *args, "--workers", workers, "--output", "out"],
@@ -57,7 +58,8 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
     )
     assert run.returncode == 0, run.stderr
     results = [json.loads(line) for line in (workspace / "out" / "results.jsonl").read_text().splitlines()]
-    assert len(results) == 3 and all(r["reward"] == 1.0 for r in results)
+    assert len(results) == 3
+    assert all(r["reward"] == 1.0 for r in results)
     # the CLI shows the deprecation once, naming the replacement
     assert "LegacyLocalBackend.from_setup is deprecated since osmosis 0.2.0" in run.stderr
     assert "osmosis_core.plugins.builtin:local_backend" in run.stderr
@@ -81,7 +83,8 @@ def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
             assert value(max_concurrent=2).max_concurrent == 2
         if name == "lazy_exports":
             getattr_, dir_ = value("json", {"dumps": "json"}, ["dumps"])
-            assert getattr_("dumps") is json.dumps and dir_() == ["dumps"]
+            assert getattr_("dumps") is json.dumps
+            assert dir_() == ["dumps"]
     assert [w.category for w in caught] == [OsmosisDeprecationWarning]
     assert "deprecated since osmosis 0.2.0" in str(caught[0].message)
     if new_home is not None:
