@@ -37,10 +37,12 @@ def test_harbor_gives_the_traces_of_local(tmp_path):
     local = osmosis(*args, "--output", "local", cwd=tmp_path)
     harbor = osmosis(*args, "--backend", "harbor", "--output", "harbor", cwd=tmp_path, timeout=240)
     assert local.returncode == 0, local.stderr
-    assert harbor.returncode == 0 and "on backend 'harbor'" in harbor.stdout, harbor.stdout + harbor.stderr
+    assert harbor.returncode == 0, harbor.stdout + harbor.stderr
+    assert "on backend 'harbor'" in harbor.stdout, harbor.stdout + harbor.stderr
     on_local = sorted(map(gateway.comparable_trace, _lines(tmp_path / "local" / "traces.jsonl")), key=str)
     on_harbor = sorted(map(gateway.comparable_trace, _lines(tmp_path / "harbor" / "traces.jsonl")), key=str)
-    assert len(on_local) == 4 and on_harbor == on_local
+    assert len(on_local) == 4
+    assert on_harbor == on_local
     assert all(t["complete"] and len(t["calls"]) == 2 and t["calls"][0]["completion_token_ids"] for t in on_harbor)
     assert all(line["status"] == "success" for line in _lines(tmp_path / "harbor" / "results.jsonl"))
 
@@ -55,6 +57,7 @@ def test_a_no_network_task_with_traces_fails_the_rollout_saying_why(tmp_path):
     run = osmosis("run", str(config), "--stub-policy", "--traces", "--limit", "1", "--output", "out", cwd=tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
     [line] = _lines(tmp_path / "out" / "results.jsonl")
-    assert line["status"] == "failure" and line["error"]["category"] == "policy_error"
+    assert line["status"] == "failure"
+    assert line["error"]["category"] == "policy_error"
     assert "the task has network_mode = 'no-network', so its trials cannot reach the policy" in line["error"]["message"]
     assert "the policy gateway's" in line["error"]["message"]
