@@ -46,7 +46,8 @@ def test_the_openai_internals_it_uses_are_there():
     post = set(inspect.signature(AsyncAPIClient.post).parameters)
     assert {"path", "body", "options", "cast_to", "stream", "stream_cls"} <= post, post
     client = fast_client_class()(api_key="k", base_url="http://127.0.0.1:9/v1")
-    assert isinstance(client.chat, AsyncChat) and isinstance(client.chat.completions, AsyncCompletions)
+    assert isinstance(client.chat, AsyncChat)
+    assert isinstance(client.chat.completions, AsyncCompletions)
     assert client.chat.completions._post == client.post  # what the fast create() posts through
 
 
@@ -117,14 +118,18 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+        async def ask() -> None:
+            reply = await rollout_openai_client().chat.completions.create(
+                model="m", messages=MESSAGES[:2], stream=stream
+            )
+            if stream:
+                [chunk async for chunk in reply]
+
         try:
             async with http_scope():
-                with RolloutContext("mode", PolicyEndpoint(url, "m")), pytest.raises(Exception) as caught:
-                    reply = await rollout_openai_client().chat.completions.create(
-                        model="m", messages=MESSAGES[:2], stream=stream
-                    )
-                    if stream:
-                        [chunk async for chunk in reply]
+                with RolloutContext("mode", PolicyEndpoint(url, "m")), pytest.raises(PolicyError) as caught:
+                    await ask()
         finally:
             await runner.cleanup()
         error = policy_error(caught.value)
