@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osmosis_core import PolicyEndpoint, RolloutContext
-from osmosis_core.plugin import http_scope
+from osmosis_core.plugin import http_scope, start_http_server
 from osmosis_core.testing import ScriptedPolicyServer
 from osmosis_openai import fast_client_class, policy_error, rollout_openai_client
 
@@ -102,7 +102,7 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
     choice = {"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
     completion = {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
 
-    async def answer(request: web.Request) -> web.StreamResponse:
+    async def answer(request: web.BaseRequest) -> web.StreamResponse:
         if stream:  # the request asks for a stream: answer with JSON
             return web.json_response(completion)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -111,13 +111,8 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
         return response
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        runner, port = await start_http_server(answer, "127.0.0.1", 0, max_body=1 << 20)
+        url = f"http://127.0.0.1:{port}/v1"
 
         async def ask() -> None:
             reply = await rollout_openai_client().chat.completions.create(
