@@ -48,19 +48,28 @@ def warn_deprecated(old: str, new: str, since: str, *, stacklevel: int = 3) -> N
     )
 
 
-def moved_names(module: str, moved: Mapping[str, tuple[str, str] | tuple[str, str, str]]) -> Callable[[str], Any]:
+def moved_names(
+    module: str,
+    moved: Mapping[str, tuple[str, str] | tuple[str, str, str]],
+    *,
+    fallback: Callable[[str], Any] | None = None,
+) -> Callable[[str], Any]:
     """A module-level ``__getattr__`` for names that moved: ``{old: ("new.module:name", since)}``,
     or ``{old: ("new.module:name", since, "distribution")}`` for a name now in another distribution.
 
     Each access warns and returns the object at its new home (nothing is copied, so the old and
     the new name are the same object). When the new home is in another distribution, the warning
     says ``pip install <distribution>``, and so does the ImportError when it is not installed.
+    Any other name goes to ``fallback`` (a package's own lazy ``__getattr__``, as
+    :func:`osmosis_core.lazy.attach_stub` returns it), or is an AttributeError.
     """
 
     def __getattr__(name: str) -> Any:
         try:
             target, since, *distribution = moved[name]
         except KeyError:
+            if fallback is not None:
+                return fallback(name)
             raise AttributeError(f"module {module!r} has no attribute {name!r}") from None
         new_module, _, attribute = target.partition(":")
         install = f" (pip install {distribution[0]})" if distribution else ""

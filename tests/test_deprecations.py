@@ -142,8 +142,11 @@ def test_the_openai_client_names_forward_to_osmosis_openai_naming_what_to_instal
     import osmosis_core.plugin
 
     if importlib.util.find_spec("osmosis_openai") is not None:
-        with pytest.warns(OsmosisDeprecationWarning, match=r"use osmosis_openai\.\w+ \(pip install osmosis-openai\)"):
+        with pytest.warns(
+            OsmosisDeprecationWarning, match=r"use osmosis_openai\.\w+ \(pip install osmosis-openai\)"
+        ) as record:
             forwarded = getattr(osmosis_core.plugin, name)
+        assert record[0].filename == __file__  # the warning points at the code that asked for the name
         import osmosis_openai
 
         assert forwarded is getattr(osmosis_openai, name)
