@@ -141,10 +141,10 @@ def plugin(session: nox.Session, plugin: str | None) -> None:
     if plugin is None:
         session.skip("no plugins in plugins/ yet")
     folder = ROOT / "plugins" / plugin
-    local = [arg for dep in _local_deps(plugin) for arg in ("-e", f"plugins/{dep}")]
+    local = [f"plugins/{dep}" for dep in _local_deps(plugin)]
     tests = [*_group("test"), *_group("test", folder), "mypy"]
-    session.install("-e", ".", *local, "-e", f"plugins/{plugin}", *tests)
-    _compile_sources(session, "osmosis_core", f"plugins/{plugin}")
+    session.install("-e", ".", *[arg for path in local for arg in ("-e", path)], "-e", f"plugins/{plugin}", *tests)
+    _compile_sources(session, "osmosis_core", *local, f"plugins/{plugin}")
     _pip_check(session)
     session.run("osmosis", "plugins", "--json", silent=True)
     session.run("mypy", "--strict", f"plugins/{plugin}/{_package(plugin)}")
