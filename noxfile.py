@@ -6,15 +6,17 @@ Sessions (`nox -l` lists them):
   package                   the built wheel installed alone: template apply, run, validate
   lint                      ruff (lint + format check) and import-linter (the layers, the plugin API)
   types                     mypy --strict on osmosis_core (each plugin session types its plugin)
-  plugin(plugin='<name>')   the core plus one plugin from plugins/: its tests and mypy --strict
+  plugin(plugin='<name>')   the core plus one plugin from plugins/ (and the plugins/ folders it depends
+                            on, e.g. osmosis-openai): its tests and mypy --strict
                             (osmosis-server's also against osmosis-ai 0.3.8, in a venv of its own)
   plugins_all               every plugin installed together: pip check, no name clashes, and the tests that
                             need other plugins beside their own (marked `together`; the rest ran alone)
   bench                     the benchmarks in bench/ (not run by default)
 
 Test dependencies come from the `test` dependency group of the core's pyproject.toml and of each
-plugin's. Every session compiles what it installs to bytecode, as pip does for users (uv does not
-by default, and with PYTHONDONTWRITEBYTECODE set every process would compile its imports again).
+plugin's, by name; their versions from test-constraints.txt (UV_CONSTRAINT, for every install).
+Every session compiles what it installs to bytecode, as pip does for users (uv does not by
+default, and with PYTHONDONTWRITEBYTECODE set every process would compile its imports again).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import subprocess
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
@@ -34,6 +37,8 @@ nox.options.reuse_venv = "yes"
 os.environ["UV_COMPILE_BYTECODE"] = "1"
 
 ROOT = Path(__file__).parent
+# the versions of every test tool, written once: the dependency groups name the tools without one
+os.environ["UV_CONSTRAINT"] = str(ROOT / "test-constraints.txt")
 SUPPORTED = ("3.12", "3.13")
 
 
@@ -55,6 +60,21 @@ def _group(name: str, project: Path = ROOT) -> list[str]:
 
 def _package(plugin: str) -> str:
     return plugin.replace("-", "_")
+
+
+def _local_deps(plugin: str) -> list[str]:
+    """The plugins/ folders ``plugin`` depends on, directly or not (osmosis-strands: osmosis-openai):
+    they are not on an index, so a session installs them from here, editable, beside the plugin."""
+    found: list[str] = []
+    todo = [plugin]
+    while todo:
+        requires = nox.project.load_toml(ROOT / "plugins" / todo.pop() / "pyproject.toml")["project"]["dependencies"]
+        for requirement in requires:
+            name = Requirement(requirement).name
+            if name in PLUGINS and name not in found:
+                found.append(name)
+                todo.append(name)
+    return sorted(found)
 
 
 def _compile_sources(session: nox.Session, *paths: str) -> None:
@@ -83,7 +103,7 @@ def package(session: nox.Session) -> None:
     """The built wheel, installed alone as a user would: apply the template, run it, check the guides."""
     tmp = Path(session.create_tmp())
     dist = tmp / "dist"
-    session.install("build>=1.2", "uv")
+    session.install("build", "uv")
     session.run("python", "-m", "build", "--wheel", "--installer", "uv", "--outdir", str(dist), str(ROOT))
     [wheel] = sorted(dist.glob("osmosis_core-*.whl"))[-1:]
     session.install(str(wheel))
@@ -121,8 +141,10 @@ def plugin(session: nox.Session, plugin: str | None) -> None:
     if plugin is None:
         session.skip("no plugins in plugins/ yet")
     folder = ROOT / "plugins" / plugin
-    session.install("-e", ".", "-e", f"plugins/{plugin}", *_group("test"), *_group("test", folder), "mypy>=1.11")
-    _compile_sources(session, "osmosis_core", f"plugins/{plugin}")
+    local = [f"plugins/{dep}" for dep in _local_deps(plugin)]
+    tests = [*_group("test"), *_group("test", folder), "mypy"]
+    session.install("-e", ".", *[arg for path in local for arg in ("-e", path)], "-e", f"plugins/{plugin}", *tests)
+    _compile_sources(session, "osmosis_core", *local, f"plugins/{plugin}")
     _pip_check(session)
     session.run("osmosis", "plugins", "--json", silent=True)
     session.run("mypy", "--strict", f"plugins/{plugin}/{_package(plugin)}")

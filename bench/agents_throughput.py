@@ -63,7 +63,7 @@ class BareOpenAI(AgentWorkflow):
     """The same two calls with the pooled AsyncOpenAI client and no framework."""
 
     async def run(self, ctx: Any) -> list[dict[str, Any]]:
-        from osmosis_core.openai_client import rollout_openai_client
+        from osmosis_openai import rollout_openai_client
 
         client = rollout_openai_client()
         messages: list[dict[str, Any]] = list(ctx.prompt)
@@ -88,7 +88,8 @@ def template_classes(name: str) -> tuple[type, type] | None:
         return None
     main = spec.root / "rollouts" / name / "main.py"
     module_spec = importlib.util.spec_from_file_location(f"bench_{name.replace('-', '_')}", main)
-    assert module_spec is not None and module_spec.loader is not None
+    assert module_spec is not None
+    assert module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)

@@ -141,7 +141,8 @@ def main() -> None:
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout is not None
+        assert child.stdin is not None
         ready = json.loads(child.stdout.readline())
         gateway_url, tokens = ready["url"], ready["tokens"]
         direct_url = stub.url + "/chat/completions"

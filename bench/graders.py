@@ -205,7 +205,8 @@ async def backend_cpu(
     started = time.process_time()
     await asyncio.gather(*(backend.execute(r, on_workflow, on_grader) for r in requests))
     elapsed = time.process_time() - started
-    assert len(done) == len(samples) and all(r.ok for r in done), [r.error for r in done if not r.ok][:3]
+    assert len(done) == len(samples), [r.error for r in done if not r.ok][:3]
+    assert all(r.ok for r in done), [r.error for r in done if not r.ok][:3]
     return elapsed / len(samples) * 1e6
 
 

@@ -121,7 +121,8 @@ def timed(fn, reqs, concurrency) -> float:
     start = time.perf_counter()
     rewards = asyncio.run(fn(reqs, concurrency))
     elapsed = time.perf_counter() - start
-    assert len(rewards) == len(reqs) and all(r == 1.0 for r in rewards), "the work was not done"
+    assert len(rewards) == len(reqs), "the work was not done"
+    assert all(r == 1.0 for r in rewards), "the work was not done"
     return elapsed / len(reqs) * 1e6
 
 

@@ -61,7 +61,8 @@ def load_one_call() -> tuple[type, type]:
     """bench/one_call/main.py imported as ``main`` with its folder on sys.path, as ``osmosis run`` does."""
     sys.path.insert(0, str(ONE_CALL))
     spec = importlib.util.spec_from_file_location("main", ONE_CALL / "main.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["main"] = module
     spec.loader.exec_module(module)
@@ -240,7 +241,8 @@ def strands_run(exe: str, config: Path, rows: Path, out: Path, flags: list[str],
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(flags)}: osmosis run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["finished"] == args.strands_rows and summary["failed"] == 0, summary
+    assert summary["finished"] == args.strands_rows, summary
+    assert summary["failed"] == 0, summary
     return float(summary["finished"] / summary["wall_sec"])
 
 

@@ -76,7 +76,8 @@ def main() -> None:
             ("multiply-plain (2 calls)", ROOT / "rollouts" / "multiply-plain", 2),
         ):
             summary = run(rollout, data, tmp / name.split()[0], args.concurrency, args.latency)
-            assert summary["finished"] == args.rows and summary["failed"] == 0, summary
+            assert summary["finished"] == args.rows, summary
+            assert summary["failed"] == 0, summary
             rate = summary["finished"] / summary["wall_sec"]
             ideal = args.concurrency / (calls * args.latency)
             print(
@@ -87,7 +88,8 @@ def main() -> None:
             wide = tmp / "wide.jsonl"
             dataset(wide, args.wide_rows)
             summary = run(ROOT / "bench" / "one_call", wide, tmp / "wide", 1000, 1.0)
-            assert summary["finished"] == args.wide_rows and summary["failed"] == 0, summary
+            assert summary["finished"] == args.wide_rows, summary
+            assert summary["failed"] == 0, summary
             rate = summary["finished"] / summary["wall_sec"]
             print(
                 f"  {'concurrency 1000, 1 s':26s}: {rate:7.1f} rollouts/s, ideal 1000.0, ratio {rate / 1000:.3f} "

@@ -38,7 +38,8 @@ def load_example() -> Any:
     spec = importlib.util.spec_from_file_location(
         "multiply_plain_main", ROOT / "rollouts" / "multiply-plain" / "main.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -271,9 +271,9 @@ class BackendSpec:
     def resolve_factory(self) -> Callable[[BackendSetup], ExecutionBackend]:
         """The factory, imported if it was given as a path."""
         factory = self.factory
-        return load_object(factory) if isinstance(factory, str) else factory  # type: ignore[no-any-return]
+        return load_object(factory) if isinstance(factory, str) else factory
 
     def resolve_config_type(self) -> type[Any] | None:
         """The config type, imported if it was given as a path."""
         ct = self.config_type
-        return load_object(ct) if isinstance(ct, str) else ct  # type: ignore[no-any-return]
+        return load_object(ct) if isinstance(ct, str) else ct

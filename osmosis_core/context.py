@@ -122,8 +122,8 @@ class RolloutContext:
                 "one rollout yields one sample"
             )
         if not hasattr(source, "get_sample"):
-            source = _CallableSource(source)  # type: ignore[arg-type]
-        self._sample_source = source  # type: ignore[assignment]
+            source = _CallableSource(source)
+        self._sample_source = source
 
     async def get_sample(self) -> RolloutSample | None:
         """The sample of the registered source, or None when nothing was registered."""

@@ -11,6 +11,10 @@ which the ``osmosis`` CLI shows once per place)::
 
     __getattr__ = moved_names(__name__, {"old_name": ("my_package.new_module:new_name", "0.2.0")})
 
+A name that moved to another distribution names it third, so the warning (and the ImportError
+when it is not installed) says what to install:
+``{"old_name": ("other_package:new_name", "0.2.0", "other-distribution")}``.
+
 >>> import warnings
 >>> getattr_ = moved_names("pkg.old", {"dumps": ("json:dumps", "0.2.0")})
 >>> with warnings.catch_warnings(record=True) as caught:
@@ -44,21 +48,40 @@ def warn_deprecated(old: str, new: str, since: str, *, stacklevel: int = 3) -> N
     )
 
 
-def moved_names(module: str, moved: Mapping[str, tuple[str, str]]) -> Callable[[str], Any]:
-    """A module-level ``__getattr__`` for names that moved: ``{old: ("new.module:name", since)}``.
+def moved_names(
+    module: str,
+    moved: Mapping[str, tuple[str, str] | tuple[str, str, str]],
+    *,
+    fallback: Callable[[str], Any] | None = None,
+) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for names that moved: ``{old: ("new.module:name", since)}``,
+    or ``{old: ("new.module:name", since, "distribution")}`` for a name now in another distribution.
 
     Each access warns and returns the object at its new home (nothing is copied, so the old and
-    the new name are the same object).
+    the new name are the same object). When the new home is in another distribution, the warning
+    says ``pip install <distribution>``, and so does the ImportError when it is not installed.
+    Any other name goes to ``fallback`` (a package's own lazy ``__getattr__``, as
+    :func:`osmosis_core.lazy.attach_stub` returns it), or is an AttributeError.
     """
 
     def __getattr__(name: str) -> Any:
         try:
-            target, since = moved[name]
+            target, since, *distribution = moved[name]
         except KeyError:
+            if fallback is not None:
+                return fallback(name)
             raise AttributeError(f"module {module!r} has no attribute {name!r}") from None
         new_module, _, attribute = target.partition(":")
-        warn_deprecated(f"{module}.{name}", f"{new_module}.{attribute}", since)
-        value: Any = importlib.import_module(new_module)
+        install = f" (pip install {distribution[0]})" if distribution else ""
+        warn_deprecated(f"{module}.{name}", f"{new_module}.{attribute}{install}", since)
+        try:
+            value: Any = importlib.import_module(new_module)
+        except ImportError as exc:
+            if not distribution:
+                raise
+            raise ImportError(
+                f"{module}.{name} moved to the {distribution[0]} distribution: pip install {distribution[0]}"
+            ) from exc
         for part in attribute.split("."):
             value = getattr(value, part)
         return value

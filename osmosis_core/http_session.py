@@ -3,9 +3,9 @@
 Every HTTP call the core makes (the policy through :func:`osmosis_core.chat_completion`, a judge,
 a result callback) goes through the running loop's one :class:`aiohttp.ClientSession`
 (:func:`client_session`), and the agent integrations' ``AsyncOpenAI`` clients ride on openai's
-own aiohttp transport (:mod:`osmosis_core.openai_client`). Why aiohttp: at a hundred concurrent
-requests httpx's pool spends 3.6 to 10 ms of CPU per request, aiohttp 0.36 ms
-(``bench/http_transport.py``), and it is a maintained library that handles proxies, TLS and the
+own aiohttp transport (``osmosis_openai.client``, in the osmosis-openai distribution). Why
+aiohttp: at a hundred concurrent requests httpx's pool spends 3.6 to 10 ms of CPU per request,
+aiohttp 0.36 ms (``bench/http_transport.py``), and it is a maintained library that handles proxies, TLS and the
 edges of HTTP for us.
 
 The session:

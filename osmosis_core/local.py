@@ -186,7 +186,8 @@ class LocalBackend(ExecutionBackend):
             await report.report(result)
             if report.ended:
                 return
-            assert self.grader_class is not None and result.sample is not None
+            assert self.grader_class is not None
+            assert result.sample is not None
             async with self._grader_slots:
                 self._grading += 1
                 try:

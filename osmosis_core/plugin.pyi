@@ -27,11 +27,14 @@ from osmosis_core.errors import redact_data as redact_data
 from osmosis_core.http_server import cut_response as cut_response
 from osmosis_core.http_server import drop_connection as drop_connection
 from osmosis_core.http_server import start_http_server as start_http_server
+from osmosis_core.http_session import DEFAULT_MAX_RESPONSE_BYTES as DEFAULT_MAX_RESPONSE_BYTES
+from osmosis_core.http_session import KEEPALIVE_SEC as KEEPALIVE_SEC
 from osmosis_core.http_session import ResponseTooLarge as ResponseTooLarge
 from osmosis_core.http_session import aclose_http as aclose_http
 from osmosis_core.http_session import client_session as client_session
 from osmosis_core.http_session import http_request as http_request
 from osmosis_core.http_session import http_scope as http_scope
+from osmosis_core.http_session import on_close as on_close
 from osmosis_core.http_session import read_limited as read_limited
 from osmosis_core.lazy import attach_stub as attach_stub
 from osmosis_core.lifecycle import Rollout as Rollout
@@ -40,10 +43,9 @@ from osmosis_core.lifecycle import run_workflow as run_workflow
 from osmosis_core.loader import apply_config_table as apply_config_table
 from osmosis_core.loader import load_rollout as load_rollout
 from osmosis_core.loader import resolve_object as resolve_object
-from osmosis_core.openai_client import policy_error as policy_error
-from osmosis_core.openai_client import rollout_openai_client as rollout_openai_client
 from osmosis_core.plugins.hookspecs import hookimpl as hookimpl
 from osmosis_core.plugins.registry import get_registry as get_registry
+from osmosis_core.policy import chat_completion_problem as chat_completion_problem
 from osmosis_core.results import ResultStats as ResultStats
 from osmosis_core.results import ResultWriter as ResultWriter
 from osmosis_core.results import RunProgress as RunProgress

@@ -20,7 +20,7 @@ from osmosis_core.context import get_rollout_context
 from osmosis_core.errors import PolicyError, clip
 from osmosis_core.records import Message
 
-__all__ = ["chat_completion", "chat_completion_response"]
+__all__ = ["chat_completion", "chat_completion_problem", "chat_completion_response"]
 
 
 async def chat_completion_response(
@@ -61,7 +61,7 @@ async def chat_completion_response(
             status=status,
             endpoint=url,
         ) from None
-    problem = _shape_problem(data)
+    problem = chat_completion_problem(data)
     if problem is not None:
         raise PolicyError(
             clip(f"policy endpoint {url} answered {status} with {problem}: {_text(content)}", secrets),
@@ -86,7 +86,7 @@ async def chat_completion(
     return {k: v for k, v in message.items() if v is not None}
 
 
-def _shape_problem(data: Any, *, chunk: bool = False) -> str | None:
+def chat_completion_problem(data: Any, *, chunk: bool = False) -> str | None:
     """What makes parsed JSON not a chat completion (``chunk``: not a streamed chunk), or None.
 
     Shape checks only, of what the SDKs and frameworks read without checking (cheap: no model is
@@ -94,9 +94,9 @@ def _shape_problem(data: Any, *, chunk: bool = False) -> str | None:
     empty, as the usage chunk's is) of objects, each with a ``message`` (a chunk's: ``delta``)
     object whose ``tool_calls``, when present, is a list of objects.
 
-    >>> _shape_problem({"hello": "world"})
+    >>> chat_completion_problem({"hello": "world"})
     'JSON that is not a chat completion (no choices)'
-    >>> _shape_problem({"choices": [], "usage": {}}, chunk=True) is None
+    >>> chat_completion_problem({"choices": [], "usage": {}}, chunk=True) is None
     True
     """
     what = "a chat completion chunk" if chunk else "a chat completion"

@@ -15,7 +15,8 @@ EXAMPLE = REPO / "rollouts" / "multiply-plain"
 
 # the example's main.py under a unique module name, for tests that run its classes directly
 _spec = importlib.util.spec_from_file_location("rollouts_multiply_plain", EXAMPLE / "main.py")
-assert _spec is not None and _spec.loader is not None
+assert _spec is not None
+assert _spec.loader is not None
 _module = importlib.util.module_from_spec(_spec)
 sys.modules["rollouts_multiply_plain"] = _module
 _spec.loader.exec_module(_module)

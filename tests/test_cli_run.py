@@ -43,8 +43,11 @@ def test_example_runs_end_to_end_with_summary_and_files(workspace, osmosis_exe, 
         env=clean_env,
     )
     assert r.returncode == 0, r.stderr
-    assert "stand-in" in r.stderr and "not a model" in r.stderr
-    assert "osmosis run summary" in r.stdout and "mean reward" in r.stdout and "1.000" in r.stdout
+    assert "stand-in" in r.stderr
+    assert "not a model" in r.stderr
+    assert "osmosis run summary" in r.stdout
+    assert "mean reward" in r.stdout
+    assert "1.000" in r.stdout
     out = workspace / "out"
     results = lines(out / "results.jsonl")
     assert len(results) == 40
@@ -58,10 +61,14 @@ def test_example_runs_end_to_end_with_summary_and_files(workspace, osmosis_exe, 
         "tool",
         "assistant",
     ]
-    assert first["metrics"] == {"turns": 2} and first["stage"] == "grader"
+    assert first["metrics"] == {"turns": 2}
+    assert first["stage"] == "grader"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["finished"] == 40 and summary["mean_reward"] == 1.0 and summary["pass_rate"] == 1.0
-    assert summary["stub_policy"] is True and summary["errors_by_category"] == {}
+    assert summary["finished"] == 40
+    assert summary["mean_reward"] == 1.0
+    assert summary["pass_rate"] == 1.0
+    assert summary["stub_policy"] is True
+    assert summary["errors_by_category"] == {}
     assert summary["latency_p50_sec"] is not None
     assert "stub" in (out / "config.toml").read_text()
 
@@ -78,7 +85,8 @@ def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret
         osmosis_exe, "configs/eval/multiply-plain.toml", policy_server.url, "3", "out", cwd=workspace, env=env
     )
     assert r.returncode == 0, r.stderr
-    assert len(policy_server.requests) == 6 and all(x.authorized for x in policy_server.requests)
+    assert len(policy_server.requests) == 6
+    assert all(x.authorized for x in policy_server.requests)
     assert secret not in r.stdout + r.stderr
     for path in (workspace / "out").iterdir():
         assert secret not in path.read_text(), path
@@ -89,7 +97,8 @@ def _check_key_handling(workspace, osmosis_exe, clean_env, policy_server, secret
     r = run_with_key(
         osmosis_exe, "configs/eval/multiply-plain.toml", policy_server.url, "2", "out2", cwd=workspace, env=env
     )
-    assert r.returncode == 1 and "run failed: every rollout failed (2 of 2: policy_error 2)" in r.stderr
+    assert r.returncode == 1
+    assert "run failed: every rollout failed (2 of 2: policy_error 2)" in r.stderr
     assert "--retry-failed" in r.stderr
     failed = lines(workspace / "out2" / "results.jsonl")
     assert [x["error"]["category"] for x in failed] == ["policy_error", "policy_error"]
@@ -118,7 +127,8 @@ def test_a_provider_echoing_a_masked_key_and_a_header_prefix_leaves_no_fragment_
     assert r.returncode == 1, r.stderr
     failed = lines(workspace / "out" / "results.jsonl")
     assert [x["error"]["category"] for x in failed] == ["policy_error"] * 3
-    assert "401" in failed[0]["error"]["message"] and "Incorrect API key provided: ***" in failed[0]["error"]["message"]
+    assert "401" in failed[0]["error"]["message"]
+    assert "Incorrect API key provided: ***" in failed[0]["error"]["message"]
     everything = r.stdout + r.stderr
     for path in (workspace / "out").rglob("*"):
         if path.is_file():
@@ -161,12 +171,14 @@ def test_interrupt_then_resume_loses_nothing_and_duplicates_nothing(workspace, o
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert "interrupted" in err and "--resume" in err
+    assert "interrupted" in err
+    assert "--resume" in err
     kept = lines(results)
     assert 4 <= len(kept) < 20
     assert all(x["status"] == "success" for x in kept)  # cancelled rollouts are not written
     summary = json.loads((workspace / "out" / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["finished"] == len(kept)
+    assert summary["interrupted"] is True
+    assert summary["finished"] == len(kept)
 
     # a crash mid-write leaves half a line: resume drops it and runs that pair again
     with results.open("a") as handle:
@@ -181,9 +193,11 @@ def test_interrupt_then_resume_loses_nothing_and_duplicates_nothing(workspace, o
 
     # nothing left: a second resume runs nothing; a plain run refuses to mix into the folder
     r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
-    assert r.returncode == 0 and "0 to run" in r.stdout.replace("\n", " ")
+    assert r.returncode == 0
+    assert "0 to run" in r.stdout.replace("\n", " ")
     r = osmosis(osmosis_exe, *args, cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "already holds results" in r.stderr
+    assert r.returncode == 1
+    assert "already holds results" in r.stderr
 
 
 def test_resume_refuses_a_changed_dataset(workspace, osmosis_exe, clean_env):
@@ -192,7 +206,8 @@ def test_resume_refuses_a_changed_dataset(workspace, osmosis_exe, clean_env):
     data = workspace / "rollouts" / "multiply-plain" / "data" / "multiply.jsonl"
     data.write_text(data.read_text().replace('"val1', '"val01', 1))
     r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "dataset_sha256 changed" in r.stderr
+    assert r.returncode == 1
+    assert "dataset_sha256 changed" in r.stderr
 
 
 def test_resume_finds_the_latest_run_by_itself(workspace, osmosis_exe, clean_env):
@@ -200,9 +215,11 @@ def test_resume_finds_the_latest_run_by_itself(workspace, osmosis_exe, clean_env
     assert osmosis(osmosis_exe, *args, cwd=workspace, env=clean_env).returncode == 0
     r = osmosis(osmosis_exe, *args, "--limit", "3", "--resume", cwd=workspace, env=clean_env)
     # --limit changed the number of rows: refused, with the reason
-    assert r.returncode == 1 and "rows changed" in r.stderr
+    assert r.returncode == 1
+    assert "rows changed" in r.stderr
     r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
-    assert r.returncode == 0 and "0 to run" in r.stdout.replace("\n", " ")
+    assert r.returncode == 0
+    assert "0 to run" in r.stdout.replace("\n", " ")
     [run_dir] = (workspace / "runs").iterdir()
     assert run_dir.name.startswith("multiply-plain-")
 
@@ -231,9 +248,12 @@ def test_expected_errors_are_one_clear_line_with_exit_1(workspace, osmosis_exe, 
 
 def test_usage_errors_exit_2_and_debug_shows_tracebacks(workspace, osmosis_exe, clean_env):
     r = osmosis(osmosis_exe, "run", "--concurrency", "zero", cwd=workspace, env=clean_env)
-    assert r.returncode == 2 and "Invalid value for '--concurrency'" in r.stderr
+    assert r.returncode == 2
+    assert "Invalid value for '--concurrency'" in r.stderr
     r = osmosis(osmosis_exe, "--debug", "run", "configs/eval/missing.toml", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "Traceback" in r.stderr and "ConfigError" in r.stderr
+    assert r.returncode == 1
+    assert "Traceback" in r.stderr
+    assert "ConfigError" in r.stderr
     r = osmosis(
         osmosis_exe,
         "run",
@@ -280,24 +300,33 @@ def test_validate_checks_everything_and_warns_on_a_declared_missing_dependency(w
         pyproject.read_text().replace('"osmosis-core>=0.1"', '"osmosis-core>=0.1", "some-declared-pkg"')
     )
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
-    assert r.returncode == 0 and "warn" in r.stdout and "some_declared_pkg" in r.stdout
+    assert r.returncode == 0
+    assert "warn" in r.stdout
+    assert "some_declared_pkg" in r.stdout
     # a declared distribution is missing: an import it would provide is a warning too (strands via osmosis-strands)
     main.write_text("import provided_by_a_declared_dist\n")
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
-    assert r.returncode == 0 and "are not all installed" in r.stdout
+    assert r.returncode == 0
+    assert "are not all installed" in r.stdout
     # an undeclared missing package: a warning too, naming it and saying to declare it (osmosis-ai's rule)
     pyproject.write_text(pyproject.read_text().replace(', "some-declared-pkg"', ""))
     main.write_text("import undeclared_pkg_xyz\n")
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
-    assert r.returncode == 0 and "warn" in r.stdout
-    assert "undeclared_pkg_xyz" in r.stdout and "declare it in" in r.stdout
+    assert r.returncode == 0
+    assert "warn" in r.stdout
+    assert "undeclared_pkg_xyz" in r.stdout
+    assert "declare it in" in r.stdout
     # osmosis run cannot run without it, and says so in one line
     r = osmosis(osmosis_exe, "run", "configs/eval/multiply-plain.toml", "--stub-policy", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "needs the package 'undeclared_pkg_xyz'" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1
+    assert "needs the package 'undeclared_pkg_xyz'" in r.stderr
+    assert "Traceback" not in r.stderr
     # any other import error still fails validate
     main.write_text("1 / 0\n")
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "ZeroDivisionError" in r.stderr and "main.py:1" in r.stderr
+    assert r.returncode == 1
+    assert "ZeroDivisionError" in r.stderr
+    assert "main.py:1" in r.stderr
 
 
 def test_every_command_has_help_with_an_example(osmosis_exe, clean_env, tmp_path):
@@ -335,11 +364,13 @@ def test_failing_rollouts_carry_category_and_message(workspace, osmosis_exe, cle
         cwd=workspace,
         env=clean_env,
     )
-    assert r.returncode == 1 and "every rollout failed" in r.stderr
+    assert r.returncode == 1
+    assert "every rollout failed" in r.stderr
     results = lines(workspace / "out" / "results.jsonl")
     assert all(x["status"] == "failure" for x in results)
     assert {x["error"]["category"] for x in results} == {"agent_error"}
-    assert "ZeroDivisionError" in results[0]["error"]["message"] and "main.py:" in results[0]["error"]["message"]
+    assert "ZeroDivisionError" in results[0]["error"]["message"]
+    assert "main.py:" in results[0]["error"]["message"]
     assert "agent_error 3" in r.stdout
 
 
@@ -357,7 +388,8 @@ def test_runs_started_in_the_same_second_get_their_own_folders(workspace, osmosi
         )
         assert r.returncode == 0, r.stderr
     runs = sorted(p.name for p in (workspace / "runs").iterdir())
-    assert len(runs) == 3 and all(len(lines(workspace / "runs" / n / "results.jsonl")) == 1 for n in runs)
+    assert len(runs) == 3
+    assert all(len(lines(workspace / "runs" / n / "results.jsonl")) == 1 for n in runs)
 
 
 def test_policy_header_values_are_secrets_too(workspace, osmosis_exe, clean_env):
@@ -381,11 +413,13 @@ def test_policy_header_values_are_secrets_too(workspace, osmosis_exe, clean_env)
         )
     assert r.returncode == 0, r.stderr
     written = (workspace / "out" / "config.toml").read_text()
-    assert "X-Gateway-Token" in written and "gw-secret-123456" not in written
+    assert "X-Gateway-Token" in written
+    assert "gw-secret-123456" not in written
     from osmosis_core import PolicyEndpoint
 
     policy = PolicyEndpoint("http://x/v1", "m", api_key="k-1", headers={"X-Gateway-Token": "gw-secret-123456"})
-    assert "gw-secret-123456" not in repr(policy) and policy.secrets() == ("k-1", "gw-secret-123456")
+    assert "gw-secret-123456" not in repr(policy)
+    assert policy.secrets() == ("k-1", "gw-secret-123456")
 
 
 def test_lines_are_not_wrapped_when_the_output_is_not_a_terminal(workspace, osmosis_exe, clean_env):
@@ -396,7 +430,8 @@ def test_lines_are_not_wrapped_when_the_output_is_not_a_terminal(workspace, osmo
                 "--output", out, cwd=workspace, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     [start] = [line for line in r.stdout.splitlines() if line.startswith("run ")]
-    assert start.endswith("(osmosis-stub)") and str(workspace / out) in start
+    assert start.endswith("(osmosis-stub)")
+    assert str(workspace / out) in start
     assert any(line.strip().endswith(f"{workspace / out}/results.jsonl │") for line in r.stdout.splitlines())
 
 
@@ -412,8 +447,10 @@ def test_policy_url_to_another_host_does_not_take_the_configs_key_along(workspac
         base = ["run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--limit", "2"]
         refused = osmosis(osmosis_exe, *base, "--output", "a", cwd=workspace, env=env)
         assert refused.returncode == 1
-        assert "--policy-url points at another host" in refused.stderr and "--api-key-env MY_KEY" in refused.stderr
-        assert "$.policy.base_url" in refused.stderr and secret not in refused.stderr
+        assert "--policy-url points at another host" in refused.stderr
+        assert "--api-key-env MY_KEY" in refused.stderr
+        assert "$.policy.base_url" in refused.stderr
+        assert secret not in refused.stderr
         assert server.requests == []
         # naming the variable on the command line says the key is meant for this host
         allowed = osmosis(osmosis_exe, *base, "--api-key-env", "MY_KEY", "--output", "b", cwd=workspace, env=env)
@@ -449,8 +486,11 @@ def test_a_closed_output_does_not_stop_the_run(workspace, osmosis_exe, clean_env
     assert first.count("\n") == 1
     errors = stderr_file.read_text()
     assert returncode == 0, errors
-    assert "Traceback" not in errors and "Exception ignored" not in errors and "BrokenPipe" not in errors
+    assert "Traceback" not in errors
+    assert "Exception ignored" not in errors
+    assert "BrokenPipe" not in errors
     out = workspace / "out"
     assert len(lines(out / "results.jsonl")) == 240
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["finished"] == 240 and summary["interrupted"] is False
+    assert summary["finished"] == 240
+    assert summary["interrupted"] is False

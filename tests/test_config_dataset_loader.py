@@ -74,7 +74,8 @@ def test_unknown_and_mistyped_keys_are_each_reported_with_their_path(tmp_path):
 
 def test_api_key_in_the_file_is_refused_with_a_hint(tmp_path):
     [problem] = config_problems(tmp_path, '[rollout]\npath = "r"\n[policy]\napi_key = "sk-1"\n')
-    assert "api_key_env" in problem and "sk-1" not in problem
+    assert "api_key_env" in problem
+    assert "sk-1" not in problem
 
 
 def test_semantic_checks(tmp_path):
@@ -96,7 +97,8 @@ def test_semantic_checks(tmp_path):
 
 def test_bad_toml_names_the_line(tmp_path):
     [problem] = config_problems(tmp_path, "[run]\nbackend = \n")
-    assert "not valid TOML" in problem and "line 2" in problem
+    assert "not valid TOML" in problem
+    assert "line 2" in problem
 
 
 def test_missing_file(tmp_path):
@@ -148,7 +150,8 @@ def test_backend_table_is_typed_and_closed(workspace):
     build_backend(config, rollout, registry, None)
     setup = EchoPlugin.seen[-1]
     assert setup.backend_config == EchoConfig(greeting="hello", repeat=2)
-    assert setup.config_root == workspace.resolve() and setup.dataset_path.name == "multiply.jsonl"
+    assert setup.config_root == workspace.resolve()
+    assert setup.dataset_path.name == "multiply.jsonl"
     config.backend = {"echo": {"greting": "x"}}
     with pytest.raises(ConfigError, match=r"unknown key\(s\): greting @ \$\.backend\.echo"):
         build_backend(config, rollout, registry, None)
@@ -240,8 +243,10 @@ def test_dataset_rows_prompts_labels_and_metadata(tmp_path):
     assert [r.index for r in rows] == [0, 1, 2]
     assert [r.line for r in rows] == [1, 3, 4]
     assert rows[0].prompt == [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    assert rows[0].label == "1" and rows[0].metadata == {"level": 2}
-    assert rows[1].prompt == [{"role": "user", "content": "m"}] and rows[1].label == 5
+    assert rows[0].label == "1"
+    assert rows[0].metadata == {"level": 2}
+    assert rows[1].prompt == [{"role": "user", "content": "m"}]
+    assert rows[1].label == 5
     assert rows[2].label is None
     assert len(read_dataset(path, limit=2)) == 2
 
@@ -313,12 +318,14 @@ def test_missing_dependency_declared_or_not(tmp_path):
     config = rollout_config(tmp_path, "import not_installed_pkg\n", pyproject=deps)
     with pytest.raises(MissingDependency) as info:
         load_rollout(config)
-    assert info.value.declared and "not_installed_pkg" in str(info.value)
+    assert info.value.declared
+    assert "not_installed_pkg" in str(info.value)
     # a declared distribution is missing, so an import it may provide counts as declared
     config = rollout_config(tmp_path, "import another_missing_pkg\n", pyproject=deps)
     with pytest.raises(MissingDependency) as info:
         load_rollout(config)
-    assert info.value.declared and "not all installed" in str(info.value)
+    assert info.value.declared
+    assert "not all installed" in str(info.value)
     # everything declared is installed: an undeclared import is not a declared dependency
     installed = '[project]\nname = "r"\nversion = "0"\ndependencies = ["attrs"]\n'
     config = rollout_config(tmp_path, "import another_missing_pkg\n", pyproject=installed)
@@ -329,7 +336,8 @@ def test_missing_dependency_declared_or_not(tmp_path):
 
 def test_workflow_discovery(tmp_path):
     loaded = load_rollout(rollout_config(tmp_path, MINIMAL))
-    assert loaded.workflow_class.__name__ == "W" and loaded.grader_class is None
+    assert loaded.workflow_class.__name__ == "W"
+    assert loaded.grader_class is None
     two = MINIMAL + "\nclass W2(W):\n    pass\n"
     with pytest.raises(RolloutLoadError, match=r"exactly one AgentWorkflow subclass \(found: W, W2\)"):
         load_rollout(rollout_config(tmp_path, two))

@@ -45,7 +45,8 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
     env = {**clean_env, "PYTHONPATH": str(site)}
     listed = subprocess.run([osmosis_exe, "plugins", "--json"], env=env, capture_output=True, text=True, timeout=60)
     legacy = [p for p in json.loads(listed.stdout) if p["name"] == "legacy"]
-    assert legacy and legacy[0]["status"] == "active", listed.stdout
+    assert legacy, listed.stdout
+    assert legacy[0]["status"] == "active", listed.stdout
     args = ["configs/eval/multiply-plain.toml", "--stub-policy", "--backend", "legacy", "--limit", "3"]
     run = subprocess.run(
         [osmosis_exe, "run", *args, "--workers", workers, "--output", "out"],
@@ -57,7 +58,8 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
     )
     assert run.returncode == 0, run.stderr
     results = [json.loads(line) for line in (workspace / "out" / "results.jsonl").read_text().splitlines()]
-    assert len(results) == 3 and all(r["reward"] == 1.0 for r in results)
+    assert len(results) == 3
+    assert all(r["reward"] == 1.0 for r in results)
     # the CLI shows the deprecation once, naming the replacement
     assert "LegacyLocalBackend.from_setup is deprecated since osmosis 0.2.0" in run.stderr
     assert "osmosis_core.plugins.builtin:local_backend" in run.stderr
@@ -81,7 +83,8 @@ def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
             assert value(max_concurrent=2).max_concurrent == 2
         if name == "lazy_exports":
             getattr_, dir_ = value("json", {"dumps": "json"}, ["dumps"])
-            assert getattr_("dumps") is json.dumps and dir_() == ["dumps"]
+            assert getattr_("dumps") is json.dumps
+            assert dir_() == ["dumps"]
     assert [w.category for w in caught] == [OsmosisDeprecationWarning]
     assert "deprecated since osmosis 0.2.0" in str(caught[0].message)
     if new_home is not None:
@@ -97,7 +100,8 @@ def test_an_unknown_name_is_still_an_attribute_error():
 
 def test_every_deprecation_is_in_the_changelog():
     changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
-    for name in ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire"):
+    names = ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire")
+    for name in (*names, "osmosis_core.plugin.rollout_openai_client", "osmosis_core.plugin.policy_error"):
         assert name in changelog, name
 
 
@@ -125,3 +129,32 @@ def test_osmosis_core_migrate_forwards_to_the_plugin_with_a_warning_or_says_what
             _ = old.apply_migration
     with pytest.raises(AttributeError):
         _ = old.nothing_here
+
+
+@pytest.mark.parametrize("name", ["rollout_openai_client", "policy_error"])
+def test_the_openai_client_names_forward_to_osmosis_openai_naming_what_to_install(monkeypatch, name):
+    """``osmosis_core.plugin.rollout_openai_client`` and ``policy_error`` moved to the osmosis-openai
+    distribution: the old names warn with ``pip install osmosis-openai`` and are the same objects
+    (when it is installed), or fail with an ImportError saying what to install (when it is not)."""
+    import importlib.util
+    import sys
+
+    import osmosis_core.plugin
+
+    if importlib.util.find_spec("osmosis_openai") is not None:
+        with pytest.warns(
+            OsmosisDeprecationWarning, match=r"use osmosis_openai\.\w+ \(pip install osmosis-openai\)"
+        ) as record:
+            forwarded = getattr(osmosis_core.plugin, name)
+        assert record[0].filename == __file__  # the warning points at the code that asked for the name
+        import osmosis_openai
+
+        assert forwarded is getattr(osmosis_openai, name)
+    monkeypatch.setitem(sys.modules, "osmosis_openai", None)  # as if it were not installed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OsmosisDeprecationWarning)
+        with pytest.raises(ImportError, match=f"osmosis_core.plugin.{name} moved to the osmosis-openai distribution"):
+            getattr(osmosis_core.plugin, name)
+    assert name not in osmosis_core.plugin.__all__
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        osmosis_core.plugin.nope  # noqa: B018

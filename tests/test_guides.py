@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from osmosis_core.plugins.registry import PluginRegistry
 from osmosis_core.templates import apply_template
 from osmosis_core.testing import guide_commands, run_guide_commands
@@ -24,9 +26,5 @@ def test_multiply_plain_guides_are_filled_in_and_their_commands_run(tmp_path):
 
 def test_a_failing_guide_command_is_reported_with_its_guide(tmp_path):
     (tmp_path / "AGENTS.md").write_text("```bash\nosmosis validate configs/eval/missing.toml\n```\n")
-    try:
+    with pytest.raises(AssertionError, match=r"AGENTS\.md: `osmosis validate configs/eval/missing\.toml` exited 1"):
         run_guide_commands(tmp_path)
-    except AssertionError as exc:
-        assert "AGENTS.md: `osmosis validate configs/eval/missing.toml` exited 1" in str(exc)
-    else:
-        raise AssertionError("a failing command passed")

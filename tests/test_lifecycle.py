@@ -66,7 +66,8 @@ def test_a_grader_result_before_the_workflows_is_the_backends_infra_error():
     anyio.run(main)
     [only] = seen
     assert (only.stage, only.status) == (WF, FAILED)
-    assert only.error is not None and only.error.category is ErrorCategory.INFRA_ERROR
+    assert only.error is not None
+    assert only.error.category is ErrorCategory.INFRA_ERROR
     assert "before its workflow" in only.error.message
 
 
@@ -113,7 +114,8 @@ def test_a_cancellation_is_reported_once_for_the_stage_it_hit_and_passed_on():
 
         anyio.run(main)
         assert seen[-1] == ("workflow" if stage is WF else "grader", stage, CANCELLED), seen
-        assert len(seen) == len(reported) + 1 and passed_on == [True]
+        assert len(seen) == len(reported) + 1
+        assert passed_on == [True]
 
 
 def test_an_exception_of_the_machinery_is_an_infra_error_without_secrets():
@@ -130,8 +132,10 @@ def test_an_exception_of_the_machinery_is_an_infra_error_without_secrets():
     anyio.run(main)
     [_, last] = seen
     assert (last.stage, last.status) == (GR, FAILED)
-    assert last.error is not None and last.error.category is ErrorCategory.INFRA_ERROR
-    assert "the sandbox vanished" in last.error.message and "sk-secret-key" not in last.error.message
+    assert last.error is not None
+    assert last.error.category is ErrorCategory.INFRA_ERROR
+    assert "the sandbox vanished" in last.error.message
+    assert "sk-secret-key" not in last.error.message
 
 
 def test_a_callbacks_own_exception_and_backend_unavailable_are_passed_on():

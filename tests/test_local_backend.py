@@ -82,7 +82,8 @@ def test_workflow_may_return_sample_or_register_a_source():
     [r] = run_one(LocalBackend(ReturnsSample))
     assert r.sample.metrics == {"turns": 3}
     [r] = run_one(LocalBackend(Registers))
-    assert r.ok and r.sample.messages[0]["content"] == "r0"
+    assert r.ok
+    assert r.sample.messages[0]["content"] == "r0"
 
 
 class Raises(AgentWorkflow):
@@ -136,7 +137,8 @@ def test_workflow_and_grader_timeouts_are_separate():
     assert r.error.category is ErrorCategory.TIMEOUT
     assert "workflow ran past its 0.05 s timeout" in r.error.message
     results = run_one(LocalBackend(Echo, grader=SlowGrader), request(agent_timeout_sec=0.05, grader_timeout_sec=0.05))
-    assert results[0].ok and results[1].error.category is ErrorCategory.TIMEOUT
+    assert results[0].ok
+    assert results[1].error.category is ErrorCategory.TIMEOUT
     assert "grader" in results[1].error.message
 
 
@@ -162,7 +164,8 @@ def test_classes_and_configs_may_be_import_paths():
         grader="osmosis_core.testing.contract:ContractGrader",
         workflow_config=f"{__name__}:NAMED_CONFIG",
     )
-    assert backend.workflow_class.__name__ == "ContractWorkflow" and backend.grader_class.__name__ == "ContractGrader"
+    assert backend.workflow_class.__name__ == "ContractWorkflow"
+    assert backend.grader_class.__name__ == "ContractGrader"
     assert backend.workflow_config is NAMED_CONFIG
     with pytest.raises(TypeError, match=r"cannot import the workflow 'osmosis_nowhere:X': ModuleNotFoundError"):
         LocalBackend(workflow="osmosis_nowhere:X")
@@ -182,9 +185,11 @@ def test_grader_that_sets_no_reward_fails():
             return "high"
 
     [_, r] = run_one(LocalBackend(Echo, grader=Silent))
-    assert r.error.category is ErrorCategory.VALIDATION_ERROR and "no reward" in r.error.message
+    assert r.error.category is ErrorCategory.VALIDATION_ERROR
+    assert "no reward" in r.error.message
     [_, r] = run_one(LocalBackend(Echo, grader=Bad))
-    assert r.error.category is ErrorCategory.VALIDATION_ERROR and "reward must be a number" in r.error.message
+    assert r.error.category is ErrorCategory.VALIDATION_ERROR
+    assert "reward must be a number" in r.error.message
 
 
 def test_bad_return_and_no_sample_are_validation_errors():
@@ -197,9 +202,11 @@ def test_bad_return_and_no_sample_are_validation_errors():
             return None
 
     [r] = run_one(LocalBackend(ReturnsInt))
-    assert r.error.category is ErrorCategory.VALIDATION_ERROR and "returned int" in r.error.message
+    assert r.error.category is ErrorCategory.VALIDATION_ERROR
+    assert "returned int" in r.error.message
     [r] = run_one(LocalBackend(ReturnsNothing))
-    assert r.error.category is ErrorCategory.VALIDATION_ERROR and "no sample source" in r.error.message
+    assert r.error.category is ErrorCategory.VALIDATION_ERROR
+    assert "no sample source" in r.error.message
 
 
 def test_secret_never_appears_in_an_error_message():
@@ -256,7 +263,8 @@ def test_concurrency_limit(config, override, expected):
     backend = LocalBackend(_gauged(gauge), config, max_concurrent=override)
     assert backend.max_concurrency == expected
     results = anyio.run(_many, backend, 30)
-    assert len(results) == 30 and all(r.ok for r in results)
+    assert len(results) == 30
+    assert all(r.ok for r in results)
     assert gauge.peak == expected
 
 
@@ -333,7 +341,8 @@ def test_cancellation_leaves_no_task_and_reports_cancelled():
         return results, health, tasks
 
     results, health, tasks = anyio.run(main)
-    assert health["running"] == 1 and health["queued"] == 1
+    assert health["running"] == 1
+    assert health["queued"] == 1
     assert finished == [True]
     assert tasks == 0
     assert sorted(r.status.value for r in results) == ["cancelled", "cancelled"]
@@ -370,7 +379,8 @@ def test_endpoint_failures_are_policy_errors_without_the_key(policy_server):
     policy_server.inject(Fault("status", status=503))
     outcome = run_rollout_sync(MultiplyWorkflow, MultiplyGrader, policy=policy, user_prompt="6 * 7", label="42")
     assert outcome.error.category is ErrorCategory.POLICY_ERROR
-    assert "503" in outcome.error.message and policy_server.url in outcome.error.message
+    assert "503" in outcome.error.message
+    assert policy_server.url in outcome.error.message
     assert "sk-live-abcdef" not in outcome.error.message
 
     policy_server.inject(Fault("drop"))
@@ -399,7 +409,8 @@ def test_example_rollout_end_to_end_with_request_log(policy_server):
     assert roles == ["user", "assistant", "tool", "assistant"]
     assert outcome.sample.messages[2]["content"] == "408"
     log = policy_server.requests_for("roll-1")
-    assert len(log) == 2 and all(r.authorized is False for r in log)
+    assert len(log) == 2
+    assert all(r.authorized is False for r in log)
     assert log[0].body["tools"][0]["function"]["name"] == "multiply"
 
 
@@ -415,7 +426,8 @@ def test_a_failed_workflow_keeps_the_partial_history_of_its_sample_source():
             raise RuntimeError("turn limit reached")
 
     [r] = run_one(LocalBackend(FailsLate, grader=Exact))
-    assert r.status is ExecutionStatus.FAILURE and r.error.category is ErrorCategory.AGENT_ERROR
+    assert r.status is ExecutionStatus.FAILURE
+    assert r.error.category is ErrorCategory.AGENT_ERROR
     assert [m["content"] for m in r.sample.messages] == ["q0", "step 1"]
     assert r.reward is None
 
@@ -435,4 +447,5 @@ def test_samples_of_one_row_do_not_share_edits_to_prompt_or_metadata():
     for _ in range(3):
         run_one(backend, shared)
     assert seen == [("q0", None)] * 3
-    assert shared.prompt[0]["content"] == "q0" and shared.metadata == {"level": 1}
+    assert shared.prompt[0]["content"] == "q0"
+    assert shared.metadata == {"level": 1}

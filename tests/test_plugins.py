@@ -178,7 +178,8 @@ def test_registering_the_same_name_twice_is_reported(
     with caplog.at_level(logging.WARNING, logger="osmosis.plugins"):
         info = osmosis_registry.register(_plugin("b", osmosis_register_backends=_backends("b")), "same")
     assert info.status == "failed"
-    assert info.error is not None and "same" in info.error
+    assert info.error is not None
+    assert "same" in info.error
     assert any("'same'" in r.getMessage() for r in caplog.records)
     assert [b.name for b in osmosis_registry.backends()] == ["a", "local"]
 
@@ -253,7 +254,8 @@ def test_hookimpl_with_wrong_arguments_fails_to_register(
     with caplog.at_level(logging.WARNING, logger="osmosis.plugins"):
         info = osmosis_registry.register(bad, "bad-args")
     assert info.status == "failed"
-    assert info.error is not None and info.error.startswith("PluginValidationError")
+    assert info.error is not None
+    assert info.error.startswith("PluginValidationError")
     assert any("bad-args" in r.getMessage() for r in caplog.records)
     assert [b.name for b in osmosis_registry.backends()] == ["local"]
 
@@ -310,7 +312,8 @@ def test_plugin_raising_in_a_hook_is_reported_as_failed_and_skipped(
     records = {p.name: p for p in osmosis_registry.plugins}
     assert (bad.status, records["bad"].status) == ("failed", "failed")
     assert records["bad"].error == "osmosis_register_backends failed: RuntimeError: boom in backends"
-    assert records["noisy"].status == "failed" and "boom in commands" in (records["noisy"].error or "")
+    assert records["noisy"].status == "failed"
+    assert "boom in commands" in (records["noisy"].error or "")
     assert good.status == "active"
     assert records["good"].provides == {"backends": ("good",), "commands": ("good-cmd",)}
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -332,7 +335,8 @@ def test_a_malformed_registration_fails_the_plugin(
     osmosis_registry: PluginRegistry, returned: Any, problem: str
 ) -> None:
     info = osmosis_registry.register(_plugin("odd", osmosis_register_backends=lambda: returned), "odd")
-    assert info.status == "failed" and problem in (info.error or ""), info.error
+    assert info.status == "failed", info.error
+    assert problem in (info.error or ""), info.error
     assert [b.name for b in osmosis_registry.backends()] == ["local"]
     assert info.to_json()["status"] == "failed"
 
@@ -521,7 +525,8 @@ def test_same_entry_point_name_from_two_distributions(fake_on_path: Path) -> Non
     assert sorted(p.status for p in fakes) == ["active", "failed"]
     failed = next(p for p in fakes if p.status == "failed")
     assert failed.error is not None
-    assert "also provided by" in failed.error and "uninstall one" in failed.error
+    assert "also provided by" in failed.error
+    assert "uninstall one" in failed.error
     assert registry.backend("fake").name == "fake"  # registered once, no conflict
 
 
@@ -573,7 +578,8 @@ def test_cli_plugins_json_with_fake_distribution(fake_site: Path) -> None:
     assert (fake["distribution"], fake["version"]) == ("osmosis-fake", "1.2.3")
     broken = plugins["broken"]
     assert broken["status"] == "failed"
-    assert "ImportError" in broken["error"] and "frobnicator" in broken["error"]
+    assert "ImportError" in broken["error"]
+    assert "frobnicator" in broken["error"]
     assert "'broken'" in proc.stderr
     assert "OSMOSIS_DISABLE_PLUGINS=broken" in proc.stderr
     assert "frobnicator" in proc.stderr

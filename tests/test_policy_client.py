@@ -34,7 +34,8 @@ def test_a_dropped_post_is_never_sent_again():
                 with pytest.raises(PolicyError, match="Server disconnected"):
                     await chat_completion([{"role": "user", "content": "2 * 3"}])
                 bodies = [json.dumps(r.body, sort_keys=True) for r in server.requests_for("r-once")]
-                assert len(bodies) == 2 and len(set(bodies)) == 2  # each request exactly once
+                assert len(bodies) == 2
+                assert len(set(bodies)) == 2  # each request exactly once
 
     anyio.run(main)
 
@@ -61,7 +62,8 @@ def test_an_answer_that_is_not_a_chat_completion_is_a_policy_error(fault: Fault,
                     await chat_completion(USER)
                 message = str(caught.value)
                 assert f"policy endpoint {server.url}/chat/completions answered 200 with" in message, message
-                assert expected in message and caught.value.status == 200
+                assert expected in message
+                assert caught.value.status == 200
 
     anyio.run(main)
 
@@ -69,7 +71,8 @@ def test_an_answer_that_is_not_a_chat_completion_is_a_policy_error(fault: Fault,
 def test_one_session_per_loop_closed_by_its_owner():
     async def main() -> None:
         first = client_session()
-        assert client_session() is first and not first.closed
+        assert client_session() is first
+        assert not first.closed
         await aclose_http()
         assert first.closed
         await aclose_http()  # idempotent
@@ -96,7 +99,8 @@ def test_an_error_body_is_redacted_before_it_is_cut():
             return info.value
 
         error = anyio.run(main)
-        assert "answered 500" in str(error) and "Bearer ***" in str(error), (offset, str(error))
+        assert "answered 500" in str(error), (offset, str(error))
+        assert "Bearer ***" in str(error), (offset, str(error))
         assert KEY[:8] not in str(error), (offset, str(error))
 
 
@@ -160,8 +164,10 @@ def test_a_500_mb_reply_does_not_take_the_run_with_it(workspace, osmosis_exe, cl
     assert proc.returncode == 0, err
     records = [json.loads(x) for x in (workspace / "out" / "results.jsonl").read_text().splitlines()]
     failed = [x for x in records if x["status"] == "failure"]
-    assert len(records) == 3 and len(failed) == 1
-    assert failed[0]["error"]["category"] == "policy_error" and "byte limit" in failed[0]["error"]["message"]
+    assert len(records) == 3
+    assert len(failed) == 1
+    assert failed[0]["error"]["category"] == "policy_error"
+    assert "byte limit" in failed[0]["error"]["message"]
     assert peak_mb < 300
 
 
@@ -208,7 +214,8 @@ def test_http_proxy_from_the_environment_is_used(workspace, osmosis_exe, clean_e
 
     run = asyncio.run(main())
     assert run.returncode == 0, run.stderr
-    assert len(seen) == 4 and all(url.endswith("/v1/chat/completions") for url in seen)  # 2 rollouts x 2 calls
+    assert len(seen) == 4
+    assert all(url.endswith("/v1/chat/completions") for url in seen)  # 2 rollouts x 2 calls
 
 
 @pytest.fixture(autouse=True)

@@ -175,7 +175,8 @@ def test_json_completion(srv: ScriptedPolicyServer, client: httpx.Client) -> Non
     assert choice["message"] == {"role": "assistant", "content": "The product is 42.\n#### 42"}
     assert choice["finish_reason"] == "stop"
     usage = doc["usage"]
-    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    assert usage["prompt_tokens"] > 0
+    assert usage["completion_tokens"] > 0
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     # default model name
     assert chat(client, srv, {"messages": [user("1*1")]}).json()["model"] == "osmosis-stub"
@@ -375,13 +376,15 @@ def test_fault_drop_mid_stream(srv: ScriptedPolicyServer, client: httpx.Client) 
     srv.inject(Fault("drop_mid_stream"), times=2)
     body = {"messages": [user("12 * 7")], "stream": True}
     received: list[str] = []
-    with (
-        pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)),
-        client.stream("POST", srv.url + "/chat/completions", json=body) as r,
-    ):
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            received.append(line)
+
+    def read_stream() -> None:
+        with client.stream("POST", srv.url + "/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                received.append(line)
+
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        read_stream()
     assert any(line.startswith("data: {") for line in received)
     assert "data: [DONE]" not in received
     # a non-stream request gets headers and half the body
@@ -428,13 +431,13 @@ def test_latency_is_concurrent() -> None:
 
 
 def test_fault_validation() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'kind' must be in"):
         Fault("explode")  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"Fault.status must be an HTTP error status \(400-599\), got 200"):
         Fault("status", status=200)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="latency must be a finite number >= 0, got -1"):
         ScriptedPolicyServer(latency=-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="times must be >= 1, got 0"):
         ScriptedPolicyServer().inject(Fault("drop"), times=0)
 
 
@@ -470,7 +473,8 @@ def test_not_found_bad_request_and_method(srv: ScriptedPolicyServer, client: htt
     bad = client.post(srv.url + "/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert bad.status_code == 400
     err = bad.json()["error"]
-    assert err["type"] == "invalid_request_error" and err["code"] == 400
+    assert err["type"] == "invalid_request_error"
+    assert err["code"] == 400
     assert client.post(srv.url + "/chat/completions", json=[1, 2]).status_code == 400
     assert client.post(srv.url + "/chat/completions", json={"model": "x"}).status_code == 400
     assert [(r.status, r.body) for r in srv.requests] == [(400, {}), (400, {}), (400, {"model": "x"})]
@@ -634,19 +638,25 @@ def test_fault_truncate_html_and_oversize(srv: ScriptedPolicyServer, client: htt
     body = {"messages": [user("12 * 7")]}
     srv.inject(Fault("truncate"), times=2)
     cut = chat(client, srv, body)  # a JSON body cut in half, with a correct length
-    assert cut.status_code == 200 and len(cut.content) > 20
-    with pytest.raises(ValueError):
+    assert cut.status_code == 200
+    assert len(cut.content) > 20
+    with pytest.raises(json.JSONDecodeError):
         json.loads(cut.content)
     with client.stream("POST", srv.url + "/chat/completions", json={**body, "stream": True}) as r:
         lines = [line for line in r.iter_lines() if line]  # a clean end: no finish_reason, no [DONE]
     chunks = sse_chunks("\n".join(lines))
-    assert chunks and "[DONE]" not in chunks and assemble(chunks)["finish_reason"] is None
+    assert chunks
+    assert "[DONE]" not in chunks
+    assert assemble(chunks)["finish_reason"] is None
     srv.inject(Fault("html"))
     page = chat(client, srv, body)
-    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
     srv.inject(Fault("oversize", size=3 << 20))
     big = chat(client, srv, body)
-    assert big.status_code == 200 and "content-length" not in big.headers and len(big.content) > 3 << 20
+    assert big.status_code == 200
+    assert "content-length" not in big.headers
+    assert len(big.content) > 3 << 20
     assert json.loads(big.content)["choices"][0]["message"]["content"] == "a" * (3 << 20)
     assert [r.fault for r in srv.requests] == ["truncate", "truncate", "html", "oversize"]
 
@@ -655,8 +665,9 @@ def test_fault_bad_json_and_wrong_shape(srv: ScriptedPolicyServer, client: httpx
     body = {"messages": [user("12 * 7")]}
     srv.inject(Fault("bad_json"))
     bad = chat(client, srv, body)  # a complete body that does not parse
-    assert bad.status_code == 200 and bad.headers["content-type"].startswith("application/json")
-    with pytest.raises(ValueError):
+    assert bad.status_code == 200
+    assert bad.headers["content-type"].startswith("application/json")
+    with pytest.raises(json.JSONDecodeError):
         json.loads(bad.content)
     srv.inject(Fault("wrong_shape"))
     assert chat(client, srv, body).json() == {"hello": "world"}
@@ -667,9 +678,10 @@ def test_fault_bad_json_and_wrong_shape(srv: ScriptedPolicyServer, client: httpx
         srv.inject(fault)
         with client.stream("POST", srv.url + "/chat/completions", json={**body, "stream": True}) as r:
             data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
-        assert data[-1] == "[DONE]" and json.loads(data[-2])["choices"][0]["finish_reason"] == "stop"
+        assert data[-1] == "[DONE]"
+        assert json.loads(data[-2])["choices"][0]["finish_reason"] == "stop"
         if bad_data is None:  # the second event does not parse; the others are a complete answer
-            with pytest.raises(ValueError):
+            with pytest.raises(json.JSONDecodeError):
                 json.loads(data[1])
         else:
             assert json.loads(data[1]) == bad_data

@@ -31,7 +31,8 @@ POLICY = PolicyEndpoint("http://127.0.0.1:8000/v1", "m", api_key="sk-topsecret")
 def test_reward_is_a_finite_float():
     s = RolloutSample()
     s.reward = 1
-    assert s.reward == 1.0 and isinstance(s.reward, float)
+    assert s.reward == 1.0
+    assert isinstance(s.reward, float)
     for bad in (math.nan, math.inf, "1", True):
         with pytest.raises((TypeError, ValueError)):
             s.reward = bad
@@ -41,7 +42,8 @@ def test_a_failure_needs_an_error():
     with pytest.raises(ValueError, match="needs an error"):
         ExecutionResult("r", ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE)
     ok = ExecutionResult("r", ExecutionStage.WORKFLOW, ExecutionStatus.SUCCESS)
-    assert ok.ok and ok.reward is None
+    assert ok.ok
+    assert ok.reward is None
 
 
 def test_api_key_is_not_in_repr():
@@ -70,19 +72,23 @@ def test_http_client_errors_are_policy_errors_even_when_wrapped():
 
     exc = httpx.ConnectError("refused")
     assert classify_exception(exc) is ErrorCategory.POLICY_ERROR
-    try:
+
+    def give_up() -> None:
         try:
             raise httpx.ReadTimeout("slow")
         except httpx.ReadTimeout as inner:
             raise RuntimeError("agent gave up") from inner
-    except RuntimeError as outer:
-        assert classify_exception(outer) is ErrorCategory.POLICY_ERROR
+
+    with pytest.raises(RuntimeError) as outer:
+        give_up()
+    assert classify_exception(outer.value) is ErrorCategory.POLICY_ERROR
 
 
 def test_error_info_is_one_line_and_redacted():
     info = error_info(RuntimeError("bad key sk-topsecret\nsecond line"), secrets=["sk-topsecret"])
     assert "\n" not in info.message
-    assert "sk-topsecret" not in info.message and "***" in info.message
+    assert "sk-topsecret" not in info.message
+    assert "***" in info.message
     assert info.message.startswith("RuntimeError: ")
     assert str(info).startswith("agent_error: ")
     assert redact("abc", ["ab"]) == "abc"  # too short to be a secret: left alone

@@ -37,15 +37,18 @@ def test_a_second_writer_of_a_run_folder_is_refused_with_one_line(workspace, osm
         time.sleep(0.05)
     second = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
     assert second.returncode == 1
-    assert "is in use by another osmosis process (pid" in second.stderr and "Traceback" not in second.stderr
+    assert "is in use by another osmosis process (pid" in second.stderr
+    assert "Traceback" not in second.stderr
     assert str(first.pid) in second.stderr
     _, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     done = lines(results)
-    assert len(done) == 20 and len({(x["row"], x["sample_index"]) for x in done}) == 20  # no pair twice
+    assert len(done) == 20
+    assert len({(x["row"], x["sample_index"]) for x in done}) == 20  # no pair twice
     # the kernel released the lock with the first run: the folder can be resumed (nothing left to do)
     again = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
-    assert again.returncode == 0 and "0 to run" in again.stdout
+    assert again.returncode == 0
+    assert "0 to run" in again.stdout
 
 
 def test_failed_rollouts_are_run_again_on_request_and_counted_once(workspace, osmosis_exe, clean_env):
@@ -58,17 +61,22 @@ def test_failed_rollouts_are_run_again_on_request_and_counted_once(workspace, os
         assert "--retry-failed" in first.stderr
         server.clear()
         nothing = osmosis(osmosis_exe, *base, "--retry-failed", "agent_error", cwd=workspace, env=clean_env)
-        assert nothing.returncode == 1 and "0 to run" in nothing.stdout  # only the categories named
+        assert nothing.returncode == 1
+        assert "0 to run" in nothing.stdout  # only the categories named
         retried = osmosis(osmosis_exe, *base, "--retry-failed", cwd=workspace, env=clean_env)
     assert retried.returncode == 0, retried.stderr
     assert "6 to run, 6 of them again" in retried.stdout
     records = lines(workspace / "out" / "results.jsonl")
     assert len(records) == 12  # the earlier records stay readable
-    assert [x["status"] for x in records[:6]] == ["failure"] * 6 and [x["reward"] for x in records[6:]] == [1.0] * 6
+    assert [x["status"] for x in records[:6]] == ["failure"] * 6
+    assert [x["reward"] for x in records[6:]] == [1.0] * 6
     summary = json.loads((workspace / "out" / "summary.json").read_text())
-    assert summary["finished"] == 6 and summary["failed"] == 0 and summary["mean_reward"] == 1.0  # latest only
+    assert summary["finished"] == 6
+    assert summary["failed"] == 0
+    assert summary["mean_reward"] == 1.0  # latest only
     bad = osmosis(osmosis_exe, *base, "--retry-failed", "policy_eror", cwd=workspace, env=clean_env)
-    assert bad.returncode == 2 and "policy_eror is not an error category" in bad.stderr
+    assert bad.returncode == 2
+    assert "policy_eror is not an error category" in bad.stderr
 
 
 def test_a_failure_rate_over_the_limit_fails_the_run(workspace, osmosis_exe, clean_env):
@@ -81,7 +89,8 @@ def test_a_failure_rate_over_the_limit_fails_the_run(workspace, osmosis_exe, cle
         server.inject(Fault("status", status=500), times=1)
         under = osmosis(osmosis_exe, *RUN, "--policy-url", server.url, "--limit", "4", "--concurrency", "1",
                         "--output", "b", cwd=workspace, env=clean_env)  # fmt: skip
-    assert over.returncode == 1 and "2 of 4 rollouts failed (50.0%, over [run] max_failure_rate 25.0%" in over.stderr
+    assert over.returncode == 1
+    assert "2 of 4 rollouts failed (50.0%, over [run] max_failure_rate 25.0%" in over.stderr
     assert under.returncode == 0, under.stderr
 
 
@@ -92,11 +101,13 @@ def test_a_damaged_results_line_is_named_by_its_line_number(workspace, osmosis_e
     kept = results.read_text().splitlines()
     results.write_text("\n".join([kept[0], '{"rollout_id": "x", "status": "success"}', kept[2]]) + "\n")
     r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
     assert f"{results}:2: not a result line (missing row, sample_index)" in r.stderr
     results.write_text("\n".join([kept[0], kept[1], "{not json"]) + "\n")
     r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and f"{results}:3: not a JSON line" in r.stderr
+    assert r.returncode == 1
+    assert f"{results}:3: not a JSON line" in r.stderr
 
 
 def test_resume_reads_a_large_results_file_as_a_stream(tmp_path):
@@ -111,7 +122,8 @@ def test_resume_reads_a_large_results_file_as_a_stream(tmp_path):
     latest = _latest_records(results)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert len(latest) == 30 and all(x["reward"] == 1.0 for x in latest.values())
+    assert len(latest) == 30
+    assert all(x["reward"] == 1.0 for x in latest.values())
     print(f"\nresume over a {results.stat().st_size >> 20} MB results file: peak {peak >> 20} MB traced")
     assert peak < 20 << 20  # about one line at a time, not the file
 
@@ -129,7 +141,9 @@ def test_a_bad_dataset_line_is_named_by_its_line(workspace, osmosis_exe, clean_e
     data = workspace / "bad.jsonl"
     data.write_bytes(b'{"user_prompt": "1 * 2", "ground_truth": "2"}\n' + content)
     r = osmosis(osmosis_exe, *RUN, "--stub-policy", "--dataset", "bad.jsonl", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert "RecursionError" not in r.stderr
     assert f"{data}{problem}" in r.stderr
 
 
@@ -138,7 +152,9 @@ def test_a_config_that_is_not_utf8_is_named_by_its_line(workspace, osmosis_exe, 
     config.write_bytes(config.read_bytes().replace(b"[run]", b"# caf\xe9\n[run]"))
     r = osmosis(osmosis_exe, *RUN, "--stub-policy", cwd=workspace, env=clean_env)
     line = config.read_bytes().split(b"caf")[0].count(b"\n") + 1
-    assert r.returncode == 1 and f"multiply-plain.toml:{line}: invalid config" in r.stderr and "not UTF-8" in r.stderr
+    assert r.returncode == 1
+    assert f"multiply-plain.toml:{line}: invalid config" in r.stderr
+    assert "not UTF-8" in r.stderr
 
 
 STRAY_EXITS = """
@@ -168,13 +184,18 @@ def test_a_workflow_that_raises_cancel_exit_or_interrupt_fails_only_its_rollout(
     data.write_text("".join(json.dumps({"user_prompt": r, "ground_truth": "6"}) + "\n" for r in rows))
     r = osmosis(osmosis_exe, *RUN, "--stub-policy", "--dataset", "stray.jsonl", "--output", "out",
                 cwd=workspace, env=clean_env, timeout=60)  # fmt: skip
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
     records = {x["row"]: x for x in lines(workspace / "out" / "results.jsonl")}
     assert sorted(records) == [0, 1, 2, 3]  # every rollout is recorded, the run went on
-    assert records[0]["error"]["category"] == "agent_error" and "CancelledError" in records[0]["error"]["message"]
-    assert records[1]["error"]["category"] == "agent_error" and "SystemExit: 3" in records[1]["error"]["message"]
-    assert records[2]["error"]["category"] == "agent_error" and "KeyboardInterrupt" in records[2]["error"]["message"]
-    assert records[3]["status"] == "success" and records[3]["reward"] == 1.0
+    assert records[0]["error"]["category"] == "agent_error"
+    assert "CancelledError" in records[0]["error"]["message"]
+    assert records[1]["error"]["category"] == "agent_error"
+    assert "SystemExit: 3" in records[1]["error"]["message"]
+    assert records[2]["error"]["category"] == "agent_error"
+    assert "KeyboardInterrupt" in records[2]["error"]["message"]
+    assert records[3]["status"] == "success"
+    assert records[3]["reward"] == 1.0
 
 
 def test_a_backend_that_gives_out_stops_the_run_resumably(workspace, osmosis_registry):
@@ -218,15 +239,19 @@ def test_a_backend_that_gives_out_stops_the_run_resumably(workspace, osmosis_reg
         policy = PolicyEndpoint(stub.url, "m")
         plan = prepare_run(config, policy_override=policy, registry=osmosis_registry)
         outcome = anyio.run(execute_run, plan)
-        assert outcome.stopped == "the cluster is gone" and not outcome.interrupted
+        assert outcome.stopped == "the cluster is gone"
+        assert not outcome.interrupted
         done = outcome.summary.finished  # the fifth may have been in flight, then cancelled: not recorded
-        assert 4 <= done <= 5 and outcome.summary.interrupted
+        assert 4 <= done <= 5
+        assert outcome.summary.interrupted
         config.run.backend = "local"
         again = prepare_run(config, resume=True, policy_override=policy, registry=osmosis_registry)
         assert len(again.pending) == 20 - done
         final = anyio.run(execute_run, again)
     records = lines(workspace / "out" / "results.jsonl")
-    assert final.summary.finished == 20 and len(records) == 20 and all(x["status"] == "success" for x in records)
+    assert final.summary.finished == 20
+    assert len(records) == 20
+    assert all(x["status"] == "success" for x in records)
 
 
 def test_a_backend_that_returns_without_reporting_fails_the_rollout_instead_of_losing_it(workspace, osmosis_registry):
@@ -255,7 +280,8 @@ def test_a_backend_that_returns_without_reporting_fails_the_rollout_instead_of_l
     plan = prepare_run(config, policy_override=PolicyEndpoint("http://127.0.0.1:9/v1", "m"), registry=osmosis_registry)
     outcome = anyio.run(execute_run, plan)
     records = lines(workspace / "out" / "results.jsonl")
-    assert len(records) == 20 and outcome.summary.failed == 20
+    assert len(records) == 20
+    assert outcome.summary.failed == 20
     assert {x["error"]["category"] for x in records} == {"infra_error"}
     assert "SaysNothing) returned without reporting a result" in records[0]["error"]["message"]
 
@@ -273,5 +299,6 @@ def test_a_secret_is_redacted_wherever_it_sits_in_a_line(tmp_path):
     writer.write({"metrics": {"quoted": f'say "{key}"'}})
     writer.close()
     text = (tmp_path / "results.jsonl").read_text()
-    assert key not in text and "LIVE-0123" not in text
+    assert key not in text
+    assert "LIVE-0123" not in text
     assert [json.loads(x) for x in text.splitlines()][1]["metrics"]["err"].startswith("RuntimeError(")

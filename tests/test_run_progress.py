@@ -52,12 +52,16 @@ def test_plugins_hear_the_run_while_it_goes_and_once_at_its_end(workspace, osmos
     outcome = run_with(workspace, osmosis_registry, latency=0.05, every=0.1)
     finals = [p for p in listener.heard if p.final]
     during = [p for p in listener.heard if not p.final]
-    assert len(finals) == 1 and listener.heard[-1] is finals[0]
-    assert finals[0].summary == outcome.summary and finals[0].run_dir == workspace / "out"
-    assert finals[0].kind == "run" and finals[0].config.report == {"enabled": True}
+    assert len(finals) == 1
+    assert listener.heard[-1] is finals[0]
+    assert finals[0].summary == outcome.summary
+    assert finals[0].run_dir == workspace / "out"
+    assert finals[0].kind == "run"
+    assert finals[0].config.report == {"enabled": True}
     assert during, "no progress was heard during a run of several seconds"
     assert all(0 < p.summary.finished < 20 or p.summary.finished == 20 for p in during)
-    assert during[0].summary.finished < 20 and not during[0].summary.interrupted
+    assert during[0].summary.finished < 20
+    assert not during[0].summary.interrupted
     assert "MainThread" not in listener.threads  # never on the event loop's thread
 
 
@@ -67,10 +71,14 @@ def test_a_hook_that_raises_is_logged_once_and_the_run_and_other_plugins_go_on(w
     osmosis_registry.register(listener, "listener")
     with caplog.at_level(logging.WARNING, logger="osmosis.plugins"):
         outcome = run_with(workspace, osmosis_registry, latency=0.05, every=0.1)
-    assert outcome.summary.finished == 20 and not outcome.failing
-    assert Raiser.calls >= 2 and any(p.final for p in listener.heard)
+    assert outcome.summary.finished == 20
+    assert not outcome.failing
+    assert Raiser.calls >= 2
+    assert any(p.final for p in listener.heard)
     logged = [r.getMessage() for r in caplog.records if "osmosis_run_progress" in r.getMessage()]
-    assert len(logged) == 1 and "the dashboard is down" in logged[0] and "'raiser'" in logged[0]
+    assert len(logged) == 1
+    assert "the dashboard is down" in logged[0]
+    assert "'raiser'" in logged[0]
 
 
 def test_a_run_without_listeners_builds_no_progress(workspace, osmosis_registry):

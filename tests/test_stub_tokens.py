@@ -30,8 +30,10 @@ def streamed(raw: bytes) -> list[dict]:
 def test_encode_is_deterministic_and_lossless():
     text = "<|im_start|>user\nWhat is 12 times 7?<|im_end|>"
     pairs = encode(text)
-    assert "".join(p for p, _ in pairs) == text and pairs == encode(text)
-    assert pairs[0][1] == SPECIAL_TOKENS["<|im_start|>"] and pairs[-1][1] == SPECIAL_TOKENS["<|im_end|>"]
+    assert "".join(p for p, _ in pairs) == text
+    assert pairs == encode(text)
+    assert pairs[0][1] == SPECIAL_TOKENS["<|im_start|>"]
+    assert pairs[-1][1] == SPECIAL_TOKENS["<|im_end|>"]
 
 
 @pytest.mark.parametrize("as_ids", [False, True])
@@ -43,7 +45,8 @@ def test_vllm_flavor_sends_the_same_tokens_streamed_or_not(as_ids):
     assert whole["prompt_token_ids"] == render_prompt(QUESTION)
     choice = whole["choices"][0]
     entries = choice["logprobs"]["content"]
-    assert len(choice["token_ids"]) == len(entries) > 0 and choice["token_ids"][-1] == SPECIAL_TOKENS["<|im_end|>"]
+    assert len(choice["token_ids"]) == len(entries) > 0
+    assert choice["token_ids"][-1] == SPECIAL_TOKENS["<|im_end|>"]
     assert [e["logprob"] for e in entries] == [logprob_of(n, t) for n, t in enumerate(choice["token_ids"])]
     if as_ids:
         assert [e["token"] for e in entries] == [f"token_id:{t}" for t in choice["token_ids"]]
@@ -52,7 +55,8 @@ def test_vllm_flavor_sends_the_same_tokens_streamed_or_not(as_ids):
     assert all("prompt_token_ids" not in c for c in chunks[1:])
     ids = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
     logprobs = [e for c in chunks for ch in c["choices"] for e in (ch.get("logprobs") or {}).get("content", [])]
-    assert ids == choice["token_ids"] and [e["logprob"] for e in logprobs] == [e["logprob"] for e in entries]
+    assert ids == choice["token_ids"]
+    assert [e["logprob"] for e in logprobs] == [e["logprob"] for e in entries]
     assert chunks[-1]["usage"] == whole["usage"]
 
 
@@ -74,7 +78,8 @@ def test_the_template_is_append_only_and_the_drifting_one_is_not():
     assert answer["content"].startswith(THINK_BLOCK)
     full = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
     again = render_prompt([*QUESTION, answer, {"role": "user", "content": "thanks"}], drifting=True)
-    assert again[: len(full)] != full and again[: len(first["prompt_token_ids"])] == first["prompt_token_ids"]
+    assert again[: len(full)] != full
+    assert again[: len(first["prompt_token_ids"])] == first["prompt_token_ids"]
 
 
 @pytest.mark.parametrize("flavor", ["openai", "vllm"])
@@ -83,7 +88,8 @@ def test_nothing_extra_unless_asked_and_never_from_plain_openai(flavor):
         plain = json.loads(post(server, {"messages": QUESTION}))
         asked = json.loads(post(server, {"messages": QUESTION, **ASK}))
     for doc in (plain, asked) if flavor == "openai" else (plain,):
-        assert "prompt_token_ids" not in doc and "token_ids" not in doc["choices"][0]
+        assert "prompt_token_ids" not in doc
+        assert "token_ids" not in doc["choices"][0]
         assert doc["choices"][0]["logprobs"] is None
 
 

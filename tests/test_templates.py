@@ -161,7 +161,8 @@ def test_template_apply_through_symlink_fails_cleanly(tmp_path: Path) -> None:
     (dest / "rollouts").symlink_to(outside, target_is_directory=True)
     proc = _osmosis("template", "apply", TEMPLATE, dest, "--force")
     assert proc.returncode == 1
-    assert "outside" in proc.stderr and "nothing was written" in proc.stderr
+    assert "outside" in proc.stderr
+    assert "nothing was written" in proc.stderr
     assert list(outside.iterdir()) == []
     assert _tree(dest) == {"rollouts"}
 

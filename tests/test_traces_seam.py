@@ -17,8 +17,10 @@ def test_the_traces_table_is_a_table_and_turns_traces_on_unless_disabled():
     assert config_from_dict({**BASE, "traces": {"adapter": "vllm"}}).traces == {"adapter": "vllm"}
     with pytest.raises(ConfigError, match=r"\$\.traces"):
         config_from_dict({**BASE, "traces": 3})
-    assert traces_enabled({"adapter": "vllm"}) and traces_enabled({"enabled": True})
-    assert not traces_enabled({}) and not traces_enabled({"enabled": False, "adapter": "vllm"})
+    assert traces_enabled({"adapter": "vllm"})
+    assert traces_enabled({"enabled": True})
+    assert not traces_enabled({})
+    assert not traces_enabled({"enabled": False, "adapter": "vllm"})
 
 
 def test_without_a_gateway_plugin_the_error_says_what_to_install():

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from osmosis_core import (
@@ -109,12 +110,16 @@ def test_rollouts_run_in_the_workers_with_the_same_results(stub):
     finally:
         anyio.run(pool.aclose)
     graded = [r for r in results if r.stage.value == "grader"]
-    assert len(results) == 60 and len(graded) == 30
+    assert len(results) == 60
+    assert len(graded) == 30
     assert all(r.ok and r.reward == 1.0 for r in graded)
     pids = {r.sample.metrics["pid"] for r in graded}
     worker_pids = {w["pid"] for w in health["workers"]}
-    assert pids == worker_pids and os.getpid() not in pids and len(pids) == 2
-    assert health["status"] == "ok" and health["restarts"] == 0
+    assert pids == worker_pids
+    assert os.getpid() not in pids
+    assert len(pids) == 2
+    assert health["status"] == "ok"
+    assert health["restarts"] == 0
     assert not any(alive(pid) for pid in started)  # aclose stopped the workers and the zygote
 
 
@@ -158,13 +163,14 @@ def test_a_cancel_that_arrives_with_its_run_never_hangs(stub):
                     async with anyio.create_task_group() as tg:
                         for r in requests(stub.url, 64, sleep=30):  # none can finish before the cancel
                             tg.start_soon(pool.execute, r, keep, keep)
-                        await anyio.sleep(0)
-                        await anyio.sleep(0)
+                        await anyio.lowlevel.checkpoint()
+                        await anyio.lowlevel.checkpoint()
                         tg.cancel_scope.cancel()
                 return results
 
             results = anyio.run(run_and_cancel_at_once)
-            assert len(results) == 64 and len({r.rollout_id for r in results}) == 64
+            assert len(results) == 64
+            assert len({r.rollout_id for r in results}) == 64
             assert all(r.error.category is ErrorCategory.CANCELLED for r in results)
     finally:
         anyio.run(pool.aclose)
@@ -187,7 +193,8 @@ def test_a_sample_that_cannot_be_pickled_arrives_as_a_run_without_workers_writes
     assert sorted(r.rollout_id for r in results) == [f"w{i}" for i in range(6)]
     assert all(r.ok for r in results), [r.error for r in results]
     raw = results[0].sample.messages[-1]["raw"]
-    assert isinstance(raw, str) and "lock" in raw
+    assert isinstance(raw, str)
+    assert "lock" in raw
 
 
 def test_a_dead_worker_fails_only_its_running_rollouts_and_is_replaced(stub):
@@ -213,14 +220,13 @@ def test_a_dead_worker_fails_only_its_running_rollouts_and_is_replaced(stub):
     finally:
         anyio.run(pool.aclose)
     lost = [r for r in results if not r.ok]
-    assert len(results) == 20 and len(lost) == 2  # only the two it was running
+    assert len(results) == 20
+    assert len(lost) == 2  # only the two it was running
     assert all(r.error.category is ErrorCategory.INFRA_ERROR for r in lost)
     assert all(f"worker process {first} was killed by SIGKILL" in r.error.message for r in lost)
-    assert (
-        health["restarts"] == 1
-        and health["status"] == "ok"
-        and first not in [w["pid"] for w in health["workers"] if w["alive"]]
-    )
+    assert health["restarts"] == 1
+    assert health["status"] == "ok"
+    assert first not in [w["pid"] for w in health["workers"] if w["alive"]]
 
 
 def test_when_no_worker_can_be_replaced_waiting_rollouts_are_not_run_and_say_so(stub):
@@ -251,8 +257,10 @@ def test_when_no_worker_can_be_replaced_waiting_rollouts_are_not_run_and_say_so(
         results, refused = anyio.run(kill_all)
     finally:
         anyio.run(pool.aclose)
-    assert len(results) == 2 and all(r.error.category is ErrorCategory.INFRA_ERROR for r in results)
-    assert len(refused) == 4 and "every worker process is gone" in str(refused[0])
+    assert len(results) == 2
+    assert all(r.error.category is ErrorCategory.INFRA_ERROR for r in results)
+    assert len(refused) == 4
+    assert "every worker process is gone" in str(refused[0])
 
 
 # -- osmosis run with workers, as a user runs it ---------------------------------------------------
@@ -308,7 +316,8 @@ def test_osmosis_run_with_workers_end_to_end(workspace, osmosis_exe, clean_env):
     )
     assert r.returncode == 0, r.stderr
     lines = _lines(workspace / "out" / "results.jsonl")
-    assert len(lines) == 20 and all(x["reward"] == 1.0 for x in lines)
+    assert len(lines) == 20
+    assert all(x["reward"] == 1.0 for x in lines)
 
 
 def test_killing_every_worker_writes_off_only_what_they_were_running(workspace, osmosis_exe, clean_env):
@@ -332,7 +341,8 @@ def test_killing_every_worker_writes_off_only_what_they_were_running(workspace, 
     pairs = {(x["row"], x["sample_index"]) for x in lines}
     print(f"\nrollouts written off by 2 worker deaths: {len(failed)} (concurrency 16, 300 rows)")
     assert proc.returncode == 0, err
-    assert len(lines) == 300 and len(pairs) == 300
+    assert len(lines) == 300
+    assert len(pairs) == 300
     assert 1 <= len(failed) <= 16
     assert all(
         x["error"]["category"] == "infra_error" and "was killed by SIGKILL" in x["error"]["message"] for x in failed
@@ -487,7 +497,8 @@ def test_interrupting_a_run_with_workers_leaves_no_worker_behind(workspace, osmo
     assert len(started) == 4  # the stand-in server, the zygote and two workers
     assert not [pid for pid in started if alive(pid)]
     kept = _lines(results)
-    assert kept and all(x["status"] == "success" for x in kept)
+    assert kept
+    assert all(x["status"] == "success" for x in kept)
 
 
 GRADING = multiprocessing.Value("i", 0)  # shared with the forked workers
@@ -552,9 +563,11 @@ def test_a_second_signal_stops_at_once_and_keeps_the_summary(workspace, osmosis_
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    assert "interrupted again" in err and "2 finished results are kept" in err
+    assert "interrupted again" in err
+    assert "2 finished results are kept" in err
     summary = json.loads((workspace / "out" / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["finished"] == 2
+    assert summary["interrupted"] is True
+    assert summary["finished"] == 2
     assert [x["status"] for x in _lines(workspace / "out" / "results.jsonl")] == ["success", "success"]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(alive(p) for p in started):
@@ -615,4 +628,5 @@ def test_a_second_signal_stops_at_once_even_while_the_event_loop_is_blocked(work
     assert proc.returncode == 130, err
     assert "interrupted again" in err
     summary = json.loads((workspace / "out" / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["finished"] == 2
+    assert summary["interrupted"] is True
+    assert summary["finished"] == 2

@@ -280,8 +280,10 @@ class BackendContract:
                 (ExecutionStage.GRADER, ExecutionStatus.SUCCESS),
             ], seen[rollout_id]
             first, last = seen[rollout_id][0], seen[rollout_id][-1]
-            assert last.reward == reward and last.sample is not None
-            assert first.sample is not None and first.sample.messages[-1]["content"]
+            assert last.reward == reward
+            assert last.sample is not None
+            assert first.sample is not None
+            assert first.sample.messages[-1]["content"]
 
     def test_every_failure_is_a_result_with_the_local_category(self) -> None:
         cases: dict[str, tuple[dict[str, Any], ExecutionStage, ErrorCategory]] = {
@@ -304,7 +306,8 @@ class BackendContract:
         for name, (_metadata, stage, category) in cases.items():
             final = seen[name][-1]
             assert (final.stage, final.status) == (stage, ExecutionStatus.FAILURE), (name, seen[name])
-            assert final.error is not None and final.error.category is category, (name, final.error)
+            assert final.error is not None, (name, final.error)
+            assert final.error.category is category, (name, final.error)
             assert final.error.message, name
             assert len([r for r in seen[name] if r.stage is ExecutionStage.WORKFLOW]) == 1, (name, seen[name])
 
@@ -313,8 +316,10 @@ class BackendContract:
             pytest.skip(f"the {self.backend!r} backend declares keeps_partial_sample = False")
         seen = self._run({"workflow": ContractWorkflow}, [self._request("", "partial", do="partial")])
         [failed] = seen["partial"]
-        assert failed.error is not None and failed.error.category is ErrorCategory.AGENT_ERROR
-        assert failed.sample is not None and failed.sample.messages[-1]["content"] == "half an answer"
+        assert failed.error is not None
+        assert failed.error.category is ErrorCategory.AGENT_ERROR
+        assert failed.sample is not None
+        assert failed.sample.messages[-1]["content"] == "half an answer"
 
     def test_a_cancelled_rollout_is_reported_once_and_the_cancellation_passed_on(self) -> None:
         requests = [self._request("", f"hang-{i}", do="sleep:60") for i in range(3)]
@@ -322,7 +327,8 @@ class BackendContract:
         for request in requests:
             results = seen[request.rollout_id]
             assert [r.status for r in results] == [ExecutionStatus.CANCELLED], results
-            assert results[0].error is not None and results[0].error.category is ErrorCategory.CANCELLED
+            assert results[0].error is not None
+            assert results[0].error.category is ErrorCategory.CANCELLED
         assert sorted(r.rollout_id for r in seen["__raised__"]) == sorted(r.rollout_id for r in requests)
 
     def test_max_concurrency_is_honoured(self) -> None:
@@ -351,7 +357,8 @@ class BackendContract:
             [self._request("", "strict", label=None)],
         )
         final = strict["strict"][-1]
-        assert final.stage is ExecutionStage.GRADER and final.error is not None
+        assert final.stage is ExecutionStage.GRADER
+        assert final.error is not None
         assert final.error.category is ErrorCategory.VALIDATION_ERROR
 
     def test_health_is_json_with_a_status(self) -> None:
@@ -364,9 +371,11 @@ class BackendContract:
                 await backend.aclose()
 
         report = anyio.run(check)
-        assert isinstance(report, dict) and report.get("status") in ("ok", "degraded", "failed"), report
+        assert isinstance(report, dict), report
+        assert report.get("status") in ("ok", "degraded", "failed"), report
         json.dumps(report)
-        assert isinstance(backend.max_concurrency, int) and backend.max_concurrency >= 0
+        assert isinstance(backend.max_concurrency, int)
+        assert backend.max_concurrency >= 0
 
 
 def _with_url(request: ExecutionRequest, url: str) -> ExecutionRequest:

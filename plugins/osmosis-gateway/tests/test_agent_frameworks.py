@@ -24,7 +24,8 @@ TEMPLATES = {
 
 def load(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"gateway_test_{name}_rollout", Path(TEMPLATES[name]))
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -82,11 +83,16 @@ def test_agent_frameworks_give_complete_traces(framework, stream):
             return outcomes, traces, [r.body.get("stream") is True for r in server.requests]
 
     outcomes, traces, streamed = run(main)
-    assert all(s == stream for s in streamed) and len(streamed) == 4
+    assert all(s == stream for s in streamed)
+    assert len(streamed) == 4
     for outcome, trace in zip(outcomes, traces, strict=True):
-        assert outcome.workflow.ok and outcome.grader is not None and outcome.grader.sample.reward == 1.0
+        assert outcome.workflow.ok
+        assert outcome.grader is not None
+        assert outcome.grader.sample.reward == 1.0
         assert trace.complete, trace.incomplete_reason
         assert [c.finish_reason for c in trace.calls] == ["tool_calls", "stop"]
         view = trainer_view(trace)
         # each framework sends its history back as it got it: the second call extends the first
-        assert view.prefix_breaks == 0 and len(view.sequences) == 1 and view.delivered_fraction == 1.0
+        assert view.prefix_breaks == 0
+        assert len(view.sequences) == 1
+        assert view.delivered_fraction == 1.0

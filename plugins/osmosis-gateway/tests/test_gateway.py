@@ -19,9 +19,11 @@ def ask(messages=QUESTION, **extra):
 
 def plain_answer(raw: bytes) -> dict:
     doc = json.loads(raw)
-    assert "prompt_token_ids" not in doc and "prompt_logprobs" not in doc
+    assert "prompt_token_ids" not in doc
+    assert "prompt_logprobs" not in doc
     choice = doc["choices"][0]
-    assert "token_ids" not in choice and choice["logprobs"] is None
+    assert "token_ids" not in choice
+    assert choice["logprobs"] is None
     return doc
 
 
@@ -38,7 +40,8 @@ def test_two_turns_captured_exactly_and_stripped_from_the_answer(stream):
                 for doc in docs:
                     assert "prompt_token_ids" not in doc
                     for choice in doc["choices"]:
-                        assert "token_ids" not in choice and choice.get("logprobs") is None
+                        assert "token_ids" not in choice
+                        assert choice.get("logprobs") is None
                 calls = [c for d in docs for c in d["choices"][0]["delta"].get("tool_calls") or []]
                 tool_call = {
                     "id": calls[0]["id"],
@@ -60,20 +63,27 @@ def test_two_turns_captured_exactly_and_stripped_from_the_answer(stream):
             return gateway.pop_trace("r-1"), second
 
     trace, second = run(main)
-    assert trace.complete and trace.incomplete_reason is None and trace.capture == "tokens"
+    assert trace.complete
+    assert trace.incomplete_reason is None
+    assert trace.capture == "tokens"
     first, last = trace.calls
-    assert [c.index for c in trace.calls] == [0, 1] and first.call_id != last.call_id
+    assert [c.index for c in trace.calls] == [0, 1]
+    assert first.call_id != last.call_id
     assert list(first.prompt_token_ids) == render_prompt(QUESTION)
     assert list(last.prompt_token_ids) == render_prompt(second)
-    assert last.finish_reason == "stop" and first.finish_reason == "tool_calls"
+    assert last.finish_reason == "stop"
+    assert first.finish_reason == "tool_calls"
     assert last.response["content"] == "The product is 84.\n#### 84"
     generated = [*encode("The product is 84.\n#### 84"), *encode("<|im_end|>")]
     assert list(last.completion_token_ids) == [i for _, i in generated]
     assert list(last.logprobs) == [logprob_of(n, i) for n, (_, i) in enumerate(generated)]
     assert first.policy_version == last.policy_version == "v7"
-    assert first.request["messages"] == QUESTION and "return_token_ids" not in first.request
+    assert first.request["messages"] == QUESTION
+    assert "return_token_ids" not in first.request
     view = trainer_view(trace)
-    assert view.prefix_breaks == 0 and len(view.sequences) == 1 and view.delivered_fraction == 1.0
+    assert view.prefix_breaks == 0
+    assert len(view.sequences) == 1
+    assert view.delivered_fraction == 1.0
     sequence = view.sequences[0]
     assert sequence.token_ids == [*last.prompt_token_ids, *last.completion_token_ids]
     assert sum(sequence.loss_mask) == len(first.completion_token_ids) + len(last.completion_token_ids)
@@ -132,7 +142,9 @@ def test_refusals_missing_bearer_forged_rollout_and_another_rollouts_token():
         "gateway bearer, unopened": 404,
         "admin with a rollout token": 403,
     }
-    assert upstream_calls == 0 and mine.calls == [] and other.calls == []
+    assert upstream_calls == 0
+    assert mine.calls == []
+    assert other.calls == []
 
 
 def test_open_and_pop_over_http_then_the_rollout_is_closed():
@@ -143,7 +155,8 @@ def test_open_and_pop_over_http_then_the_rollout_is_closed():
             status, raw = await post(gateway.url + "/rollouts", {"rollout_id": "h/1"}, token=gateway.bearer)
             assert status == 201
             opened = json.loads(raw)
-            assert opened["base_url"].endswith("/rollouts/h%2F1") and opened["model"] == "osmosis-stub"
+            assert opened["base_url"].endswith("/rollouts/h%2F1")
+            assert opened["model"] == "osmosis-stub"
             url = opened["base_url"] + "/chat/completions"
             assert (await post(url, ask(), token=opened["api_key"]))[0] == 200
             auth = {"Authorization": f"Bearer {gateway.bearer}"}
@@ -158,9 +171,14 @@ def test_open_and_pop_over_http_then_the_rollout_is_closed():
             return peek, popped, again, after[0], gateway.open_rollouts
 
     peek, popped, again, after, still_open = run(main)
-    assert peek == popped and popped["rollout_id"] == "h/1" and popped["complete"] is True
-    assert len(popped["calls"]) == 1 and popped["calls"][0]["prompt_token_ids"]
-    assert again == 404 and after == 403 and still_open == 0
+    assert peek == popped
+    assert popped["rollout_id"] == "h/1"
+    assert popped["complete"] is True
+    assert len(popped["calls"]) == 1
+    assert popped["calls"][0]["prompt_token_ids"]
+    assert again == 404
+    assert after == 403
+    assert still_open == 0
 
 
 def test_a_text_only_upstream_is_a_capture_failure_that_never_fails_the_call():
@@ -171,9 +189,12 @@ def test_a_text_only_upstream_is_a_capture_failure_that_never_fails_the_call():
             return status, raw, gateway.pop_trace("r")
 
     status, raw, trace = run(main)
-    assert status == 200 and plain_answer(raw)["choices"][0]["message"]["tool_calls"]
-    assert not trace.complete and "no prompt_token_ids" in trace.incomplete_reason
-    assert trace.calls[0].status == "capture_failed" and trace.calls[0].response["tool_calls"]
+    assert status == 200
+    assert plain_answer(raw)["choices"][0]["message"]["tool_calls"]
+    assert not trace.complete
+    assert "no prompt_token_ids" in trace.incomplete_reason
+    assert trace.calls[0].status == "capture_failed"
+    assert trace.calls[0].response["tool_calls"]
 
 
 def test_the_openai_adapter_adds_nothing_and_says_text_only():
@@ -184,8 +205,12 @@ def test_the_openai_adapter_adds_nothing_and_says_text_only():
             return status, raw, gateway.pop_trace("r"), server.requests[0].body
 
     status, _raw, trace, sent = run(main)
-    assert status == 200 and "return_token_ids" not in sent and "logprobs" not in sent
-    assert trace.complete and trace.capture == "text" and trace.calls[0].prompt_token_ids is None
+    assert status == 200
+    assert "return_token_ids" not in sent
+    assert "logprobs" not in sent
+    assert trace.complete
+    assert trace.capture == "text"
+    assert trace.calls[0].prompt_token_ids is None
     with pytest.raises(ValueError, match="text only"):
         trainer_view(trace)
 
@@ -201,9 +226,11 @@ def test_a_rollout_that_asks_for_logprobs_itself_still_gets_them():
 
     doc, trace = run(main)
     entries = doc["choices"][0]["logprobs"]["content"]
-    assert entries and not entries[0]["token"].startswith("token_id:")  # as asked: text tokens
+    assert entries
+    assert not entries[0]["token"].startswith("token_id:")  # as asked: text tokens
     assert "token_ids" not in doc["choices"][0]  # it did not ask for ids
-    assert trace.complete and list(trace.calls[0].logprobs) == [e["logprob"] for e in entries]
+    assert trace.complete
+    assert list(trace.calls[0].logprobs) == [e["logprob"] for e in entries]
 
 
 @pytest.mark.parametrize(
@@ -237,10 +264,12 @@ def test_upstream_faults_reach_the_rollout_as_sent_and_mark_the_trace(fault, str
             return got, raw, after, gateway.pop_trace("r")
 
     got, raw, after, trace = run(main)
-    assert got == status and after == 200
+    assert got == status
+    assert after == 200
     if fault.kind == "status":
         assert json.loads(raw)["error"]["message"] == fault.message  # the upstream's own body
-    assert not trace.complete and trace.incomplete_reason.startswith(f"call 0 {call_status.replace('_', ' ')}")
+    assert not trace.complete
+    assert trace.incomplete_reason.startswith(f"call 0 {call_status.replace('_', ' ')}")
     assert [c.status for c in trace.calls] == [call_status, "ok"]
     assert UPSTREAM_KEY not in json.dumps(trace.to_json())
 
@@ -257,8 +286,11 @@ def test_an_unreachable_upstream_is_a_502_without_the_key():
             return status, raw, gateway.pop_trace("r")
 
     status, raw, trace = run(main)
-    assert status == 502 and b"cannot reach the upstream" in raw and UPSTREAM_KEY.encode() not in raw
-    assert trace.calls[0].status == "upstream_error" and not trace.complete
+    assert status == 502
+    assert b"cannot reach the upstream" in raw
+    assert UPSTREAM_KEY.encode() not in raw
+    assert trace.calls[0].status == "upstream_error"
+    assert not trace.complete
 
 
 def test_upstream_auth_failure_detail_is_redacted():
@@ -273,7 +305,8 @@ def test_upstream_auth_failure_detail_is_redacted():
 
     status, _raw, trace = run(main)
     assert status == 500  # passed on as the upstream sent it
-    assert UPSTREAM_KEY not in json.dumps(trace.to_json()) and "***" in trace.calls[0].error
+    assert UPSTREAM_KEY not in json.dumps(trace.to_json())
+    assert "***" in trace.calls[0].error
 
 
 def test_200_concurrent_rollouts_never_mix_traces():
@@ -295,12 +328,15 @@ def test_200_concurrent_rollouts_never_mix_traces():
 
     traces = run(main)
     for n, trace in enumerate(traces):
-        assert trace.rollout_id == f"r{n}" and trace.complete and len(trace.calls) == 2
+        assert trace.rollout_id == f"r{n}"
+        assert trace.complete
+        assert len(trace.calls) == 2
         for turn, call in enumerate(trace.calls):
             question = [{"role": "user", "content": f"What is {n} times {turn + 2}?"}]
             assert call.request["messages"] == question
             assert list(call.prompt_token_ids) == render_prompt(question)
-            assert call.completion_token_ids and len(call.completion_token_ids) == len(call.logprobs)
+            assert call.completion_token_ids
+            assert len(call.completion_token_ids) == len(call.logprobs)
 
 
 def test_a_client_that_hangs_up_mid_stream_marks_the_trace():
@@ -312,18 +348,23 @@ def test_a_client_that_hangs_up_mid_stream_marks_the_trace():
             policy = gateway.open_rollout("r")
             server.inject(Fault("delay", delay=0.3), rollout_id="r")
             headers = {"Authorization": f"Bearer {policy.api_key}"}
+
+            async def hang_up(session: aiohttp.ClientSession) -> None:
+                async with (
+                    asyncio.timeout(0.1),
+                    session.post(policy.chat_completions_url, json=ask(stream=True), headers=headers) as r,
+                ):
+                    await r.read()
+
             async with aiohttp.ClientSession() as session:
                 with pytest.raises(asyncio.TimeoutError):
-                    async with asyncio.timeout(0.1):
-                        async with session.post(
-                            policy.chat_completions_url, json=ask(stream=True), headers=headers
-                        ) as r:
-                            await r.read()
+                    await hang_up(session)
             await asyncio.sleep(0.6)
             return gateway.pop_trace("r")
 
     trace = run(main)
-    assert len(trace.calls) == 1 and trace.calls[0].status == "client_gone"
+    assert len(trace.calls) == 1
+    assert trace.calls[0].status == "client_gone"
     assert trace.incomplete_reason.startswith("call 0 client gone")
 
 
@@ -359,16 +400,21 @@ def test_sglang_streams_are_asked_whole_and_streamed_to_the_rollout():
             return status, raw, gateway.pop_trace("r"), server.requests[0].body
 
     status, raw, trace, sent = run(main)
-    assert status == 200 and sent["stream"] is False and "stream_options" not in sent
+    assert status == 200
+    assert sent["stream"] is False
+    assert "stream_options" not in sent
     docs = sse_docs(raw)
-    assert raw.endswith(b"data: [DONE]\n\n") and docs[-1]["usage"]["completion_tokens"] > 0
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert docs[-1]["usage"]["completion_tokens"] > 0
     calls = [c for d in docs for ch in d["choices"] for c in ch["delta"].get("tool_calls") or []]
-    assert calls[0]["function"]["name"] == "multiply" and json.loads(calls[0]["function"]["arguments"]) == {
+    assert calls[0]["function"]["name"] == "multiply"
+    assert json.loads(calls[0]["function"]["arguments"]) == {
         "a": 12,
         "b": 7,
     }
     assert [ch["finish_reason"] for d in docs for ch in d["choices"]][-1] == "tool_calls"
     assert all("token_ids" not in ch and ch["logprobs"] is None for d in docs for ch in d["choices"])
     assert all("prompt_token_ids" not in d for d in docs)
-    assert trace.complete and trace.calls[0].stream is True
+    assert trace.complete
+    assert trace.calls[0].stream is True
     assert list(trace.calls[0].prompt_token_ids) == render_prompt(QUESTION)

@@ -16,7 +16,8 @@ def test_osmosis_lists_the_gateway_plugin_with_its_hook_and_commands(clean_env):
     data = json.loads(r.stdout)
     plugins = data if isinstance(data, list) else data["plugins"]
     (gateway,) = [p for p in plugins if p["name"] == "gateway"]
-    assert gateway["status"] == "active" and gateway["distribution"] == "osmosis-gateway"
+    assert gateway["status"] == "active"
+    assert gateway["distribution"] == "osmosis-gateway"
     assert "osmosis_policy_gateway" in gateway["hooks"]
     assert gateway["provides"] == {"commands": ["export", "gateway"]}
 
@@ -30,4 +31,5 @@ def test_the_entry_module_imports_no_aiohttp():
 def test_without_the_plugin_the_cli_says_what_to_install(clean_env):
     env = {**clean_env, "OSMOSIS_DISABLE_PLUGINS": "gateway"}
     r = subprocess.run([OSMOSIS, "gateway", "--help"], capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode == 2 and "pip install osmosis-gateway" in r.stderr
+    assert r.returncode == 2
+    assert "pip install osmosis-gateway" in r.stderr

@@ -53,7 +53,9 @@ def test_multiply_plain_with_traces_holds_every_call_with_the_ids_sent(workspace
     by_pair = {(t["row_index"], t["sample_index"]): t for t in traces}
     for result in results:
         trace = by_pair[(result["row"], result["sample_index"])]
-        assert result["status"] == "success" and trace["complete"] is True and trace["incomplete_reason"] is None
+        assert result["status"] == "success"
+        assert trace["complete"] is True
+        assert trace["incomplete_reason"] is None
         assert trace["rollout_id"].endswith(f"-{result['row']}-{result['sample_index']}")
         # the sample's conversation is what the calls sent (one call per assistant message)
         sample = result["sample"]["messages"]
@@ -63,7 +65,9 @@ def test_multiply_plain_with_traces_holds_every_call_with_the_ids_sent(workspace
             assert list(c.prompt_token_ids) == render_prompt(c.request["messages"])  # the ids the stand-in saw
             assert len(c.completion_token_ids) == len(c.logprobs) > 0
         view = trainer_view(parsed)
-        assert view.prefix_breaks == 0 and len(view.sequences) == 1 and view.delivered_fraction == 1.0
+        assert view.prefix_breaks == 0
+        assert len(view.sequences) == 1
+        assert view.delivered_fraction == 1.0
         (sequence,) = view.sequences
         last = parsed.calls[-1]
         assert sequence.token_ids == [*last.prompt_token_ids, *last.completion_token_ids]
@@ -95,29 +99,34 @@ def test_atif_export_is_valid_for_harbors_own_models(workspace, clean_env):
         assert first.llm_call_count == last.llm_call_count == 1
         assert first.tool_calls[0].arguments.keys() == {"a", "b"}
         assert first.observation.results[0].source_call_id == first.tool_calls[0].tool_call_id
-        assert first.metrics.prompt_token_ids and first.metrics.completion_token_ids
+        assert first.metrics.prompt_token_ids
+        assert first.metrics.completion_token_ids
         assert len(last.metrics.logprobs) == len(last.metrics.completion_token_ids) == last.metrics.completion_tokens
-        assert document["extra"]["reward"] == 1.0 and document["extra"]["complete"] is True
+        assert document["extra"]["reward"] == 1.0
+        assert document["extra"]["complete"] is True
 
 
 def test_export_says_what_is_missing(workspace, clean_env):
     (workspace / "empty").mkdir()
     r = osmosis("export", "empty", cwd=workspace, env=clean_env)
-    assert r.returncode == 1 and "traces.jsonl does not exist" in r.stderr
+    assert r.returncode == 1
+    assert "traces.jsonl does not exist" in r.stderr
 
 
 def test_workers_give_the_same_traces_as_local(workspace, clean_env):
     args = ["run", "configs/eval/multiply-plain.toml", "--stub-policy", "--traces", "--limit", "8"]
     one = osmosis(*args, "--output", "one", cwd=workspace, env=clean_env)
     two = osmosis(*args, "--workers", "2", "--output", "two", cwd=workspace, env=clean_env)
-    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    assert one.returncode == 0, one.stderr + two.stderr
+    assert two.returncode == 0, one.stderr + two.stderr
     local = sorted(
         (comparable_trace(t) for t in lines(workspace / "one" / "traces.jsonl")), key=lambda t: t["row_index"]
     )
     workers = sorted(
         (comparable_trace(t) for t in lines(workspace / "two" / "traces.jsonl")), key=lambda t: t["row_index"]
     )
-    assert len(local) == 8 and local == workers
+    assert len(local) == 8
+    assert local == workers
 
 
 def test_a_drifting_template_is_counted_never_repaired(workspace, clean_env):
@@ -129,7 +138,9 @@ def test_a_drifting_template_is_counted_never_repaired(workspace, clean_env):
     for line in lines(workspace / "out" / "traces.jsonl"):
         trace = trace_from_json(line)
         view = trainer_view(trace)
-        assert trace.complete and view.prefix_breaks == 1 and len(view.sequences) == 2
+        assert trace.complete
+        assert view.prefix_breaks == 1
+        assert len(view.sequences) == 2
         for sequence, c in zip(view.sequences, trace.calls, strict=True):
             assert list(c.prompt_token_ids) == render_prompt(c.request["messages"], drifting=True)
             assert sequence.token_ids == [*c.prompt_token_ids, *c.completion_token_ids]
@@ -149,9 +160,11 @@ def test_a_failed_call_marks_the_trace_and_leaves_the_rollout_status_alone(works
     assert r.returncode == 0, r.stderr
     results = {x["row"]: x for x in lines(workspace / "vllm" / "results.jsonl")}
     traces = {x["row_index"]: x for x in lines(workspace / "vllm" / "traces.jsonl")}
-    assert results[0]["status"] == "failure" and results[0]["error"]["category"] == "policy_error"
+    assert results[0]["status"] == "failure"
+    assert results[0]["error"]["category"] == "policy_error"
     assert "503" in results[0]["error"]["message"]
-    assert traces[0]["complete"] is False and "upstream error" in traces[0]["incomplete_reason"]
+    assert traces[0]["complete"] is False
+    assert "upstream error" in traces[0]["incomplete_reason"]
     assert [c["http_status"] for c in traces[0]["calls"]] == [503]
     assert all(results[i]["status"] == "success" and traces[i]["complete"] for i in (1, 2))
 
@@ -164,7 +177,8 @@ def test_a_failed_call_marks_the_trace_and_leaves_the_rollout_status_alone(works
     assert r.returncode == 0, r.stderr
     assert [t["row_index"] for t in lines(workspace / "vllm" / "traces.jsonl")] == [0, 1, 2, 0]
     latest = read_traces(workspace / "vllm" / "traces.jsonl")
-    assert latest[(0, 0)][1].complete and len(latest) == 3
+    assert latest[(0, 0)][1].complete
+    assert len(latest) == 3
 
     with ScriptedPolicyServer(api_key=UPSTREAM_KEY, flavor="openai") as server:  # no token fields at all
         r = osmosis(
@@ -178,7 +192,8 @@ def test_a_failed_call_marks_the_trace_and_leaves_the_rollout_status_alone(works
 
     # nothing the runs wrote holds the upstream's key
     written = [p for p in workspace.rglob("*") if p.is_file() and "rollouts" not in p.parts]
-    assert written and not [p for p in written if UPSTREAM_KEY.encode() in p.read_bytes()]
+    assert written
+    assert not [p for p in written if UPSTREAM_KEY.encode() in p.read_bytes()]
     assert UPSTREAM_KEY not in r.stdout + r.stderr
 
 
@@ -188,7 +203,9 @@ def test_traces_table_is_checked_and_the_plugin_is_needed(workspace, clean_env):
     r = osmosis(
         "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--output", "bad", cwd=workspace, env=clean_env
     )
-    assert r.returncode == 1 and "$.traces.adapter" in r.stderr and not (workspace / "bad").exists()
+    assert r.returncode == 1
+    assert "$.traces.adapter" in r.stderr
+    assert not (workspace / "bad").exists()
     env = {**clean_env, "OSMOSIS_DISABLE_PLUGINS": "gateway"}
     r = osmosis(
         "run",
@@ -200,7 +217,8 @@ def test_traces_table_is_checked_and_the_plugin_is_needed(workspace, clean_env):
         cwd=workspace,
         env=env,
     )
-    assert r.returncode == 1 and "pip install osmosis-gateway" in r.stderr
+    assert r.returncode == 1
+    assert "pip install osmosis-gateway" in r.stderr
 
 
 def test_standalone_gateway_prints_url_and_bearer_and_serves(clean_env, tmp_path):
@@ -238,9 +256,12 @@ def test_standalone_gateway_prints_url_and_bearer_and_serves(clean_env, tmp_path
             question = {"model": "m", "messages": [{"role": "user", "content": "2 * 3"}]}
             chat = opened["base_url"].removeprefix(url) + "/chat/completions"
             status, answer = call("POST", chat, question, token=opened["api_key"])
-            assert status == 200 and answer["choices"][0]["message"]["content"].endswith("#### 6")
+            assert status == 200
+            assert answer["choices"][0]["message"]["content"].endswith("#### 6")
             status, trace = call("DELETE", "/rollouts/x")
-            assert status == 200 and trace["complete"] and trace["calls"][0]["completion_token_ids"]
+            assert status == 200
+            assert trace["complete"]
+            assert trace["calls"][0]["completion_token_ids"]
         finally:
             proc.terminate()
             out, err = proc.communicate(timeout=10)

@@ -31,7 +31,8 @@ def test_calls_that_extend_each_other_make_one_sequence_with_a_mask_on_generated
     assert sequence.token_ids == [1, 2, 3, 4, 9, 9, 5]
     assert sequence.loss_mask == [0, 0, 1, 1, 0, 0, 1]  # the tool tokens (9, 9) are not trained on
     assert sequence.logprobs == [0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.1]
-    assert sequence.call_ids == ("c0", "c1") and sequence.policy_versions == ("a", "b")
+    assert sequence.call_ids == ("c0", "c1")
+    assert sequence.policy_versions == ("a", "b")
     assert sequence.prompt_length == 2
     assert (view.prefix_breaks, view.generated_tokens, view.delivered_tokens) == (0, 3, 3)
 
@@ -39,7 +40,8 @@ def test_calls_that_extend_each_other_make_one_sequence_with_a_mask_on_generated
 def test_a_rewritten_prompt_starts_a_new_sequence_and_is_counted():
     calls = [call(0, [1, 2], [3]), call(1, [1, 2, 3, 7], [8]), call(2, [1, 2, 7], [9])]  # 2 drops token 3
     view = trainer_view(RolloutTrace("r", calls=calls))
-    assert view.prefix_breaks == 1 and len(view.sequences) == 2
+    assert view.prefix_breaks == 1
+    assert len(view.sequences) == 2
     assert [s.token_ids for s in view.sequences] == [[1, 2, 3, 7, 8], [1, 2, 7, 9]]
     assert view.sequences[1].loss_mask == [0, 0, 0, 1]  # never re-tokenized, never merged
     assert view.delivered_fraction == 1.0
@@ -51,16 +53,19 @@ def test_branches_share_a_parent_that_is_trained_once_and_last_keeps_one_branch(
     assert [s.call_ids for s in view.sequences] == [("c0", "c1"), ("c0", "c2")]
     assert view.sequences[0].loss_mask == [0, 1, 0, 1]
     assert view.sequences[1].loss_mask == [0, 0, 0, 1, 1]  # c0 was trained in the first branch
-    assert view.prefix_breaks == 0 and view.delivered_tokens == view.generated_tokens == 4
+    assert view.prefix_breaks == 0
+    assert view.delivered_tokens == view.generated_tokens == 4
     last = trainer_view(RolloutTrace("r", calls=calls), branches="last")
     assert [s.call_ids for s in last.sequences] == [("c0", "c2")]
-    assert last.delivered_tokens == 3 and last.delivered_fraction == 0.75
+    assert last.delivered_tokens == 3
+    assert last.delivered_fraction == 0.75
 
 
 def test_the_longest_parent_wins():
     calls = [call(0, [1], [2]), call(1, [1, 2], [3]), call(2, [1, 2, 3], [4])]
     (sequence,) = trainer_view(RolloutTrace("r", calls=calls)).sequences
-    assert sequence.call_ids == ("c0", "c1", "c2") and sequence.loss_mask == [0, 1, 1, 1]
+    assert sequence.call_ids == ("c0", "c1", "c2")
+    assert sequence.loss_mask == [0, 1, 1, 1]
 
 
 def test_failed_calls_are_left_out_and_the_view_says_the_trace_is_incomplete():
@@ -68,7 +73,9 @@ def test_failed_calls_are_left_out_and_the_view_says_the_trace_is_incomplete():
     trace.mark_incomplete("call 1 cut: x")
     trace.mark_incomplete("later reason")
     view = trainer_view(trace)
-    assert not view.complete and view.incomplete_reason == "call 1 cut: x" and len(view.sequences) == 1
+    assert not view.complete
+    assert view.incomplete_reason == "call 1 cut: x"
+    assert len(view.sequences) == 1
 
 
 def test_json_round_trip():
@@ -112,14 +119,17 @@ def test_ids_from_token_id_strings_when_the_server_sends_no_token_ids():
 
 def test_sources_that_disagree_are_a_capture_failure():
     capture, tokens = capture_of(completion([5, 7], [entry("token_id:5"), entry("token_id:6")]))
-    assert tokens is None and "different ids" in capture.problem
+    assert tokens is None
+    assert "different ids" in capture.problem
 
 
 def test_token_and_logprob_lists_of_different_lengths_are_a_capture_failure():
     capture, tokens = capture_of(completion([5, 6, 7], [entry("token_id:5"), entry("token_id:6")]))
-    assert tokens is None and "different ids" in capture.problem
+    assert tokens is None
+    assert "different ids" in capture.problem
     capture, tokens = capture_of(completion([5, 6, 7], [entry("a"), entry("b")]), request={"logprobs": True})
-    assert tokens is None and capture.problem == "3 generated token ids but 2 logprobs"
+    assert tokens is None
+    assert capture.problem == "3 generated token ids but 2 logprobs"
 
 
 def test_missing_pieces_are_capture_failures():
@@ -135,7 +145,9 @@ def test_missing_pieces_are_capture_failures():
 def test_sglang_is_asked_without_streaming_and_puts_prompt_ids_on_the_choice():
     body = {"messages": [], "stream": True, "stream_options": {"include_usage": True}}
     capture = prepare_request(body, "sglang")
-    assert capture.problem is None and body["stream"] is False and "stream_options" not in body
+    assert capture.problem is None
+    assert body["stream"] is False
+    assert "stream_options" not in body
     capture = prepare_request({"messages": []}, "sglang")
     doc = completion([5], [entry("x")], prompt=None)
     doc["choices"][0]["prompt_token_ids"] = [1, 2]
@@ -170,7 +182,8 @@ def test_a_drifting_template_gives_counted_breaks_and_separate_sequences_with_th
     assert trace.complete
     assert [list(c.prompt_token_ids) for c in trace.calls] == prompts  # exactly what the server saw
     view = trainer_view(trace)
-    assert view.prefix_breaks == 2 and len(view.sequences) == 3
+    assert view.prefix_breaks == 2
+    assert len(view.sequences) == 3
     for sequence, c in zip(view.sequences, trace.calls, strict=True):
         assert sequence.token_ids == [*c.prompt_token_ids, *c.completion_token_ids]
         assert sum(sequence.loss_mask) == len(c.completion_token_ids)
@@ -179,6 +192,7 @@ def test_a_drifting_template_gives_counted_breaks_and_separate_sequences_with_th
 
 def test_ids_that_are_not_integers_are_a_capture_failure_and_good_ones_are_stored_compactly():
     capture, tokens = capture_of(completion([5.5], [entry("x")]), request={"logprobs": True})
-    assert tokens is None and "not an integer" in capture.problem
+    assert tokens is None
+    assert "not an integer" in capture.problem
     _, tokens = capture_of(completion([5], [entry("x")]), request={"logprobs": True})
     assert [t.typecode for t in tokens] == ["i", "i", "d"]  # 4 bytes an id, not a 36-byte int in a list

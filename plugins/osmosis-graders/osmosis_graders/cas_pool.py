@@ -130,7 +130,8 @@ class _Worker:
             stderr=subprocess.DEVNULL,
             close_fds=True,
         )
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.stdin = self.proc.stdin.fileno()
         self.stdout = self.proc.stdout.fileno()
         os.set_blocking(self.stdout, False)

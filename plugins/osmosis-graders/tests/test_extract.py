@@ -80,7 +80,9 @@ def test_every_extractor_is_covered_by_the_table():
 def test_a_json_field_by_path_and_a_missing_one():
     reply = '{"answer": {"values": [10, 20]}, "note": "x"}'
     found = extract_answer(reply, ["json"], json_path="answer.values.1")
-    assert found is not None and found.text == "20" and found.value == 20
+    assert found is not None
+    assert found.text == "20"
+    assert found.value == 20
     assert extract_answer(reply, ["json"], json_path="answer.missing") is None
     assert extract_answer(reply, ["json", "final"], json_path="nope").extractor == "final"
     assert json_field([1, [2, 3]], "1.-1") == 3

@@ -232,12 +232,14 @@ def test_a_megabyte_boxed_answer_names_the_size_limit(grade):
 
 def test_deeply_nested_braces_name_the_depth_limit(grade):
     reward, sample = grade(MathGrader(), r"\boxed{" + "{" * 40 + "1" + "}" * 40 + "}", "1")
-    assert reward == 0.0 and "math.path" not in sample.metrics  # never sent to the CAS
+    assert reward == 0.0
+    assert "math.path" not in sample.metrics  # never sent to the CAS
     assert sample.metrics["math.reason"].startswith("braces nested deeper than 32 (40 levels, max_brace_depth)")
     assert sample.metrics["math.limit"] == "max_brace_depth"
     # nested so deep that the reply outgrows the part read: the size limit is the cause
     reward, sample = grade(MathGrader(), r"\boxed{" + "{" * 60_000 + "1" + "}" * 60_000 + "}", "1")
-    assert reward == 0.0 and sample.metrics["math.reason"].startswith("answer too large to parse (120,009 chars > ")
+    assert reward == 0.0
+    assert sample.metrics["math.reason"].startswith("answer too large to parse (120,009 chars > ")
 
 
 def test_a_long_reply_without_an_answer_says_only_its_end_was_read(grade):
@@ -283,14 +285,17 @@ def test_a_bad_config_table_is_refused_with_its_key_path(config_type, table, mes
     with pytest.raises(ConfigError) as caught:
         apply_config_table(config_type(), table, "$.rollout.grader_config", "run.toml")
     (problem,) = caught.value.problems
-    assert message in problem and f"@ {path}" in problem, problem
+    assert message in problem, problem
+    assert f"@ {path}" in problem, problem
 
 
 def test_a_good_config_table_is_read_into_the_config_type():
     config = apply_config_table(
         MathConfig(), {"extract": "boxed", "label_extract": ["boxed", "hash"], "cas_timeout_sec": 2}, "$.r", "run.toml"
     )
-    assert config.extract == ("boxed",) and config.label_extract == ("boxed", "hash")
-    assert config.cas_timeout_sec == 2.0 and isinstance(config, MathConfig)
+    assert config.extract == ("boxed",)
+    assert config.label_extract == ("boxed", "hash")
+    assert config.cas_timeout_sec == 2.0
+    assert isinstance(config, MathConfig)
     aliases = ExactMatchConfig(extract=["gsm8k", "number", "whole"])
     assert aliases.extract == ("hash", "last-number", "final")

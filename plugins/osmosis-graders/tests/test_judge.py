@@ -48,14 +48,17 @@ def test_a_well_formed_judgement_is_scaled_to_0_1(grade):
     assert sample.metrics["llm-judge.raw_scores"] == [8]
     assert sample.metrics["llm-judge.judge_reason"] == "right value"
     assert sample.metrics["llm-judge.extracted"] == "It is 42."
-    assert logged.authorized and logged.status == 200
+    assert logged.authorized
+    assert logged.status == 200
     [request] = seen
-    assert request["model"] == "judge-1" and request["temperature"] == 0.0
+    assert request["model"] == "judge-1"
+    assert request["temperature"] == 0.0
     assert request["response_format"]["type"] == "json_schema"
     rubric = request["messages"][-1]["content"]
-    assert (
-        "What is 6 x 7?" in rubric and "It is 42." in rubric and "\n42\n" in rubric and "from 0 (wrong) to 10" in rubric
-    )
+    assert "What is 6 x 7?" in rubric
+    assert "It is 42." in rubric
+    assert "\n42\n" in rubric
+    assert "from 0 (wrong) to 10" in rubric
 
 
 def test_a_custom_rubric_sees_the_conversation_and_a_system_prompt(grade):
@@ -118,7 +121,8 @@ def test_a_malformed_or_out_of_range_judgement_fails_the_grading_never_a_silent_
     error = caught.value
     assert message in str(error)
     assert f"judge {url}/chat/completions (model judge-1) answered 200" in str(error)
-    assert error.status == 200 and error.endpoint == f"{url}/chat/completions"
+    assert error.status == 200
+    assert error.endpoint == f"{url}/chat/completions"
 
 
 @pytest.mark.parametrize(
@@ -138,7 +142,8 @@ def test_a_failing_judge_is_a_policy_error_naming_the_endpoint_and_status(grade,
             grade(LLMJudgeGrader(config(server)), "x", "y")
         assert len(server.requests) == 1  # one POST, never re-sent
         url = server.url
-    assert message in str(caught.value) and url in str(caught.value)
+    assert message in str(caught.value)
+    assert url in str(caught.value)
     assert caught.value.status == status
 
 
@@ -158,8 +163,10 @@ def test_the_key_never_appears_in_an_error_even_when_the_judge_echoes_it(grade):
         host = server.url.removeprefix("http://")
         with pytest.raises(PolicyError) as with_password:  # credentials in the URL are not shown either
             grade(LLMJudgeGrader(JudgeConfig(base_url=f"http://user:{KEY}@{host}", model="m")), "x", "y")
-    assert KEY not in str(caught.value) and "***" in str(caught.value)
-    assert KEY not in str(with_password.value) and "user" not in str(with_password.value)
+    assert KEY not in str(caught.value)
+    assert "***" in str(caught.value)
+    assert KEY not in str(with_password.value)
+    assert "user" not in str(with_password.value)
 
 
 def test_the_judge_s_own_concurrency_limit(grade):
@@ -225,7 +232,8 @@ def test_a_bad_judge_config_is_refused_with_its_key_path(table, message, path):
     with pytest.raises(ConfigError) as caught:
         apply_config_table(JudgeConfig(), table, "$.rollout.grader_config", "run.toml")
     (problem,) = caught.value.problems
-    assert message in problem and f"@ $.rollout.grader_config.{path}" in problem, problem
+    assert message in problem, problem
+    assert f"@ $.rollout.grader_config.{path}" in problem, problem
 
 
 def test_an_unconfigured_judge_or_a_missing_key_fails_the_grading_without_a_request(grade, monkeypatch):
@@ -257,8 +265,10 @@ def test_a_rollout_judged_end_to_end_never_calls_the_policy_for_the_judgement():
         outcome = run_rollout_sync(
             Ask, LLMJudgeGrader, policy=policy, user_prompt="3 * 4", label="12", grader_config=grader_config
         )
-        assert outcome.error is None and outcome.reward == 1.0
-        assert len(policy.requests) == 1 and len(judge.requests) == 1
+        assert outcome.error is None
+        assert outcome.reward == 1.0
+        assert len(policy.requests) == 1
+        assert len(judge.requests) == 1
         assert "The product is 12" in judge.requests[0].body["messages"][-1]["content"]
 
         judge.inject(Fault("status", status=503))
@@ -266,7 +276,9 @@ def test_a_rollout_judged_end_to_end_never_calls_the_policy_for_the_judgement():
             Ask, LLMJudgeGrader, policy=policy, user_prompt="3 * 4", label="12", grader_config=grader_config
         )
         judge_url = judge.url
-    assert failed.workflow.ok and failed.grader is not None and not failed.grader.ok
+    assert failed.workflow.ok
+    assert failed.grader is not None
+    assert not failed.grader.ok
     assert failed.error.category == "policy_error"
     assert f"judge {judge_url}/chat/completions (model judge-1) answered 503" in failed.error.message
     assert KEY not in failed.error.message

@@ -67,9 +67,12 @@ def test_parse_number(text, value):
 
 
 def test_how_a_number_was_written_is_kept():
-    assert parse_number("3.0").decimal and not parse_number("3").decimal
-    assert parse_number("3/4").fraction and parse_number("\\frac{3}{4}").fraction
-    assert parse_number("50%").percent and not parse_number("50").percent
+    assert parse_number("3.0").decimal
+    assert not parse_number("3").decimal
+    assert parse_number("3/4").fraction
+    assert parse_number("\\frac{3}{4}").fraction
+    assert parse_number("50%").percent
+    assert not parse_number("50").percent
 
 
 @pytest.mark.parametrize(
@@ -206,7 +209,8 @@ def test_a_number_equals_its_own_formatted_variants(value):
     for variant in _variants(value):
         assert normalize_answer(variant) == base, variant
         parsed = parse_number(variant)
-        assert parsed is not None and parsed.value == exact, variant
+        assert parsed is not None, variant
+        assert parsed.value == exact, variant
 
 
 @settings(max_examples=300, deadline=None)

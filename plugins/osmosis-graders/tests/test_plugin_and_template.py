@@ -52,7 +52,8 @@ def test_every_grader_is_registered_by_name_and_resolves_to_its_class():
     assert {name for name, _path, _line in GRADERS} == NAMES
     for name in NAMES:
         cls = registry.grader(name).resolve()
-        assert issubclass(cls, Grader) and issubclass(cls.config_type, GraderConfig)
+        assert issubclass(cls, Grader)
+        assert issubclass(cls.config_type, GraderConfig)
         assert cls.name == name  # the default metrics prefix is the registered name
         cls.config_type()  # the loader builds the default config when the run config has no table
     assert registry.grader("exact_match").resolve().name == "exact-match"  # names are normalised
@@ -62,11 +63,15 @@ def test_osmosis_plugins_lists_the_plugin_and_template_list_the_template(osmosis
     proc = osmosis("plugins", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     (mine,) = [p for p in json.loads(proc.stdout) if p["name"] == "graders"]
-    assert mine["status"] == "active" and mine["distribution"] == "osmosis-graders" and mine["error"] is None
+    assert mine["status"] == "active"
+    assert mine["distribution"] == "osmosis-graders"
+    assert mine["error"] is None
     assert mine["hooks"] == ["osmosis_register_graders", "osmosis_register_templates"]
     assert mine["provides"] == {"graders": sorted(NAMES), "templates": [TEMPLATE]}
     table = osmosis("plugins", cwd=tmp_path)  # the table names them too
-    assert table.returncode == 0 and "exact-match" in table.stdout and "weighted" in table.stdout
+    assert table.returncode == 0
+    assert "exact-match" in table.stdout
+    assert "weighted" in table.stdout
     templates = osmosis("template", "list", "--json", cwd=tmp_path)
     assert templates.returncode == 0, templates.stderr
     (spec,) = [t for t in json.loads(templates.stdout) if t["name"] == TEMPLATE]
@@ -99,7 +104,8 @@ def test_the_template_applies_reusing_the_core_example(workspace):
     ]
     assert "osmosis-graders" in (workspace / f"rollouts/{TEMPLATE}/pyproject.toml").read_text()
     agents_md = (workspace / "AGENTS.md").read_text()
-    assert TEMPLATE in agents_md and "{{" not in agents_md
+    assert TEMPLATE in agents_md
+    assert "{{" not in agents_md
 
 
 def test_the_template_runs_with_the_stub_policy_graded_by_weighted(workspace, osmosis):
@@ -113,12 +119,15 @@ def test_the_template_runs_with_the_stub_policy_graded_by_weighted(workspace, os
         r["error"] for r in results
     ]
     metrics = results[0]["metrics"]
-    assert metrics["weighted.format"] == 1.0 and metrics["weighted.exact-match"] == 1.0
-    assert metrics["exact-match.extractor"] == "hash" and metrics["format.matched"].startswith("#### ")
+    assert metrics["weighted.format"] == 1.0
+    assert metrics["weighted.exact-match"] == 1.0
+    assert metrics["exact-match.extractor"] == "hash"
+    assert metrics["format.matched"].startswith("#### ")
     label = json.loads((workspace / "data/multiply.jsonl").read_text().splitlines()[results[0]["row"]])["ground_truth"]
     assert metrics["exact-match.extracted"] == label
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["mean_reward"] == pytest.approx(1.0) and summary["errors_by_category"] == {}
+    assert summary["mean_reward"] == pytest.approx(1.0)
+    assert summary["errors_by_category"] == {}
 
 
 def test_the_template_guides_commands_all_work(workspace):

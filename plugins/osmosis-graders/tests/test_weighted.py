@@ -22,13 +22,16 @@ def test_a_format_part_and_a_correctness_part(grade):
     )
     reward, sample = grade(grader, "work\n#### 1,000", "1000")
     assert reward == pytest.approx(1.0)
-    assert sample.metrics["weighted.format"] == 1.0 and sample.metrics["weighted.exact-match"] == 1.0
+    assert sample.metrics["weighted.format"] == 1.0
+    assert sample.metrics["weighted.exact-match"] == 1.0
     assert sample.metrics["format.matched"] == "#### 1,000"
-    assert sample.metrics["exact-match.extracted"] == "1,000" and sample.metrics["exact-match.extractor"] == "hash"
+    assert sample.metrics["exact-match.extracted"] == "1,000"
+    assert sample.metrics["exact-match.extractor"] == "hash"
 
     reward, sample = grade(grader, "it is 1000", "1000")  # right answer, wrong format
     assert reward == pytest.approx(0.9)
-    assert sample.metrics["weighted.format"] == 0.0 and sample.metrics["format.reason"] == "no match"
+    assert sample.metrics["weighted.format"] == 0.0
+    assert sample.metrics["format.reason"] == "no match"
     assert sample.reward is None  # the parts never set the real sample's reward; the backend does
 
 
@@ -68,7 +71,8 @@ def test_a_part_by_import_path_and_a_nested_weighted(grade):
     )
     reward, sample = grade(grader, "#### 3.2", "3")
     assert reward == pytest.approx(0.5)
-    assert sample.metrics["weighted.exact"] == 0.0 and sample.metrics["weighted.inner"] == 1.0
+    assert sample.metrics["weighted.exact"] == 0.0
+    assert sample.metrics["weighted.inner"] == 1.0
     assert sample.metrics["inner.numeric"] == 1.0  # the nested one's parts, under its name
 
 
@@ -182,7 +186,8 @@ def test_several_bad_parts_are_all_reported():
     with pytest.raises(ConfigError) as caught:
         apply_config_table(WeightedConfig(), table, "$.rollout.grader_config", "run.toml")
     (problem,) = caught.value.problems
-    assert "parts[0].grader" in problem and "parts[1].config.abs_tol" in problem
+    assert "parts[0].grader" in problem
+    assert "parts[1].config.abs_tol" in problem
 
 
 def test_the_config_is_built_once_and_copied_per_rollout():
@@ -190,5 +195,7 @@ def test_the_config_is_built_once_and_copied_per_rollout():
         WeightedConfig(), {"parts": [{"grader": "numeric", "weight": 2, "config": {"abs_tol": 0.5}}]}, "$.r", "run.toml"
     )
     [part] = config.resolved
-    assert part.name == "numeric" and part.weight == 2.0 and part.config.abs_tol == 0.5
+    assert part.name == "numeric"
+    assert part.weight == 2.0
+    assert part.config.abs_tol == 0.5
     assert part.config.metrics_prefix == "numeric"

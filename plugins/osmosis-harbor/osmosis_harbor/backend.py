@@ -657,7 +657,8 @@ class HarborBackend(ExecutionBackend):
     def _grader_stage(self, ticket: Ticket, trial: Any, timings: dict[str, float]) -> tuple[ExecutionResult, bool]:
         rid = ticket.request.rollout_id
         workflow = ticket.workflow_result
-        assert workflow is not None and workflow.sample is not None
+        assert workflow is not None
+        assert workflow.sample is not None
         sample: RolloutSample = copy.copy(workflow.sample)
         sample.metrics = dict(sample.metrics)
         verifier_dir = ticket.trial_dir / "verifier"

@@ -266,7 +266,9 @@ class UserNamespace:
             )
         except OSError as exc:
             raise SandboxStartError(f"cannot start {unshare}: {exc}") from None
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         try:
             if proc.stdout.readline() != b"ready\n":
                 proc.wait(10)

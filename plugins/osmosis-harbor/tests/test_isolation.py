@@ -83,7 +83,8 @@ def test_a_rollout_sees_neither_other_trials_nor_the_host_home_nor_secrets(probe
         assert home_secret.name not in str(home_list)
         assert shadow.startswith("error: PermissionError")
         assert env is None
-        assert usr.startswith("error: OSError") and "Read-only file system" in usr
+        assert usr.startswith("error: OSError")
+        assert "Read-only file system" in usr
         assert policy == "connected"  # a public task reaches the policy on the host's loopback
         assert "secret label" not in labels  # a hidden file cannot be read
         assert "run secret label" not in run_labels  # nor the run's dataset, hidden without being named
@@ -114,7 +115,8 @@ def test_a_trial_is_not_the_hosts_root_and_cannot_change_kernel_settings(probe, 
     [made] = (tmp_path / "harbor-trials").glob("kernel-*/sandbox/env/app/made-in-trial.txt")
     if os.geteuid() == 0:
         base = sandbox_id_base()
-        assert uid == "0\n" and uid_map.split() == ["0", str(base), "65536"]  # root inside, of its own ids
+        assert uid == "0\n"
+        assert uid_map.split() == ["0", str(base), "65536"]  # root inside, of its own ids
         assert made.stat().st_uid == base != 0  # the host sees an unprivileged owner
     else:
         assert made.stat().st_uid == os.geteuid()
@@ -153,9 +155,12 @@ def test_a_no_network_task_reaches_its_policy_and_nothing_else(probe, tmp_path):
     assert loopback.startswith("error: ConnectionRefusedError")  # the host's 127.0.0.1 is not this one
     assert "Network is unreachable" in outside
     assert dns.startswith("error: gaierror")
-    assert answer and not str(answer).startswith("error")  # the policy answered, through the socket
-    assert url.startswith("http://127.0.0.1:") and f":{port}/" not in url  # the sandbox's own loopback
-    assert len(calls) == 1 and calls[0].status == 200
+    assert answer
+    assert not str(answer).startswith("error")  # the policy answered, through the socket
+    assert url.startswith("http://127.0.0.1:")
+    assert f":{port}/" not in url  # the sandbox's own loopback
+    assert len(calls) == 1
+    assert calls[0].status == 200
     assert "policy.sock" in unmovable  # a mount point: the trial cannot take its path away
     assert list(tmp_path.glob("harbor-trials/*")) == []  # the trial and its relay are gone
 
@@ -237,7 +242,8 @@ def test_a_dataset_task_keeps_its_tests_solution_and_reward_from_the_agent(probe
     seen = _seen(dishonest)
     tests, solution, tests_in_trial, solution_in_trial, secret, repo, top = seen[1:8]
     for hidden in (tests, solution, tests_in_trial, solution_in_trial, secret, repo):
-        assert str(hidden).startswith("error:") and "MARKER" not in str(hidden), hidden
+        assert str(hidden).startswith("error:"), hidden
+        assert "MARKER" not in str(hidden), hidden
     assert not {"var", "srv", "opt", "media", "mnt"} & set(top), top  # of the host, only the system folders
     assert (dishonest.final.stage.value, dishonest.final.status.value) == ("grader", "success"), dishonest.final
     assert dishonest.final.reward == 0.0  # nothing it planted ran in the verifier
@@ -300,14 +306,16 @@ keep_successful_trials = true
             [str(Path(sys.executable).parent / "osmosis"), "run", "run.toml", "--output", "out"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        assert server.requests and all(r.authorized and r.status == 200 for r in server.requests)
+        assert server.requests
+        assert all(r.authorized and r.status == 200 for r in server.requests)
     lines = sorted(
         (json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()), key=lambda x: x["row"]
     )
     assert [x["status"] for x in lines] == ["success", "failure"], run.stderr
     seen = json.loads(lines[0]["sample"]["messages"][-1]["content"])
     assert seen[1] is None  # taken out of the environment once read: a tool the agent runs never sees it ...
-    assert "OSMOSIS_POLICY" not in seen[3] and "PATH=" in seen[3]
+    assert "OSMOSIS_POLICY" not in seen[3]
+    assert "PATH=" in seen[3]
     assert seen[4] == "b'key=***'"  # ... and an agent that writes it into its sample has it redacted
     written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()]
     assert len([p for p in written if "harbor-trials" in p.parts]) > 10  # both trials were kept
@@ -317,7 +325,8 @@ keep_successful_trials = true
         if p.name != "run.toml" and (key.encode() in p.read_bytes() or header.encode() in p.read_bytes())
     ]
     assert leaks == []
-    assert key not in run.stdout + run.stderr and header not in run.stdout + run.stderr
+    assert key not in run.stdout + run.stderr
+    assert header not in run.stdout + run.stderr
     trials = tmp_path / "out" / "harbor-trials"
     assert oct(trials.stat().st_mode & 0o777) == "0o700"
 
@@ -330,7 +339,9 @@ def test_a_no_network_trial_whose_policy_cannot_be_relayed_fails_saying_why(prob
     config = HarborBackendConfig(task_dir=str(TASKS_DIR / "nonet"))
     backend = HarborBackend(probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir=tmp_path)
     [out] = run_all(backend, [request("remote", "http://192.0.2.7:8000/v1", probe=[{"chat": "hi"}])])
-    assert out.final.status.value == "failure" and out.final.error.category.value == "policy_error"
+    assert out.final.status.value == "failure"
+    assert out.final.error.category.value == "policy_error"
     message = out.final.error.message
     assert "network_mode = 'no-network', so its trials cannot reach the policy at 192.0.2.7:8000" in message
-    assert "a plain http policy on this machine's loopback" in message and "--traces" in message
+    assert "a plain http policy on this machine's loopback" in message
+    assert "--traces" in message

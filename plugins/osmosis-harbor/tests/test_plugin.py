@@ -27,7 +27,8 @@ def test_entry_module_imports_neither_harbor_nor_litellm():
 def test_osmosis_plugins_and_template_list_show_the_backend_and_the_template(tmp_path):
     plugins = osmosis("plugins", "--json", cwd=tmp_path)
     assert plugins.returncode == 0, plugins.stderr
-    assert "harbor" in plugins.stdout and "osmosis-harbor" in plugins.stdout
+    assert "harbor" in plugins.stdout
+    assert "osmosis-harbor" in plugins.stdout
     templates = osmosis("template", "list", "--json", cwd=tmp_path)
     assert templates.returncode == 0, templates.stderr
     names = [t["name"] for t in json.loads(templates.stdout)]
@@ -80,7 +81,8 @@ def test_classes_and_configs_may_be_import_paths():
     probe = load(PROBE_DIR, "probe_rollout.py")
     name = probe.workflow_class.__module__
     backend = HarborBackend(workflow=f"{name}:ProbeWorkflow", grader=f"{name}:ProbeGrader")
-    assert backend.workflow_class is probe.workflow_class and backend.grader_class is probe.grader_class
+    assert backend.workflow_class is probe.workflow_class
+    assert backend.grader_class is probe.grader_class
     with pytest.raises(TypeError, match=r"cannot import the workflow 'nowhere:X'"):
         HarborBackend(workflow="nowhere:X")
 
@@ -93,7 +95,8 @@ def test_orchestrator_is_the_given_trial_queue():
     probe = load(PROBE_DIR, "probe_rollout.py")
     queue = TrialQueue(n_concurrent=3)
     backend = HarborBackend(probe.workflow_class, orchestrator=queue, max_concurrent=3)
-    assert backend.queue is queue and backend.max_concurrency == 3
+    assert backend.queue is queue
+    assert backend.max_concurrency == 3
     # the queue keeps its own limit (Harbor does not publish it): unsaid, the backend claims none of its own
     assert HarborBackend(probe.workflow_class, orchestrator=TrialQueue(n_concurrent=3)).max_concurrency == 0
 
@@ -106,7 +109,8 @@ def test_task_dir_user_code_dir_and_cleanup_map_onto_the_config(tmp_path):
     backend = HarborBackend(
         probe.workflow_class, task_dir=task, user_code_dir=probe.rollout_dir, cleanup_successful_trials=False
     )
-    assert backend.task_dir == task and backend.code_dir == probe.rollout_dir.resolve()
+    assert backend.task_dir == task
+    assert backend.code_dir == probe.rollout_dir.resolve()
     assert backend.config.keep_successful_trials is True
     assert HarborBackend(probe.workflow_class, cleanup_successful_trials=True).config.keep_successful_trials is False
     with pytest.raises(ConfigError, match=r"task_dir=.* and config task_dir=.* disagree"):
@@ -121,7 +125,8 @@ def test_environment_config_is_used_as_given():
     probe = load(PROBE_DIR, "probe_rollout.py")
     given = EnvironmentConfig(type="docker", kwargs={"keep_containers": True})
     backend = HarborBackend(probe.workflow_class, environment_config=given)
-    assert backend._environment_config() == given and backend.python == "python3"
+    assert backend._environment_config() == given
+    assert backend.python == "python3"
 
 
 def test_prebuild_local_image_is_a_docker_option():

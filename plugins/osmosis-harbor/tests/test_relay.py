@@ -25,9 +25,8 @@ def test_calls_and_streams_cross_the_relay_and_it_leaves_nothing(tmp_path):
         async def main() -> tuple[list[int], str, Path]:
             relay = HostRelay(target)
             socket = await relay.start()
-            assert (
-                oct(socket.stat().st_mode & 0o777) == "0o600" and oct(socket.parent.stat().st_mode & 0o777) == "0o700"
-            )
+            assert oct(socket.stat().st_mode & 0o777) == "0o600"
+            assert oct(socket.parent.stat().st_mode & 0o777) == "0o700"
             port = await anyio.to_thread.run_sync(start_sandbox_forwarder, str(socket))
             base = via_port(server.url, port)
             body = {"model": "osmosis-stub", "messages": [{"role": "user", "content": "What is 2 times 3?"}]}
@@ -41,7 +40,8 @@ def test_calls_and_streams_cross_the_relay_and_it_leaves_nothing(tmp_path):
             return plain, streamed, socket
 
         plain, streamed, socket = anyio.run(main)
-        assert plain == [200, 200, 200] and streamed.rstrip().endswith("data: [DONE]")
+        assert plain == [200, 200, 200]
+        assert streamed.rstrip().endswith("data: [DONE]")
         assert len(server.requests) == 4
     assert not socket.parent.exists()  # closed: the socket and its folder are gone
 
@@ -58,7 +58,8 @@ def test_a_killed_processs_socket_folder_is_removed_by_the_next_relay():
             await relay.aclose()
 
         anyio.run(main)
-        assert not stale.exists() and alive.exists()
+        assert not stale.exists()
+        assert alive.exists()
     finally:
         for folder in (stale, alive):
             if folder.exists():
@@ -94,10 +95,12 @@ def test_a_closed_path_answers_a_502_that_says_which_end_is_gone(tmp_path):
         return down, gone
 
     down, gone = anyio.run(main)
-    assert down.status_code == 502 and gone.status_code == 502
+    assert down.status_code == 502
+    assert gone.status_code == 502
     assert f"the policy at 127.0.0.1:{free}, relayed into this no-network trial, is not reachable" in down.text
     assert "Connection refused" in down.text
-    assert "this no-network trial's path to its policy" in gone.text and "gone.sock" in gone.text
+    assert "this no-network trial's path to its policy" in gone.text
+    assert "gone.sock" in gone.text
 
 
 def test_a_trial_cannot_hold_more_connections_than_its_share():
@@ -122,4 +125,5 @@ def test_a_trial_cannot_hold_more_connections_than_its_share():
 
         answers, refused = anyio.run(main)
     assert all(a.startswith(b"HTTP/1.1 200") for a in answers)
-    assert refused.startswith(b"HTTP/1.1 502") and b"2 connections to its policy open already" in refused
+    assert refused.startswith(b"HTTP/1.1 502")
+    assert b"2 connections to its policy open already" in refused

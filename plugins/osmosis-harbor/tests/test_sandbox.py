@@ -44,9 +44,12 @@ def test_each_command_gets_a_fresh_locked_down_sandbox_over_the_trials_own_files
     out = _run(sandbox, script, cwd="/app")
     assert out.return_code == 0, out.stderr
     assert "Read-only file system" in out.stdout
-    assert "pid=2" in out.stdout and "sandbox\n" in out.stdout and "\n0\n" in out.stdout
+    assert "pid=2" in out.stdout
+    assert "sandbox\n" in out.stdout
+    assert "\n0\n" in out.stdout
     assert "CapEff:\t0000000000000000" in out.stdout  # root without capabilities
-    assert "secret=none" in out.stdout and "home=/root" in out.stdout
+    assert "secret=none" in out.stdout
+    assert "home=/root" in out.stdout
     assert f"python ({sys.version_info[0]}, {sys.version_info[1]})" in out.stdout  # this Python works inside
     assert (tmp_path / "root" / "app" / "note").read_text() == "kept\n"  # the trial's own files persist
     assert not os.path.exists("/usr/osmosis-x")
@@ -83,7 +86,8 @@ def test_a_command_is_not_the_hosts_root_and_cannot_change_kernel_settings(tmp_p
     owner = (tmp_path / "root" / "app" / "mine").stat().st_uid  # as the host sees the trial's file
     if os.geteuid() == 0:
         base = sandbox_id_base()
-        assert lines[0] == "0" and lines[1].split() == ["0", str(base), "65536"]  # root inside, mapped
+        assert lines[0] == "0"
+        assert lines[1].split() == ["0", str(base), "65536"]  # root inside, mapped
         assert owner == base != 0  # not the host's root
     else:
         assert owner == os.geteuid()
@@ -111,7 +115,8 @@ def test_a_symlink_the_trial_leaves_on_the_way_to_a_shown_path_is_not_followed_o
         shutil.rmtree(planted)
     planted.symlink_to(f"/oldroot{target}")  # what `ln -s` in an earlier command leaves behind
     out = _run(sandbox, f"cat {shown}/mod.py")
-    assert out.return_code == 0 and out.stdout == "X = 1\n", out.stderr
+    assert out.return_code == 0, out.stderr
+    assert out.stdout == "X = 1\n", out.stderr
     assert list(target.iterdir()) == []  # nothing was made on the host
     assert not planted.is_symlink()
     # a dangling symlink in place of a shown file's mount point: bwrap would create its target
@@ -119,7 +124,8 @@ def test_a_symlink_the_trial_leaves_on_the_way_to_a_shown_path_is_not_followed_o
     (tmp_path / "root" / shown.relative_to("/")).rmdir()
     (tmp_path / "root" / shown.relative_to("/")).symlink_to(f"/oldroot{target}/made-by-bwrap")
     out = _run(sandbox, f"cat {shown}/mod.py")
-    assert out.return_code == 0 and out.stdout == "X = 1\n", out.stderr
+    assert out.return_code == 0, out.stderr
+    assert out.stdout == "X = 1\n", out.stderr
     assert list(target.iterdir()) == []
 
 
@@ -135,7 +141,8 @@ def test_without_a_user_namespace_the_sandbox_refuses_to_start_rather_than_run_a
     drop = ["setpriv", "--bounding-set=-setuid,-setgid", "--inh-caps=-setuid,-setgid", "--"]
     out = subprocess.run([*drop, sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("SandboxStartError cannot map the sandbox's user namespace"), out.stdout + out.stderr
-    assert "never as the host's root" in out.stdout and "user.max_user_namespaces" in out.stdout
+    assert "never as the host's root" in out.stdout
+    assert "user.max_user_namespaces" in out.stdout
 
 
 def test_the_sandbox_id_range_is_checked(monkeypatch):
@@ -171,7 +178,8 @@ print('started', n)
 def test_memory_and_process_limits_hold(tmp_path):
     sandbox = _sandbox(tmp_path, memory_mb=96, max_processes=24)
     hog = _run(sandbox, f"{sys.executable} -I -c 'x = bytearray(400 << 20); print(len(x))'")
-    assert hog.return_code != 0 and "419430400" not in hog.stdout
+    assert hog.return_code != 0
+    assert "419430400" not in hog.stdout
     if sandbox.limits.kind != "rlimit":
         assert hog.oom_killed
     sandbox = _sandbox(tmp_path, memory_mb=None, max_processes=24)

@@ -58,16 +58,21 @@ def test_results_come_as_local_ones_do_and_failed_trials_are_kept(probe, tmp_pat
         assert len(server.requests_for("ok")) == 1  # the workflow in the trial called the policy, with its id
     # a workflow result first (as soon as the agent phase ends), then the grader's: as on the local backend
     assert [(r.stage.value, r.status.value) for r in ok.results] == [("workflow", "success"), ("grader", "success")]
-    assert ok.workflow.reward is None and ok.final.reward == 1.0
+    assert ok.workflow.reward is None
+    assert ok.final.reward == 1.0
     seen = json.loads(ok.final.sample.messages[-1]["content"])
-    assert seen[0]["user_prompt"] == "6 * 7" and seen[0]["cwd"] == "/app" and seen[-1].endswith("#### 42")
+    assert seen[0]["user_prompt"] == "6 * 7"
+    assert seen[0]["cwd"] == "/app"
+    assert seen[-1].endswith("#### 42")
     assert (fail.final.status.value, fail.final.reward) == ("success", 0.0)
     # a failing workflow: its own category and message, plus the kept trial's folder
     assert [r.stage.value for r in boom.results] == ["workflow"]
     error = boom.final.error
-    assert error.category.value == "agent_error" and "RuntimeError: boom" in error.message
+    assert error.category.value == "agent_error"
+    assert "RuntimeError: boom" in error.message
     trial_dir = Path(error.message.rsplit("logs: ", 1)[1].rstrip(")"))
-    assert (trial_dir / "result.json").is_file() and (trial_dir / "agent" / "osmosis-result.json").is_file()
+    assert (trial_dir / "result.json").is_file()
+    assert (trial_dir / "agent" / "osmosis-result.json").is_file()
     # a grader but no label: run and not graded (no verifier), as on the local backend
     assert [(r.stage.value, r.status.value, r.reward) for r in unlabelled.results] == [("workflow", "success", None)]
     kept = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "harbor-trials").iterdir())
@@ -87,7 +92,8 @@ def test_no_grader_means_one_workflow_result_and_keep_successful_trials_keeps_th
     assert [(r.stage.value, r.status.value) for r in only.results] == [("workflow", "success")]
     [trial] = list((tmp_path / "t").iterdir())
     result = json.loads((trial / "result.json").read_text())
-    assert result["verifier_result"] is None and result["exception_info"] is None
+    assert result["verifier_result"] is None
+    assert result["exception_info"] is None
     assert result["agent_info"]["name"] == "osmosis-workflow"
 
 
@@ -133,7 +139,8 @@ def test_a_sandbox_that_fails_to_start_is_an_infra_error(probe, tmp_path):
         [out] = run_all(backend, [request("nosandbox", server.url)])
     error = out.final.error
     assert (out.final.stage.value, error.category.value) == ("workflow", "infra_error")
-    assert "SandboxStartError" in error.message and "Operation not permitted" in error.message
+    assert "SandboxStartError" in error.message
+    assert "Operation not permitted" in error.message
     assert "logs: " in error.message
 
 
@@ -185,7 +192,8 @@ def test_harbors_own_environments_pass_through_unchanged(probe, tmp_path):
         assert backend.health()["environment"] == "podman"
         [out] = run_all(backend, [request("podman", server.url)])
     error = out.final.error
-    assert error.category.value == "infra_error" and "podman" in error.message
+    assert error.category.value == "infra_error"
+    assert "podman" in error.message
     [trial] = (tmp_path / "harbor-trials").iterdir()
     environment = json.loads((trial / "config.json").read_text())["environment"]
     assert (environment["type"], environment.get("import_path")) == ("podman", None)

@@ -83,7 +83,8 @@ def test_timeouts_are_timeouts_with_the_trials_logs_and_leave_no_process(probe, 
         assert error.category.value == "timeout"
         assert "ran past its 2 s timeout" in error.message
         logs = Path(error.message.rsplit("logs: ", 1)[1].rstrip(")"))
-        assert (logs / "result.json").is_file() and logs.parent == tmp_path / "harbor-trials"
+        assert (logs / "result.json").is_file()
+        assert logs.parent == tmp_path / "harbor-trials"
     result = json.loads(
         (Path(blocked.final.error.message.rsplit("logs: ", 1)[1].rstrip(")")) / "result.json").read_text()
     )
@@ -115,6 +116,7 @@ def test_a_cancelled_rollout_reports_cancelled_and_leaves_no_process(probe, tmp_
         anyio.run(main, server.url)
     [cancelled] = results
     assert (cancelled.stage.value, cancelled.status.value) == ("workflow", "cancelled")
-    assert cancelled.error.category.value == "cancelled" and "trial kept" in cancelled.error.message
+    assert cancelled.error.category.value == "cancelled"
+    assert "trial kept" in cancelled.error.message
     time.sleep(0.2)
     assert sandbox_processes(marker) == []

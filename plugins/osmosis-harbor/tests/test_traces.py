@@ -52,9 +52,11 @@ def test_harbor_gives_the_traces_of_local(local_traces):
     config, on_local = local_traces
     args = ["run", str(config), "--stub-policy", "--traces", "--limit", "4"]
     harbor = osmosis(*args, "--backend", "harbor", "--output", "harbor", cwd=config.parents[1], timeout=240)
-    assert harbor.returncode == 0 and "on backend 'harbor'" in harbor.stdout, harbor.stdout + harbor.stderr
+    assert harbor.returncode == 0, harbor.stdout + harbor.stderr
+    assert "on backend 'harbor'" in harbor.stdout, harbor.stdout + harbor.stderr
     on_harbor = _comparable(_lines(config.parents[1] / "harbor" / "traces.jsonl"))
-    assert len(on_local) == 4 and on_harbor == _comparable(on_local)
+    assert len(on_local) == 4
+    assert on_harbor == _comparable(on_local)
     assert all(t["complete"] and len(t["calls"]) == 2 and t["calls"][0]["completion_token_ids"] for t in on_harbor)
     assert all(line["status"] == "success" for line in _lines(config.parents[1] / "harbor" / "results.jsonl"))
 
@@ -72,9 +74,12 @@ def test_a_no_network_task_calls_its_policy_through_the_gateway(local_traces):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     [result] = _lines(config.parents[1] / "nonet" / "results.jsonl")
-    assert result["status"] == "success" and result["reward"] == 1.0, result
+    assert result["status"] == "success", result
+    assert result["reward"] == 1.0, result
     [trace] = _lines(config.parents[1] / "nonet" / "traces.jsonl")
-    assert trace["complete"] and len(trace["calls"]) == 2 and trace["calls"][1]["completion_token_ids"]
+    assert trace["complete"]
+    assert len(trace["calls"]) == 2
+    assert trace["calls"][1]["completion_token_ids"]
     same_row = [line for line in on_local if line["row_index"] == trace["row_index"]]
     assert _comparable([trace]) == _comparable(same_row)
 
@@ -134,9 +139,13 @@ def test_a_no_network_trial_reaches_the_gateway_and_writes_only_its_own_trace(pr
     upstream, gateway_port, answer, forged, no_token, unknown = json.loads(result.sample.messages[-1]["content"])[1:]
     assert upstream.startswith("error: ConnectionRefusedError")  # the stand-in's own port: not from here
     assert gateway_port.startswith("error: ConnectionRefusedError")  # nor the gateway's, but through the socket
-    assert answer and not str(answer).startswith("error")
+    assert answer
+    assert not str(answer).startswith("error")
     assert (forged, no_token, unknown) == (403, 401, 403)
     own, victim = seen["own"], seen["victim"]
-    assert len(own.calls) == 1 and own.complete and own.calls[0].completion_token_ids
-    assert victim.calls == [] and victim.complete
+    assert len(own.calls) == 1
+    assert own.complete
+    assert own.calls[0].completion_token_ids
+    assert victim.calls == []
+    assert victim.complete
     assert served == 1  # the forged calls never reached the upstream

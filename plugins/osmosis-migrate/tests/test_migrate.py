@@ -99,9 +99,11 @@ def test_diff_mode_shows_the_diff_and_what_it_cannot_map_and_changes_nothing(ref
     assert "--- a/rollouts/my-rollout/main.py\n+++ b/rollouts/my-rollout/main.py" in out
     assert "-from osmosis_ai.rollout import (\n+from osmosis_core import (" in out
     assert '-    "osmosis-ai[server,strands]>=0.3.1,<0.4",\n+    "osmosis-core>=0.1",' in out
-    assert "+[rollout]\n" in out and "-[experiment]\n" in out
+    assert "+[rollout]\n" in out
+    assert "-[experiment]\n" in out
     assert "--- /dev/null\n+++ b/rollouts/multiply-harbor-strands/multiply_harbor_task/tests/test.sh" in out
-    assert "would change" in out and "apply with: osmosis migrate --write" in out
+    assert "would change" in out
+    assert "apply with: osmosis migrate --write" in out
     assert "not mapped (" in out
     assert snapshot(reference_ws) == before  # nothing written, no .orig
 
@@ -112,7 +114,8 @@ def test_write_keeps_every_original_as_orig(reference_ws, osmosis_exe, clean_env
     assert r.returncode == 0, r.stdout + r.stderr
     listed = re.findall(r"^  ([MA]) (\S+)", r.stdout, re.MULTILINE)
     changed = [rel for flag, rel in listed if flag == "M"]
-    assert len(changed) == 23 and {rel for flag, rel in listed if flag == "A"} == {
+    assert len(changed) == 23
+    assert {rel for flag, rel in listed if flag == "A"} == {
         "rollouts/multiply-harbor-strands/multiply_harbor_task/tests/test.sh",
         "rollouts/multiply-harbor-strands/multiply_harbor_task/instruction.md",
     }
@@ -122,7 +125,8 @@ def test_write_keeps_every_original_as_orig(reference_ws, osmosis_exe, clean_env
         assert after[rel] != before[rel]
     untouched = set(before) - set(changed)
     assert all(after[rel] == before[rel] for rel in untouched)
-    assert "data/multiply.jsonl" in untouched and "rollouts/my-rollout/README.md" in untouched
+    assert "data/multiply.jsonl" in untouched
+    assert "rollouts/my-rollout/README.md" in untouched
     for rel in after:
         if rel.endswith(".py"):
             ast.parse(after[rel])
@@ -150,12 +154,15 @@ def test_harbor_settings_come_from_the_backend_call(shared_ws):
     text = (shared_ws / "configs/eval/multiply-harbor-strands.toml").read_text()
     assert 'backend = "harbor"' in text
     assert 'task_dir = "rollouts/multiply-harbor-strands/multiply_harbor_task"' in text
-    assert "n_concurrent = 4" in text and "keep_successful_trials = false" in text and 'mode = "template"' in text
+    assert "n_concurrent = 4" in text
+    assert "keep_successful_trials = false" in text
+    assert 'mode = "template"' in text
     main = (shared_ws / "rollouts/multiply-harbor-strands/main.py").read_text()
     assert "from osmosis_harbor import HarborBackend" in main
     assert "workflow_config = multiply_workflow_config\ngrader_config = multiply_grader_config\n" in main
     test_sh = shared_ws / "rollouts/multiply-harbor-strands/multiply_harbor_task/tests/test.sh"
-    assert "exec bash /tests/osmosis-grade.sh" in test_sh.read_text() and test_sh.stat().st_mode & 0o111
+    assert "exec bash /tests/osmosis-grade.sh" in test_sh.read_text()
+    assert test_sh.stat().st_mode & 0o111
 
 
 def test_plain_python_rollout_runs_on_the_stub_policy(shared_ws, osmosis_exe, clean_env):
@@ -175,14 +182,16 @@ def test_plain_python_rollout_runs_on_the_stub_policy(shared_ws, osmosis_exe, cl
     assert all(x["status"] == "success" and x["reward"] == 1.0 for x in results), results[0]
     assert results[0]["metrics"] == {"turns": 2}
     run = (shared_ws / "out-plain" / "config.toml").read_text()
-    assert "concurrency = 4" in run and "n_samples = 2" in run
+    assert "concurrency = 4" in run
+    assert "n_samples = 2" in run
 
 
 @pytest.mark.together
 @pytest.mark.skipif(not installed("osmosis_openai_agents"), reason="osmosis-openai-agents is not installed")
 def test_openai_agents_rollout_runs_without_its_memory_session(shared_ws, osmosis_exe, clean_env):
     main = (shared_ws / "rollouts/multiply-local-openai/main.py").read_text()
-    assert "OsmosisMemorySession" not in main and "session=" not in main
+    assert "OsmosisMemorySession" not in main
+    assert "session=" not in main
     r = osmosis(
         osmosis_exe,
         "run",
@@ -195,7 +204,8 @@ def test_openai_agents_rollout_runs_without_its_memory_session(shared_ws, osmosi
     )
     assert r.returncode == 0, r.stdout + r.stderr
     results = lines(shared_ws / "out-openai" / "results.jsonl")
-    assert len(results) == 4 and all(x["reward"] == 1.0 for x in results), results[0]
+    assert len(results) == 4, results[0]
+    assert all(x["reward"] == 1.0 for x in results), results[0]
 
 
 @pytest.mark.together
@@ -219,7 +229,8 @@ def test_strands_rollout_runs(shared_ws, osmosis_exe, clean_env):
 def test_the_server_script_still_serves_but_imports_without_the_server_plugin(shared_ws):
     main = (shared_ws / "rollouts/my-rollout/main.py").read_text()
     top = main[: main.index("class MyAgentWorkflow")]
-    assert "uvicorn" not in top and "osmosis_server" not in top
+    assert "uvicorn" not in top
+    assert "osmosis_server" not in top
     assert "def main() -> None:\n    import uvicorn\n    from osmosis_server import create_app\n" in main
     assert "app = create_app(backend=backend)" in main
 
@@ -228,9 +239,11 @@ def test_migrate_twice_is_a_no_op(migrated_ws, osmosis_exe, clean_env):
     before = snapshot(migrated_ws)
     r = osmosis(osmosis_exe, "migrate", cwd=migrated_ws, env=clean_env)
     assert r.returncode == 0, r.stderr
-    assert "nothing to change" in r.stdout and "---" not in r.stdout
+    assert "nothing to change" in r.stdout
+    assert "---" not in r.stdout
     r = osmosis(osmosis_exe, "migrate", "--write", cwd=migrated_ws, env=clean_env)
-    assert r.returncode == 0 and "nothing to change" in r.stdout, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "nothing to change" in r.stdout, r.stderr
     assert snapshot(migrated_ws) == before
 
 
@@ -275,7 +288,8 @@ def test_a_name_without_equivalent_is_reported_with_file_and_line(reference_ws, 
     assert text[2] == f"from osmosis_ai.rollout import ExecutionOutcome  {LEFTOVER_MARK}"
     assert text[3] == "from osmosis_core import AgentWorkflow, ErrorCategory"
     again = osmosis(osmosis_exe, "migrate", cwd=reference_ws, env=clean_env)
-    assert again.returncode == 0 and "nothing to change" in again.stdout
+    assert again.returncode == 0
+    assert "nothing to change" in again.stdout
     assert "outcomes.py:3: ExecutionOutcome" in again.stdout  # still reported, still not dropped
 
 
@@ -284,21 +298,25 @@ def test_an_existing_backup_stops_the_write_before_anything_is_written(reference
     before = snapshot(reference_ws)
     r = osmosis(osmosis_exe, "migrate", "--write", cwd=reference_ws, env=clean_env)
     assert r.returncode == 1
-    assert "nothing was written" in r.stderr and "rollouts/my-rollout/main.py.orig exists" in r.stderr
+    assert "nothing was written" in r.stderr
+    assert "rollouts/my-rollout/main.py.orig exists" in r.stderr
     assert snapshot(reference_ws) == before
 
 
 def test_a_folder_that_is_not_an_osmosis_ai_workspace_exits_1(tmp_path, osmosis_exe, clean_env):
     (tmp_path / "notes.txt").write_text("nothing here\n")
     r = osmosis(osmosis_exe, "migrate", str(tmp_path), cwd=tmp_path, env=clean_env)
-    assert r.returncode == 1 and "is not an osmosis-ai workspace" in r.stderr
+    assert r.returncode == 1
+    assert "is not an osmosis-ai workspace" in r.stderr
     r = osmosis(osmosis_exe, "migrate", str(tmp_path / "missing"), cwd=tmp_path, env=clean_env)
-    assert r.returncode == 1 and "not a folder" in r.stderr
+    assert r.returncode == 1
+    assert "not a folder" in r.stderr
 
 
 def test_help_has_an_example(osmosis_exe, clean_env, tmp_path):
     r = osmosis(osmosis_exe, "migrate", "--help", cwd=tmp_path, env=clean_env)
-    assert r.returncode == 0 and "osmosis migrate my-workspace --write" in r.stdout
+    assert r.returncode == 0
+    assert "osmosis migrate my-workspace --write" in r.stdout
 
 
 # -- the name map itself (in-process: it imports the osmosis modules it points to) ------------------
@@ -487,14 +505,17 @@ def test_a_hostile_workspace_finishes_and_lists_every_file_it_could_not_read(hos
     )
     assert r.returncode == 3, r.stdout + r.stderr
     out = r.stdout
-    assert "M rollouts/r/main.py" in out and "M shared.py" in out  # the readable files are still migrated
+    assert "M rollouts/r/main.py" in out
+    assert "M shared.py" in out  # the readable files are still migrated
     assert "could not read (3), each with why" in out
     assert "rollouts/r/helper.py: a FIFO (named pipe): not a regular file: not opened" in out
     assert "rollouts/r/secret.py: could not be opened: Permission denied (EACCES)" in out
     assert "rollouts/b/main.py: not UTF-8 text: byte 0x00" not in out  # NUL is valid UTF-8: the 0xff is not
     assert "rollouts/b/main.py: not UTF-8 text: byte 0xff at offset 1 is not UTF-8; it names osmosis-ai" in out
-    assert "symlinks left alone (1)" in out and "rollouts/r/link.py: a symlink to ../../shared.py" in out
-    assert "3 file(s) could not be read" in r.stderr and "Traceback" not in r.stderr
+    assert "symlinks left alone (1)" in out
+    assert "rollouts/r/link.py: a symlink to ../../shared.py" in out
+    assert "3 file(s) could not be read" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_write_with_unreadable_files_writes_the_rest_and_exits_3(hostile_ws, osmosis_exe, clean_env):

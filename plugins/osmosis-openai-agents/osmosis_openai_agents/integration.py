@@ -93,7 +93,7 @@ from agents.run_config import RunConfig, ToolNotFoundBehavior
 from agents.usage import Usage
 
 from osmosis_core import RolloutSample, current_rollout_context
-from osmosis_core.plugin import policy_error, rollout_openai_client
+from osmosis_openai import policy_error, rollout_openai_client
 
 if TYPE_CHECKING:
     from agents.agent_output import AgentOutputSchemaBase

@@ -110,7 +110,8 @@ def test_tool_call_then_answer_records_the_sample_turn_by_turn(policy_server: Sc
         label="42",
         workflow_config=Config(streaming=streaming),
     )
-    assert outcome.error is None and outcome.reward == 1.0
+    assert outcome.error is None
+    assert outcome.reward == 1.0
     sample = outcome.sample
     assert sample is not None
     json.dumps(sample.messages), json.dumps(sample.chat_messages)  # JSON-ready as they are
@@ -118,10 +119,13 @@ def test_tool_call_then_answer_records_the_sample_turn_by_turn(policy_server: Sc
     # native history: the SDK's Responses-format items, what result.to_input_list() gives
     user, call, output, answer = sample.messages
     assert user == {"role": "user", "content": "val1 = 6\nval2 = 7"}
-    assert call["type"] == "function_call" and call["name"] == "multiply"
-    assert json.loads(call["arguments"]) == {"a": 6, "b": 7} and call["call_id"].startswith("call_")
+    assert call["type"] == "function_call"
+    assert call["name"] == "multiply"
+    assert json.loads(call["arguments"]) == {"a": 6, "b": 7}
+    assert call["call_id"].startswith("call_")
     assert output == {"type": "function_call_output", "call_id": call["call_id"], "output": "42"}
-    assert answer["type"] == "message" and answer["role"] == "assistant"
+    assert answer["type"] == "message"
+    assert answer["role"] == "assistant"
     assert answer["content"][0]["text"] == "The product is 42.\n#### 42"
     assert sample.system_prompt == INSTRUCTIONS
 
@@ -137,13 +141,16 @@ def test_tool_call_then_answer_records_the_sample_turn_by_turn(policy_server: Sc
 
     # the wire: the rollout's model name and key, nothing for OpenAI's own API, no hidden settings
     for request in requests:
-        assert request.body["model"] == "policy-under-training" and request.authorized
+        assert request.body["model"] == "policy-under-training"
+        assert request.authorized
         assert request.stream is streaming
         assert not {"store", "reasoning_effort", "prompt_cache_key", "metadata"} & set(request.body)
         assert [t["function"]["name"] for t in request.body["tools"]] == ["multiply"]
     if streaming:
         assert requests[0].body["stream_options"] == {"include_usage": True}
-    assert sample.metrics["turns"] == 2 and sample.metrics["input_tokens"] > 0 and sample.metrics["output_tokens"] > 0
+    assert sample.metrics["turns"] == 2
+    assert sample.metrics["input_tokens"] > 0
+    assert sample.metrics["output_tokens"] > 0
 
 
 def test_sampling_params_of_the_placeholder_reach_the_endpoint(policy_server: ScriptedPolicyServer):
@@ -190,7 +197,8 @@ def test_fifty_concurrent_rollouts_each_use_their_own_id_sample_and_reward(polic
     anyio.run(main)
     assert len(outcomes) == 50
     for i, outcome in outcomes.items():
-        assert outcome.error is None and outcome.reward == 1.0, (i, outcome.error)
+        assert outcome.error is None, (i, outcome.error)
+        assert outcome.reward == 1.0, (i, outcome.error)
         product = str((i + 2) * (i + 1000))
         requests = policy_server.requests_for(f"concurrent-{i}")
         assert len(requests) == 2
@@ -211,8 +219,10 @@ def test_a_5xx_fails_the_rollout_with_policy_error_naming_status_and_endpoint(
     policy_server.inject(Fault("status", status=503, message="overloaded"))
     outcome = _calculate_with_key(policy_server, streaming)
     error = outcome.workflow.error
-    assert error is not None and error.category == "policy_error", error
-    assert "503" in error.message and policy_server.url in error.message
+    assert error is not None, error
+    assert error.category == "policy_error", error
+    assert "503" in error.message
+    assert policy_server.url in error.message
     assert SECRET not in error.message
     assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == 1  # no hidden retry
     assert outcome.workflow.sample is not None  # the history up to the failure: the prompt
@@ -236,8 +246,10 @@ def test_a_broken_answer_fails_the_rollout_with_policy_error(
     policy_server.inject(Fault(fault))  # type: ignore[arg-type]
     outcome = _calculate_with_key(policy_server, streaming)
     error = outcome.workflow.error
-    assert error is not None and error.category == "policy_error", error
-    assert policy_server.url in error.message and BROKEN_ANSWERS[fault] in error.message
+    assert error is not None, error
+    assert error.category == "policy_error", error
+    assert policy_server.url in error.message
+    assert BROKEN_ANSWERS[fault] in error.message
     assert SECRET not in error.message
     if fault == "truncate":
         assert ("finish_reason" if streaming else "malformed JSON") in error.message
@@ -266,9 +278,11 @@ def test_an_answer_that_is_not_a_chat_completion_is_a_policy_error_on_any_turn(
     policy_server.inject(fault)
     outcome = _calculate_with_key(policy_server, streaming)
     error = outcome.workflow.error
-    assert error is not None and error.category == "policy_error", error
+    assert error is not None, error
+    assert error.category == "policy_error", error
     assert f"policy endpoint {policy_server.url}/chat/completions answered 200 with" in error.message, error.message
-    assert expected in error.message and SECRET not in error.message
+    assert expected in error.message
+    assert SECRET not in error.message
     assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == turn  # never sent twice
 
 
@@ -279,8 +293,10 @@ def test_an_unreachable_endpoint_is_a_policy_error():
         Workflow, policy=PolicyEndpoint(url, "m", api_key=SECRET), user_prompt="val1 = 1\nval2 = 2"
     )
     error = outcome.workflow.error
-    assert error is not None and error.category == "policy_error", error
-    assert url in error.message and SECRET not in error.message
+    assert error is not None, error
+    assert error.category == "policy_error", error
+    assert url in error.message
+    assert SECRET not in error.message
 
 
 @pytest.mark.parametrize("streaming", MODES)
@@ -296,7 +312,8 @@ def test_a_slow_endpoint_past_the_agent_timeout_is_a_timeout(policy_server: Scri
     )
     assert time.perf_counter() - started < 2.5
     error = outcome.workflow.error
-    assert error is not None and error.category == "timeout", error
+    assert error is not None, error
+    assert error.category == "timeout", error
     assert "0.5 s timeout" in error.message
 
 
@@ -315,10 +332,13 @@ def test_a_tool_call_without_an_id_fails_at_once_with_validation_error(streaming
         )
         requests = server.requests_for(outcome.workflow.rollout_id)
     error = outcome.workflow.error
-    assert error is not None and error.category == "validation_error", error
-    assert ToolCallWithoutIdError.__name__ in error.message and "without an id" in error.message
+    assert error is not None, error
+    assert error.category == "validation_error", error
+    assert ToolCallWithoutIdError.__name__ in error.message
+    assert "without an id" in error.message
     assert len(requests) == 1  # not a loop
-    assert outcome.workflow.sample is not None and outcome.workflow.sample.messages[0]["role"] == "user"
+    assert outcome.workflow.sample is not None
+    assert outcome.workflow.sample.messages[0]["role"] == "user"
 
 
 def _calls_divide_first(request: dict[str, Any]) -> Reply:
@@ -339,10 +359,12 @@ def test_an_unknown_tool_is_answered_to_the_model_as_an_error(streaming: bool):
             workflow_config=Config(streaming=streaming),
         )
         requests = server.requests_for(outcome.workflow.rollout_id)
-    assert outcome.error is None and outcome.reward == 1.0
+    assert outcome.error is None
+    assert outcome.reward == 1.0
     assert len(requests) == 2
     (tool_message,) = _tool_messages(requests[1].body)
-    assert "divide" in tool_message["content"] and "not found" in tool_message["content"]
+    assert "divide" in tool_message["content"]
+    assert "not found" in tool_message["content"]
     assert outcome.sample.messages[2]["type"] == "function_call_output"
     assert "not found" in outcome.sample.messages[2]["output"]
 
@@ -358,8 +380,10 @@ def test_a_plain_agent_with_the_placeholder_in_its_run_config_gets_the_same_defa
         outcome = run_rollout_sync(PlainAgentWorkflow, policy=server, user_prompt="divide 6 by 7")
         requests = server.requests_for(outcome.workflow.rollout_id)
     assert outcome.error is None, outcome.error
-    assert len(requests) == 2 and "not found" in _tool_messages(requests[1].body)[0]["content"]
-    assert outcome.sample.system_prompt == INSTRUCTIONS and outcome.sample.last_text().endswith("#### 0")
+    assert len(requests) == 2
+    assert "not found" in _tool_messages(requests[1].body)[0]["content"]
+    assert outcome.sample.system_prompt == INSTRUCTIONS
+    assert outcome.sample.last_text().endswith("#### 0")
 
 
 def test_an_unknown_tool_fails_the_rollout_when_the_agent_says_raise_error():
@@ -372,7 +396,9 @@ def test_an_unknown_tool_fails_the_rollout_when_the_agent_says_raise_error():
         )
         assert len(server.requests_for(outcome.workflow.rollout_id)) == 1
     error = outcome.workflow.error
-    assert error is not None and error.category == "agent_error" and "divide" in error.message
+    assert error is not None
+    assert error.category == "agent_error"
+    assert "divide" in error.message
 
 
 def _always_multiply(request: dict[str, Any]) -> Reply:
@@ -391,8 +417,10 @@ def test_the_turn_limit_fails_the_rollout_and_keeps_the_partial_history(streamin
         requests = server.requests_for(outcome.workflow.rollout_id)
     assert len(requests) == 3
     error = outcome.workflow.error
-    assert error is not None and error.category == "agent_error", error
-    assert "MaxTurnsExceeded" in error.message and "3" in error.message
+    assert error is not None, error
+    assert error.category == "agent_error", error
+    assert "MaxTurnsExceeded" in error.message
+    assert "3" in error.message
     sample = outcome.workflow.sample
     assert sample is not None  # the partial history, last turn's tool result included
     assert [m.get("type", m.get("role")) for m in sample.messages] == ["user"] + [
@@ -416,7 +444,8 @@ def test_invalid_tool_arguments_are_told_to_the_model_and_the_turn_limit_ends_th
     assert len(requests) == 2
     (tool_message,) = _tool_messages(requests[1].body)
     assert "error" in tool_message["content"].lower()
-    assert outcome.workflow.error is not None and outcome.workflow.error.category == "agent_error"
+    assert outcome.workflow.error is not None
+    assert outcome.workflow.error.category == "agent_error"
 
 
 # -- misuse ------------------------------------------------------------------------------------------------------
@@ -434,8 +463,10 @@ def test_run_sync_inside_the_workflow_is_refused_pointing_to_await_runner_run(po
         Workflow, policy=policy_server, user_prompt="val1 = 6\nval2 = 7", workflow_config=Config(run_sync=True)
     )
     error = outcome.workflow.error
-    assert error is not None and error.category == "agent_error"
-    assert "run_sync" in error.message and "await Runner.run(" in error.message
+    assert error is not None
+    assert error.category == "agent_error"
+    assert "run_sync" in error.message
+    assert "await Runner.run(" in error.message
     assert policy_server.requests == []
 
 

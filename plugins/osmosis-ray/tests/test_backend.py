@@ -45,7 +45,9 @@ def test_rollouts_run_on_actors_spread_over_both_nodes_and_report_in_completion_
     b = backend(faults, max_concurrent=8)
     health = b.health()
     assert {a["node_id"] for a in health["actors"]} == node_ids, health  # one actor per node (SPREAD)
-    assert health["nodes"] == 2 and health["address"] == cluster.address and not health["started_cluster"]
+    assert health["nodes"] == 2
+    assert health["address"] == cluster.address
+    assert not health["started_cluster"]
     sleeps = {"slow": 1.5, "mid": 0.8, "fast": 0.1}
     reqs = [request(name, policy.url, 3, i + 4, do=f"sleep:{s}") for i, (name, s) in enumerate(sleeps.items())]
     reqs += [request(f"r{i}", policy.url, i + 2, 9) for i in range(12)]
@@ -57,7 +59,9 @@ def test_rollouts_run_on_actors_spread_over_both_nodes_and_report_in_completion_
     assert order == sorted(order), order  # results arrive as rollouts finish, not as they were sent
     ran_on = {o.final.sample.metrics["node"] for o in outcomes.values()}
     pids = {o.final.sample.metrics["pid"] for o in outcomes.values()}
-    assert ran_on == node_ids and os.getpid() not in pids and len(pids) == 2
+    assert ran_on == node_ids
+    assert os.getpid() not in pids
+    assert len(pids) == 2
     assert ray.is_initialized()  # the backend did not start this cluster: it only ended its actors
 
 
@@ -104,7 +108,8 @@ def test_an_actor_killed_mid_run_loses_nothing_and_duplicates_nothing(faults, po
         rid: o.results for rid, o in outcomes.items() if rid not in _ok(outcomes)
     }
     assert all(len(o.results) == 2 for o in outcomes.values())  # each stage reported once: no duplicate
-    assert health["retried"] >= 1 and health["actors"][0]["deaths"] >= 1, health
+    assert health["retried"] >= 1, health
+    assert health["actors"][0]["deaths"] >= 1, health
 
 
 def test_a_poison_row_is_isolated_and_named_while_every_other_row_succeeds(faults, policy):
@@ -120,7 +125,8 @@ def test_a_poison_row_is_isolated_and_named_while_every_other_row_succeeds(fault
     assert [(r.stage, r.status) for r in poison.results] == [(ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE)]
     error = poison.final.error
     assert error.category is ErrorCategory.INFRA_ERROR
-    assert "poison row: rollout poison" in error.message and "val1 = 66" in error.message, error.message
+    assert "poison row: rollout poison" in error.message, error.message
+    assert "val1 = 66" in error.message, error.message
     assert "quarantine actor" in error.message, error.message
     assert sorted(_ok(outcomes)) == sorted(outcomes), {rid: o.results for rid, o in outcomes.items()}
     assert health["poison_rows"] == ["poison"], health
@@ -139,11 +145,13 @@ def test_a_hung_actor_hits_the_watchdog_and_its_other_rollouts_move(faults, poli
     finally:
         anyio.run(b.aclose)
     final = outcomes.pop("hung").final
-    assert final.error is not None and final.error.category is ErrorCategory.TIMEOUT, final
+    assert final.error is not None, final
+    assert final.error.category is ErrorCategory.TIMEOUT, final
     assert "did not report the rollout within 3 s" in final.error.message, final.error.message
     assert sorted(_ok(outcomes)) == sorted(outcomes), {rid: o.results for rid, o in outcomes.items()}
     assert elapsed < 18, elapsed  # neither the run nor its other rollouts waited for the blocked loop
-    assert health["watchdog_timeouts"] == 1 and sum(a["deaths"] for a in health["actors"]) == 1, health
+    assert health["watchdog_timeouts"] == 1, health
+    assert sum(a["deaths"] for a in health["actors"]) == 1, health
 
 
 def test_a_rollout_that_imports_on_the_driver_but_not_on_a_node_fails_naming_the_node_and_the_import(policy, caplog):
@@ -160,7 +168,8 @@ def test_a_rollout_that_imports_on_the_driver_but_not_on_a_node_fails_naming_the
         [failed] = outcome.results
         assert failed.error.category is ErrorCategory.INFRA_ERROR
         message = failed.error.message
-        assert "No module named 'osmosis_ray_test_driver_only'" in message and "importing main.py" in message
+        assert "No module named 'osmosis_ray_test_driver_only'" in message
+        assert "importing main.py" in message
         assert "node 192." in message or ("node " in message and "node id" in message), message
 
 
@@ -223,8 +232,10 @@ def test_when_every_actor_is_gone_a_started_rollout_fails_and_a_new_one_raises_b
 
     results, error = anyio.run(main)
     [first] = results
-    assert first.error.category is ErrorCategory.INFRA_ERROR and "Ray" in first.error.message, first
-    assert isinstance(error, BackendUnavailable) and "no Ray actor has been usable" in str(error), error
+    assert first.error.category is ErrorCategory.INFRA_ERROR, first
+    assert "Ray" in first.error.message, first
+    assert isinstance(error, BackendUnavailable), error
+    assert "no Ray actor has been usable" in str(error), error
     assert [r.rollout_id for r in results] == ["first"]  # the second never started: nothing reported
 
 
@@ -240,7 +251,9 @@ def test_health_reports_the_cluster_the_actors_their_load_and_failures(faults, p
 
     run_all(b, [request(f"l{i}", policy.url, do="sleep:1.5") for i in range(4)], during=look)
     json.dumps(seen)
-    assert seen["status"] == "ok" and seen["in_flight"] == 4 and seen["max_concurrency"] == 4, seen
+    assert seen["status"] == "ok", seen
+    assert seen["in_flight"] == 4, seen
+    assert seen["max_concurrency"] == 4, seen
     assert [a["in_flight"] for a in seen["actors"]] == [2, 2], seen
     for actor in seen["actors"]:
         assert {"node_id", "node_ip", "pid", "capacity", "deaths", "restarts", "state"} <= set(actor)
@@ -252,7 +265,8 @@ def test_a_loopback_policy_on_a_multi_node_cluster_is_warned_about_once(faults, 
     with caplog.at_level(logging.WARNING, logger="osmosis_ray"):
         run_all(b, [request(f"w{i}", policy.url) for i in range(3)])
     warnings = [r for r in caplog.records if "loopback address" in r.getMessage()]
-    assert len(warnings) == 1 and "2 nodes" in warnings[0].getMessage()
+    assert len(warnings) == 1
+    assert "2 nodes" in warnings[0].getMessage()
 
 
 def test_the_rollout_folder_reaches_the_actors_as_rays_working_dir(faults, policy):
@@ -261,7 +275,8 @@ def test_the_rollout_folder_reaches_the_actors_as_rays_working_dir(faults, polic
     for outcome in outcomes.values():
         metrics = outcome.final.sample.metrics
         assert Path(metrics["file"]).parent == Path(metrics["cwd"]), metrics
-        assert not Path(metrics["file"]).is_relative_to(FAULTS) and "working_dir_files" in metrics["file"], metrics
+        assert not Path(metrics["file"]).is_relative_to(FAULTS), metrics
+        assert "working_dir_files" in metrics["file"], metrics
 
 
 def test_actors_that_cannot_be_placed_or_code_that_cannot_be_uploaded_stop_the_build_with_one_line(faults):

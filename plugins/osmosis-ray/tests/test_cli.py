@@ -52,14 +52,16 @@ def test_the_plain_example_through_backend_ray_gives_the_results_of_local_and_st
     local_run = osmosis("run", str(config), "--stub-policy", "--output", str(tmp_path / "local"), cwd=tmp_path)
     assert local_run.returncode == 0, local_run.stderr[-3000:]
     on_ray, on_local = _by_pair(results(tmp_path / "ray")), _by_pair(results(tmp_path / "local"))
-    assert len(on_ray) == len(on_local) == 20 and sorted(on_ray) == sorted(on_local)
+    assert len(on_ray) == len(on_local) == 20
+    assert sorted(on_ray) == sorted(on_local)
     for pair, line in on_local.items():
         other = on_ray[pair]
         assert (other["status"], other["reward"], other["error"]) == (line["status"], line["reward"], line["error"])
         shape = [(m.get("role"), m.get("content")) for m in line["sample"]["messages"]]
         assert [(m.get("role"), m.get("content")) for m in other["sample"]["messages"]] == shape, pair
     summary = json.loads((tmp_path / "ray" / "summary.json").read_text())
-    assert summary["finished"] == 20 and summary["failed"] == 0, summary
+    assert summary["finished"] == 20, summary
+    assert summary["failed"] == 0, summary
     assert (own / "ray").is_dir()  # the cluster really ran under its own folder ...
     deadline = time.monotonic() + 20
     while _processes_mentioning(str(own)) and time.monotonic() < deadline:
@@ -173,9 +175,11 @@ def test_workers_sets_the_number_of_actors(cluster, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "up to 8 at once" in run.stdout, run.stdout
     lines = results(tmp_path / "out")
-    assert len(lines) == 8 and all(line["status"] == "success" and line["reward"] == 1.0 for line in lines)
+    assert len(lines) == 8
+    assert all(line["status"] == "success" and line["reward"] == 1.0 for line in lines)
     pids = {line["metrics"]["pid"] for line in lines}
-    assert len(pids) == 2 and os.getpid() not in pids, pids
+    assert len(pids) == 2, pids
+    assert os.getpid() not in pids, pids
 
 
 @pytest.mark.together
@@ -239,8 +243,11 @@ def test_osmosis_serve_runs_rollouts_on_ray_and_a_cancel_from_the_server_reaches
         if proc.poll() is None:
             proc.kill()
         log.close()
-    assert sorted(r.rollout_id for r in done) == ["s0", "s1", "s2", "s3"] and all(r.reward == 1.0 for r in done)
-    assert dispositions == {"long": "cancelled_running"} and cancelled.status.value == "cancelled", cancelled
+    assert sorted(r.rollout_id for r in done) == ["s0", "s1", "s2", "s3"]
+    assert all(r.reward == 1.0 for r in done)
+    assert dispositions == {"long": "cancelled_running"}, cancelled
+    assert cancelled.status.value == "cancelled", cancelled
     assert (marks / "long.cancelled").is_file()  # the server's cancel reached the workflow on its actor
     text = json.dumps(health)
-    assert cluster.address in text and '"actors"' in text, health
+    assert cluster.address in text, health
+    assert '"actors"' in text, health

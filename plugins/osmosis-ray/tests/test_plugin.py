@@ -29,7 +29,8 @@ def test_osmosis_plugins_lists_the_ray_backend(tmp_path):
     assert listed.returncode == 0, listed.stderr
     plugins = json.loads(listed.stdout)
     text = json.dumps(plugins)
-    assert "osmosis-ray" in text and '"ray"' in text, plugins
+    assert "osmosis-ray" in text, plugins
+    assert '"ray"' in text, plugins
 
 
 def test_the_backend_table_is_read_strictly_with_key_paths():
@@ -68,7 +69,8 @@ def test_a_mistyped_key_stops_the_run_with_its_path_before_ray_is_touched(tmp_pa
         "run", str(config), "--stub-policy", "--backend", "ray", "--output", str(tmp_path / "o"), cwd=tmp_path
     )
     assert run.returncode == 1, run.stderr
-    assert "chunk_sise" in run.stderr and "$.backend.ray" in run.stderr, run.stderr
+    assert "chunk_sise" in run.stderr, run.stderr
+    assert "$.backend.ray" in run.stderr, run.stderr
     assert not (tmp_path / "o").exists()
 
 
@@ -87,9 +89,11 @@ def test_declared_dependencies_and_what_this_environment_lacks(tmp_path):
         '"surely-not-installed-anywhere", "pytest; python_version < \'3\'"]\n'
     )
     declared = declared_requirements(tmp_path)
-    assert declared[0] == "osmosis-core>=0.1" and len(declared) == 4
+    assert declared[0] == "osmosis-core>=0.1"
+    assert len(declared) == 4
     assert missing_requirements(declared) == ["attrs>=999", "surely-not-installed-anywhere"]
-    assert declared_requirements(FAULTS) == ["osmosis-core>=0.1"] and missing_requirements(["osmosis-core>=0.1"]) == []
+    assert declared_requirements(FAULTS) == ["osmosis-core>=0.1"]
+    assert missing_requirements(["osmosis-core>=0.1"]) == []
 
 
 def test_loopback_urls_are_recognised():

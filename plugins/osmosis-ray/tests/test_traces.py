@@ -38,11 +38,13 @@ def test_ray_gives_the_traces_of_local(cluster, tmp_path):
     local = osmosis("run", str(config), *args, "--output", str(tmp_path / "local"), cwd=tmp_path)
     on_ray = osmosis("run", str(ray), *args, "--output", str(tmp_path / "ray"), cwd=tmp_path, timeout=360)
     assert local.returncode == 0, local.stderr[-3000:]
-    assert on_ray.returncode == 0 and "on backend 'ray'" in on_ray.stdout, on_ray.stdout[-3000:] + on_ray.stderr[-3000:]
+    assert on_ray.returncode == 0, on_ray.stdout[-3000:] + on_ray.stderr[-3000:]
+    assert "on backend 'ray'" in on_ray.stdout, on_ray.stdout[-3000:] + on_ray.stderr[-3000:]
     traces = {
         name: sorted(map(gateway.comparable_trace, _lines(tmp_path / name / "traces.jsonl")), key=str)
         for name in ("local", "ray")
     }
-    assert len(traces["local"]) == 12 and traces["ray"] == traces["local"]
+    assert len(traces["local"]) == 12
+    assert traces["ray"] == traces["local"]
     assert all(t["complete"] and len(t["calls"]) == 2 and t["calls"][1]["logprobs"] for t in traces["ray"])
     assert all(line["status"] == "success" for line in _lines(tmp_path / "ray" / "results.jsonl"))

@@ -110,14 +110,18 @@ def test_one_run_in_the_browser(browser, run_a, tmp_path):
     browser.execute_script("document.querySelector('tr[data-row=\"3\"] button.chip').click()")
     assert wait_for(browser, "return document.querySelector('#viewer-body .tool-call')")
     text = browser.execute_script("return document.getElementById('viewer-body').innerText")
-    assert "multiply" in text and '"a": 76' in text and "63992" in text and "You are a careful calculator" in text
+    assert "multiply" in text
+    assert '"a": 76' in text
+    assert "63992" in text
+    assert "You are a careful calculator" in text
     shot(browser, "report-trajectory.png")
 
     # a failed rollout: its category, stage and where it was raised
     browser.execute_script("document.querySelector('tr[data-row=\"2\"] button.chip').click()")
     assert wait_for(browser, "return document.querySelector('#viewer-body .error-box')")
     error = browser.execute_script("return document.querySelector('#viewer-body .error-box').innerText")
-    assert "validation_error" in error and "raised at main.py:" in error
+    assert "validation_error" in error
+    assert "raised at main.py:" in error
 
     # the hostile row: its text is on the page, as text; nothing of it ran
     browser.execute_script("document.querySelector('tr[data-row=\"20\"] button.chip').click()")

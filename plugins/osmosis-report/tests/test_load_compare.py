@@ -49,7 +49,8 @@ def test_a_damaged_line_is_named_as_file_and_line_and_the_rest_is_read(tmp_path)
     run = write_run(tmp_path / "r", [line(0, 0), "{not json", json.dumps({"row": "x"}), line(1, 0, reward=0.0)])
     data = load_run(run)
     assert [d.split(": ")[0] for d in data.damaged] == [f"{run / 'results.jsonl'}:2", f"{run / 'results.jsonl'}:3"]
-    assert data.summary.finished == 2 and data.summary.mean_reward == 0.5
+    assert data.summary.finished == 2
+    assert data.summary.mean_reward == 0.5
 
 
 def test_the_latest_record_of_a_retried_pair_counts_as_in_the_core_summary(tmp_path):
@@ -60,8 +61,11 @@ def test_the_latest_record_of_a_retried_pair_counts_as_in_the_core_summary(tmp_p
     )
     data = load_run(run)
     [first] = data.rows[0].rollouts
-    assert first.ok and first.attempts == 2
-    assert data.summary.failed == 0 and data.summary.finished == 2 and data.summary.errors_by_category == {}
+    assert first.ok
+    assert first.attempts == 2
+    assert data.summary.failed == 0
+    assert data.summary.finished == 2
+    assert data.summary.errors_by_category == {}
 
 
 def test_a_live_run_is_read_without_touching_its_file_and_says_it_is_partial(tmp_path):
@@ -70,9 +74,12 @@ def test_a_live_run_is_read_without_touching_its_file_and_says_it_is_partial(tmp
     before = (run / "results.jsonl").read_bytes()
     with RunLock(run):
         data = load_run(run)
-        assert data.live and data.partial
+        assert data.live
+        assert data.partial
     assert (run / "results.jsonl").read_bytes() == before  # not truncated: the writer appends to it
-    assert data.summary.finished == 2 and data.summary.expected == 3 and not data.damaged
+    assert data.summary.finished == 2
+    assert data.summary.expected == 3
+    assert not data.damaged
     assert not load_run(run).live
 
 
@@ -87,7 +94,8 @@ def test_traces_give_token_counts_and_their_absence_is_fine(tmp_path):
     (run / "traces.jsonl").write_text(json.dumps(trace) + "\n" + "{broken\n")
     data = load_run(run)
     tokens = data.rows[0].rollouts[0].tokens
-    assert tokens is not None and (tokens.calls, tokens.prompt, tokens.generated) == (2, 6, 4)
+    assert tokens is not None
+    assert (tokens.calls, tokens.prompt, tokens.generated) == (2, 6, 4)
     assert data.rows[1].rollouts[0].tokens is None
     assert any("traces.jsonl:2" in d for d in data.damaged)
 
@@ -106,16 +114,21 @@ def test_rows_match_by_position_and_prompt_hash_and_a_mismatch_is_reported(tmp_p
     assert [(m.index, m.reason) for m in mismatches] == [(1, "different prompts"), (3, "missing in run 1")]
     comparison = compare([a, b])
     [delta] = comparison.deltas
-    assert delta.broke == [0] and delta.fixed == [2]  # row 1 is never compared: its prompts differ
-    assert delta.reward is not None and delta.reward.value == pytest.approx(0.0) and delta.reward.n == 2
+    assert delta.broke == [0]
+    assert delta.fixed == [2]  # row 1 is never compared: its prompts differ
+    assert delta.reward is not None
+    assert delta.reward.value == pytest.approx(0.0)
+    assert delta.reward.n == 2
 
 
 def test_the_report_of_a_real_run_reads_prompts_from_its_dataset(run_a, tmp_path):
     data = load_run(run_a)
-    assert data.prompt_source == "dataset" and len(data.rows) == 21
+    assert data.prompt_source == "dataset"
+    assert len(data.rows) == 21
     assert data.summary.errors_by_category == {"policy_error": 2, "validation_error": 2}
     broken = data.rows[2].rollouts[0]
-    assert broken.category == "validation_error" and "main.py" in (broken.message or "")
+    assert broken.category == "validation_error"
+    assert "main.py" in (broken.message or "")
     # the dataset is gone: prompts come from the samples, and rows still match
     copy = tmp_path / "copy"
     shutil.copytree(run_a, copy)
@@ -141,4 +154,5 @@ def test_the_plugin_writes_a_partial_report_during_a_run_and_no_more_often_than_
         plugin.osmosis_run_progress(RunProgress(run, summary, final=False))  # at once again: skipped
         assert page.stat().st_mtime_ns == written
     plugin.osmosis_run_progress(RunProgress(run, summary, final=True))  # the end is always written
-    assert page.stat().st_mtime_ns != written and "still going" not in page.read_text()
+    assert page.stat().st_mtime_ns != written
+    assert "still going" not in page.read_text()

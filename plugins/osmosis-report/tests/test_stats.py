@@ -30,7 +30,7 @@ def test_pass_at_k_is_the_chance_that_some_drawn_sample_passes():
 def test_pass_at_k_refuses_impossible_counts_and_stays_exact_for_large_n():
     with pytest.raises(ValueError, match="n=2, c=3"):
         pass_at_k(2, 3, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n=4, c=1, k=5"):
         pass_at_k(4, 1, 5)
     assert pass_at_k(1000, 1, 1) == pytest.approx(0.001)
     assert pass_at_k(1000, 500, 10) == pytest.approx(1 - math.comb(500, 10) / math.comb(1000, 10))
@@ -56,16 +56,20 @@ def test_the_mean_interval_with_one_value_per_row_is_the_normal_one():
 def test_the_mean_interval_counts_rows_not_samples_and_stays_in_range():
     # two rows, one always right, one always wrong: 8 samples each, but only 2 independent units
     interval = mean_interval([[1.0] * 8, [0.0] * 8])
-    assert interval is not None and interval.n == 2
+    assert interval is not None
+    assert interval.n == 2
     assert (interval.low, interval.high) == (0.0, 1.0)
-    assert mean_interval([]) is None and mean_interval([[], []]) is None
+    assert mean_interval([]) is None
+    assert mean_interval([[], []]) is None
 
 
 def test_the_paired_bootstrap_is_seeded_and_brackets_the_mean():
     diffs = [0.0, 1.0, 0.0, 0.0, -1.0, 1.0, 0.5, 0.0, 1.0, 0.0]
     first = paired_bootstrap(diffs, seed=7)
     assert first == paired_bootstrap(diffs, seed=7)
-    assert first is not None and first.low < first.value < first.high and first.value == pytest.approx(0.25)
+    assert first is not None
+    assert first.low < first.value < first.high
+    assert first.value == pytest.approx(0.25)
     # the percentile interval of the resampled means is about the normal one for a sample this size
     se = statistics.stdev(diffs) / math.sqrt(len(diffs))
     assert first.high - first.low == pytest.approx(2 * 1.96 * se, rel=0.25)

@@ -112,7 +112,8 @@ def test_a_resubmit_after_a_lost_answer_is_already_admitted_and_gateway_errors_a
     admission, result, seen = run(go)
     assert seen == {"dropped": 1, "bad_gateway": 2}
     assert admission.resubmitted
-    assert result.status is RolloutStatus.SUCCESS and result.reward == 1.0
+    assert result.status is RolloutStatus.SUCCESS
+    assert result.reward == 1.0
     assert len(read_lines(served.service.folder.results_path)) == 1  # admitted once, run once
 
 
@@ -138,7 +139,8 @@ def test_connection_errors_are_retried_until_the_server_is_up(tmp_path):
         result = run(go)
     finally:
         served.__exit__(None, None, None)
-    assert result.reward == 1.0 and time.monotonic() - started > 0.6
+    assert result.reward == 1.0
+    assert time.monotonic() - started > 0.6
 
 
 def test_stopping_run_many_early_cancels_what_is_in_flight_on_the_server(serve):
@@ -199,5 +201,6 @@ def test_a_503_waits_its_retry_after_and_a_cancellation_ends_the_wait_at_once():
             await close()
 
     gaps, cancel_took = run(go)
-    assert len(gaps) == 2 and all(gap >= 0.38 for gap in gaps), gaps  # Retry-After, not the 0.01 s delay
+    assert len(gaps) == 2, gaps
+    assert all(gap >= 0.38 for gap in gaps), gaps  # Retry-After, not the 0.01 s delay
     assert cancel_took < 0.2

@@ -96,16 +96,22 @@ def test_ids_that_cannot_be_a_path_segment_or_a_header_are_refused_and_nothing_i
     assert "surrogate" in answers["lone surrogate"].json()["detail"]
     assert "printable" in answers["newline"].json()["detail"]
     assert "bytes" in answers["too long in bytes"].json()["detail"]
-    assert elsewhere.status_code == 422 and "@ $.initial_messages[0].content" in elsewhere.json()["detail"]
+    assert elsewhere.status_code == 422
+    assert "@ $.initial_messages[0].content" in elsewhere.json()["detail"]
     # nothing was admitted: no rollout counted, none active, none running, none recorded
     assert "admitted" not in health["server"]["counts"], health
-    assert health["lifecycle"]["active_rollouts"] == 0 and health["server"]["running"] == 0
-    assert result.status is RolloutStatus.SUCCESS and result.rollout_id == good and result.reward == 1.0
-    assert after["server"]["counts"]["admitted"] == 1 and after["lifecycle"]["active_rollouts"] == 0
+    assert health["lifecycle"]["active_rollouts"] == 0
+    assert health["server"]["running"] == 0
+    assert result.status is RolloutStatus.SUCCESS
+    assert result.rollout_id == good
+    assert result.reward == 1.0
+    assert after["server"]["counts"]["admitted"] == 1
+    assert after["lifecycle"]["active_rollouts"] == 0
     assert [line["rollout_id"] for line in read_lines(tmp_path / "run" / "results.jsonl")] == [good]
     assert stop_took < 15  # the drain waits for nothing stuck
     log = (tmp_path / "serve.log").read_text()
-    assert "Application shutdown failed" not in log and "Traceback" not in log, log
+    assert "Application shutdown failed" not in log, log
+    assert "Traceback" not in log, log
     for line in log.splitlines():  # every log line is whole: no id split one
         assert LOG_LINE.match(line), f"a log line was split or is foreign: {line!r}\n{log}"
     assert "injected" not in log
@@ -125,7 +131,8 @@ def test_an_empty_cancel_prefix_is_refused_and_cancels_nothing(tmp_path):
         assert served.wait(60) == 0
     finally:
         served.kill()
-    assert empty.status_code == 422 and "@ $.prefix" in empty.json()["detail"], empty.text
+    assert empty.status_code == 422, empty.text
+    assert "@ $.prefix" in empty.json()["detail"], empty.text
     assert health["lifecycle"]["active_rollouts"] == 3
     assert everything.json()["dispositions"] == {f"long-{i}": "cancelled_running" for i in range(3)}
 
@@ -199,10 +206,12 @@ def test_an_exception_after_admission_ends_the_rollout_as_a_recorded_failure_and
     for mode in modes:
         result = results[mode]
         assert result.status is RolloutStatus.FAILURE, (mode, result)
-        assert result.error is not None and result.error.category.value == "infra_error", (mode, result)
+        assert result.error is not None, (mode, result)
+        assert result.error.category.value == "infra_error", (mode, result)
         assert result.error.message, mode
     assert results["fine"].status is RolloutStatus.SUCCESS  # the one slot was given back each time
-    assert health["lifecycle"]["active_rollouts"] == 0 and health["server"]["running"] == 0
+    assert health["lifecycle"]["active_rollouts"] == 0
+    assert health["server"]["running"] == 0
     lines = {line["rollout_id"]: line for line in read_lines(served.service.folder.results_path)}
     assert sorted(lines) == sorted(f"odd-{m}" for m in [*modes, "fine"])
     for mode in modes:

@@ -50,11 +50,13 @@ def test_500_concurrent_rollouts_each_on_its_own_policy_endpoint(serve, policy_s
         assert messages[-1]["role"] == "assistant"
         assert messages[-1]["content"].rstrip().endswith(f"#### {request.label}")
         calls = policy_server.requests_for(request.rollout_id)  # attributed by the per-rollout URL
-        assert len(calls) == 1 and calls[0].authorized
+        assert len(calls) == 1
+        assert calls[0].authorized
     lines = read_lines(served.service.folder.results_path)
     assert len(lines) == n
     assert Counter(line["status"] for line in lines) == {"success": n}
     assert {(line["row"], line["sample_index"]) for line in lines} == {(i // 4, i % 4) for i in range(n)}
     assert all(line["reward"] == 1.0 for line in lines)
     text = served.service.folder.results_path.read_text()
-    assert "key-for-rollout-" not in text and TOKEN not in text
+    assert "key-for-rollout-" not in text
+    assert TOKEN not in text

@@ -46,4 +46,5 @@ def test_the_docstring_examples_run():
 
     for name in ("osmosis_server", "osmosis_server.protocol", "osmosis_server.settings", "osmosis_server.auth"):
         failed, tried = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-        assert tried and not failed, name
+        assert tried, name
+        assert not failed, name

@@ -56,13 +56,12 @@ def test_every_status_of_the_protocol_is_provoked_and_documented(serve):
         "result_wait_timeout_sec",
         "polling_lease_timeout_sec",
     }
-    assert (
-        admission["status"] == "queued"
-        and admission["polling_lease_timeout_sec"] > admission["result_wait_timeout_sec"]
-    )
+    assert admission["status"] == "queued"
+    assert admission["polling_lease_timeout_sec"] > admission["result_wait_timeout_sec"]
     # 409: the id is taken by another body; the same body again is "already admitted", with the lease
     other = http.request("POST", "/rollout", json=body("a", metadata={"sleep": 1}))
-    assert other.status_code == 409 and "polling_lease_token" not in other.json()
+    assert other.status_code == 409
+    assert "polling_lease_token" not in other.json()
     same = http.request("POST", "/rollout", json=body("a", metadata={"sleep": 30}, label="42"))
     assert same.status_code == 409
     assert same.json()["polling_lease_token"] == admission["polling_lease_token"]
@@ -87,11 +86,13 @@ def test_every_status_of_the_protocol_is_provoked_and_documented(serve):
     # 429: one slot, one queued: a third is refused, with Retry-After
     assert http.request("POST", "/rollout", json=body("b", metadata={"sleep": 30})).status_code == 202
     full = http.request("POST", "/rollout", json=body("c"))
-    assert full.status_code == 429 and int(full.headers["Retry-After"]) >= 1
+    assert full.status_code == 429
+    assert int(full.headers["Retry-After"]) >= 1
     # results: 200 (a status while in flight), 403 wrong lease, 404 unknown, 422 no lease header
     lease = {LEASE_HEADER: admission["polling_lease_token"]}
     polled = http.request("GET", result_route, "/rollout/a/result", headers=lease)
-    assert polled.status_code == 200 and polled.json() == {"rollout_id": "a", "status": "running"}
+    assert polled.status_code == 200
+    assert polled.json() == {"rollout_id": "a", "status": "running"}
     assert http.request("GET", result_route, "/rollout/a/result", headers={LEASE_HEADER: "x" * 43}).status_code == 403
     assert http.request("GET", result_route, "/rollout/nope/result", headers=lease).status_code == 404
     assert http.request("GET", result_route, "/rollout/a/result").status_code == 422
@@ -102,7 +103,8 @@ def test_every_status_of_the_protocol_is_provoked_and_documented(serve):
     assert cancelled.status_code == 200
     assert cancelled.json() == {"dispositions": {"a": "cancelled_running", "b": "cancelled_queued", "zzz": "not_found"}}
     final = http.request("GET", result_route, "/rollout/a/result", headers=lease).json()
-    assert final["status"] == "cancelled" and final["error"]["category"] == "cancelled"
+    assert final["status"] == "cancelled"
+    assert final["error"]["category"] == "cancelled"
     assert "cancelled by a /rollout/cancel request during the workflow stage" in final["error"]["message"]
     # 413: a body over the limit
     big = http.request(
@@ -112,7 +114,8 @@ def test_every_status_of_the_protocol_is_provoked_and_documented(serve):
     # health, livez, openapi
     health = http.request("GET", "/health").json()
     assert health["lifecycle"] == {"accepting_rollouts": True, "active_rollouts": 0}
-    assert health["max_concurrency"] == 1 and health["server"]["capacity"] == 2
+    assert health["max_concurrency"] == 1
+    assert health["server"]["capacity"] == 2
     assert {"instance_id", "process_id"} <= set(health)
     assert http.request("GET", "/livez").json() == {"status": "ok"}
     document = http.request("GET", "/openapi.json").json()
@@ -133,7 +136,8 @@ def test_every_status_of_the_protocol_is_provoked_and_documented(serve):
     # 503: draining
     served.call(served.service.drain)
     draining = http.request("POST", "/rollout", json=body("d"))
-    assert draining.status_code == 503 and draining.headers["Retry-After"]
+    assert draining.status_code == 503
+    assert draining.headers["Retry-After"]
 
     # the document is true to the app: the same routes, every status seen documented, the same submit fields
     routes = {
@@ -162,14 +166,16 @@ def test_an_identical_resubmit_is_already_admitted_and_another_body_conflicts(se
         client = RolloutClient(served.url, token=TOKEN)
         first = await client.submit(request)
         again = await client.submit(request)  # a trainer resubmitting after a lost answer
-        assert again.resubmitted and not first.resubmitted
+        assert again.resubmitted
+        assert not first.resubmitted
         assert again.lease_token == first.lease_token
         with pytest.raises(RolloutConflict):
             await client.submit(RolloutRequest(rollout_id="same", initial_messages=[], chat_completions_url=POLICY))
         return await client.result(again)
 
     result = run(go)
-    assert result.status is RolloutStatus.SUCCESS and result.reward == 1.0
+    assert result.status is RolloutStatus.SUCCESS
+    assert result.reward == 1.0
     assert len(read_lines(served.service.folder.results_path)) == 1  # ran once
 
 
@@ -195,9 +201,11 @@ def test_a_rollout_nobody_polls_is_cancelled_when_its_lease_expires(serve):
     late = http.get("/rollout/forgotten/result", headers={LEASE_HEADER: forgotten["polling_lease_token"]}).json()
     assert late["status"] == "cancelled"
     assert late["err_category"] == "lease_expired"
-    assert late["error"]["category"] == "cancelled" and "polling lease expired" in late["error"]["message"]
+    assert late["error"]["category"] == "cancelled"
+    assert "polling lease expired" in late["error"]["message"]
     lines = {line["rollout_id"]: line for line in read_lines(served.service.folder.results_path)}
-    assert lines["forgotten"]["status"] == "cancelled" and "lease" in lines["forgotten"]["error"]["message"]
+    assert lines["forgotten"]["status"] == "cancelled"
+    assert "lease" in lines["forgotten"]["error"]["message"]
     assert lines["watched"]["status"] == "success"
     assert served.service.health()["server"]["counts"]["lease_expired"] == 1
 
@@ -228,7 +236,9 @@ def test_cancel_by_ids_prefix_and_all_reaches_queued_and_running_rollouts(serve)
         assert again["p-0"] in ("not_found", "cancelled_running")  # idempotent: finished or still reporting
         assert again["q-0"] in ("cancelled_running", "cancelled_queued")
         rest = await client.cancel(all=True)
-        assert set(rest) <= {"q-0", "q-1", "q-2"} and "q-1" in rest and "q-2" in rest
+        assert set(rest) <= {"q-0", "q-1", "q-2"}
+        assert "q-1" in rest
+        assert "q-2" in rest
         assert await client.cancel(all=True) == {}
         return {rid: await client.result(admission) for rid, admission in admissions.items()}
 
@@ -268,8 +278,10 @@ def test_grade_false_skips_grading_and_an_unlabeled_row_is_not_graded(serve):
     assert (results["wrong"].reward, results["wrong"].stage) == (0.0, "grader")
     for rid in ("not-graded", "unlabeled"):
         result = results[rid]
-        assert result.status is RolloutStatus.SUCCESS and result.error is None, result
-        assert result.reward is None and result.stage == "workflow"
+        assert result.status is RolloutStatus.SUCCESS, result
+        assert result.error is None, result
+        assert result.reward is None
+        assert result.stage == "workflow"
         assert result.sample.messages[-1]["content"] == "#### 42"
 
 
@@ -290,11 +302,14 @@ def test_a_failing_workflow_is_a_result_with_both_vocabularies(serve):
 
     result = run(go)
     assert result.status is RolloutStatus.FAILURE
-    assert result.error.category.value == "validation_error" and "the tool broke" in result.error.message
-    assert result.err_category == "validation_error" and result.reward is None
+    assert result.error.category.value == "validation_error"
+    assert "the tool broke" in result.error.message
+    assert result.err_category == "validation_error"
+    assert result.reward is None
     time.sleep(0.05)
     [line] = read_lines(served.service.folder.results_path)
-    assert line["status"] == "failure" and line["error"]["category"] == "validation_error"
+    assert line["status"] == "failure"
+    assert line["error"]["category"] == "validation_error"
 
 
 def test_a_poll_returns_at_each_status_change_unless_it_asks_to_wait_for_the_final(serve):
@@ -310,7 +325,8 @@ def test_a_poll_returns_at_each_status_change_unless_it_asks_to_wait_for_the_fin
     assert statuses == ["running", "grading", "success"] or statuses == ["grading", "success"], statuses
     started = time.monotonic()
     answer = http.get("/rollout/final/result?wait=final", headers={LEASE_HEADER: final["polling_lease_token"]}).json()
-    assert answer["status"] == "success" and answer["reward"] == 1.0
+    assert answer["status"] == "success"
+    assert answer["reward"] == 1.0
     assert time.monotonic() - started < 5
 
 
@@ -320,7 +336,9 @@ def test_a_submit_can_wait_for_its_result_in_one_request(serve):
     answer = http.post("/rollout?wait=final", json=body("inline", label="42"))
     assert answer.status_code == 202
     data = answer.json()
-    assert data["rollout_id"] == "inline" and data["polling_lease_token"]
-    assert data["result"]["status"] == "success" and data["result"]["reward"] == 1.0
+    assert data["rollout_id"] == "inline"
+    assert data["polling_lease_token"]
+    assert data["result"]["status"] == "success"
+    assert data["result"]["reward"] == 1.0
     polled = http.get("/rollout/inline/result", headers={LEASE_HEADER: data["polling_lease_token"]}).json()
     assert polled == data["result"]  # the same result stays readable by polling

@@ -76,7 +76,8 @@ def test_results_are_pushed_in_order_and_retried_and_need_no_polling(serve):
     assert final["sample"]["messages"][-1]["content"] == "#### 42"
     assert polled.reward == 1.0
     [line] = read_lines(served.service.folder.results_path)
-    assert line["status"] == "success" and line["reward"] == 1.0
+    assert line["status"] == "success"
+    assert line["reward"] == 1.0
     assert "callback-secret-123" not in json.dumps(line)
 
 

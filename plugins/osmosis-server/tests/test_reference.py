@@ -93,9 +93,13 @@ def test_the_reference_client_drives_our_server(serve):
     )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got["status"] == "success" and got["reward"] == 1.0 and got["last"] == "#### 42"
-    assert got["cancelled"] == {"ref-client-2": "cancelled_running"} and got["second"] == "cancelled"
-    assert got["lifecycle"]["accepting_rollouts"] is True and got["idle"] == 0
+    assert got["status"] == "success"
+    assert got["reward"] == 1.0
+    assert got["last"] == "#### 42"
+    assert got["cancelled"] == {"ref-client-2": "cancelled_running"}
+    assert got["second"] == "cancelled"
+    assert got["lifecycle"]["accepting_rollouts"] is True
+    assert got["idle"] == 0
 
 
 def test_results_read_back_from_the_run_folder_are_valid_for_the_reference_client(serve, tmp_path):
@@ -136,6 +140,9 @@ def test_results_read_back_from_the_run_folder_are_valid_for_the_reference_clien
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     ok, bad = got["results"]
-    assert ok["status"] == "success" and ok["sample"]["reward"] == 1.0 and ok["sample"]["label"] == "42"
-    assert bad["status"] == "failure" and bad["err_category"] == "validation_error"
+    assert ok["status"] == "success"
+    assert ok["sample"]["reward"] == 1.0
+    assert ok["sample"]["label"] == "42"
+    assert bad["status"] == "failure"
+    assert bad["err_category"] == "validation_error"
     assert [a["rollout_id"] for a in got["admissions"]] == ["ok", "bad"]

@@ -131,17 +131,26 @@ def test_after_kill_9_a_restart_answers_recorded_rollouts_and_reports_lost_ones_
     assert health["server"]["recovered"] == {"recorded": 10, "lost": 14}, health["server"]
     assert finished.status_code == 200
     answer = finished.json()
-    assert answer["status"] == "success" and answer["reward"] == 1.0 and answer["err_category"] is None
-    assert answer["sample"]["messages"][-1]["content"] == "#### 42" and answer["sample"]["label"] == "42"
+    assert answer["status"] == "success"
+    assert answer["reward"] == 1.0
+    assert answer["err_category"] is None
+    assert answer["sample"]["messages"][-1]["content"] == "#### 42"
+    assert answer["sample"]["label"] == "42"
     assert lost.status_code == 410, lost.text
-    assert lost.json()["status"] == "lost" and "submit it again" in lost.json()["detail"]
+    assert lost.json()["status"] == "lost"
+    assert "submit it again" in lost.json()["detail"]
     assert "410" in documented["responses"]
-    assert wrong_lease.status_code == 403 and unknown.status_code == 404
-    assert same_again.status_code == 409 and same_again.json()["polling_lease_token"] == leases["q-0"]
-    assert other_body.status_code == 409 and "polling_lease_token" not in other_body.json()
-    assert rerun.status_code == 202 and rerun.json()["polling_lease_token"] == leases["s-0"]
+    assert wrong_lease.status_code == 403
+    assert unknown.status_code == 404
+    assert same_again.status_code == 409
+    assert same_again.json()["polling_lease_token"] == leases["q-0"]
+    assert other_body.status_code == 409
+    assert "polling_lease_token" not in other_body.json()
+    assert rerun.status_code == 202
+    assert rerun.json()["polling_lease_token"] == leases["s-0"]
     assert rerun_again.status_code == 409  # exactly once
-    assert while_running.status_code == 200 and while_running.json()["status"] in ("queued", "running", "grading")
+    assert while_running.status_code == 200
+    assert while_running.json()["status"] in ("queued", "running", "grading")
     assert sorted(done) == sorted(r.rollout_id for r in quick + slow)
     assert all(r.status is RolloutStatus.SUCCESS and r.reward == 1.0 for r in done.values()), done
     counts = recorded_once(results)
@@ -184,7 +193,8 @@ def test_a_polling_trainer_rides_through_a_kill_9_and_restart(tmp_path):
         server.wait(30)
         server = start(tmp_path, port, "second")
         thread.join(120)
-        assert not thread.is_alive() and not failure, failure
+        assert not thread.is_alive(), failure
+        assert not failure, failure
         server.terminate()
         assert server.wait(60) == 0
     finally:
@@ -269,8 +279,10 @@ def test_a_result_past_its_retention_is_read_back_from_the_run_folder_and_never_
     assert served.service.health()["server"]["retained_results"] == 0  # memory let go of it
     later = http.get("/rollout/kept/result", headers={LEASE_HEADER: lease})
     again = http.post("/rollout", json=body)
-    assert later.status_code == 200 and later.json() == fresh
-    assert again.status_code == 409 and again.json()["polling_lease_token"] == lease
+    assert later.status_code == 200
+    assert later.json() == fresh
+    assert again.status_code == 409
+    assert again.json()["polling_lease_token"] == lease
     assert [line["rollout_id"] for line in read_lines(served.service.folder.results_path)] == ["kept"]
 
 
@@ -296,7 +308,8 @@ def test_a_line_cut_short_by_a_kill_is_removed_and_its_rollout_is_lost(serve, tm
     conflict = http.post("/rollout", json=request("whole", 0.0).to_json())
     ok = http.post("/rollout?wait=final", json=request("next", 0.0).to_json())
     assert conflict.status_code == 409  # recorded by a server that kept no ledger: never run again
-    assert ok.status_code == 202 and ok.json()["result"]["status"] == "success"
+    assert ok.status_code == 202
+    assert ok.json()["result"]["status"] == "success"
     lines = read_lines(folder / "results.jsonl")  # valid JSONL: the cut line is gone
     assert [line["rollout_id"] for line in lines] == ["whole", "next"]
     assert lines[1]["row"] == 1  # rows continue after the folder's lines
@@ -339,8 +352,10 @@ def test_the_ledger_survives_a_kill_between_its_batches_and_after_emptying_its_l
         assert folder.recovered == {"recorded": 3000, "lost": 3000}
         for i in (0, 1, 4998, 4999, 5998, 5999):
             known = folder.lookup(f"c-{i}")
-            assert known is not None and known.digest == bytes([i % 256]) * 32, i
-            assert known.recorded == (i % 2 == 0) and known.label == "x" * 1000, (i, known)
+            assert known is not None, i
+            assert known.digest == bytes([i % 256]) * 32, i
+            assert known.recorded == (i % 2 == 0), (i, known)
+            assert known.label == "x" * 1000, (i, known)
         assert folder.next_row() == 6000  # rows continue after the last one admitted
     finally:
         folder.close()
@@ -387,7 +402,8 @@ def test_a_trace_is_found_again_after_a_kill_between_batches_and_in_a_ledger_of_
             found = []
             for i in range(4):
                 known = folder.lookup(f"t-{i}")
-                assert known is not None and known.recorded, i
+                assert known is not None, i
+                assert known.recorded, i
                 found.append(folder.read_trace(known))
             return found
         finally:

@@ -95,7 +95,8 @@ def test_sigterm_under_load_ends_every_admitted_rollout_and_records_it(tmp_path)
         assert served.wait(60) == 0
     finally:
         served.kill()
-    assert refused.status_code == 503 and "shutting down" in refused.json()["detail"]
+    assert refused.status_code == 503
+    assert "shutting down" in refused.json()["detail"]
     assert health["lifecycle"]["accepting_rollouts"] is False
     by_id = {r.rollout_id: r for r in results}
     assert sorted(by_id) == sorted(ids)
@@ -107,9 +108,11 @@ def test_sigterm_under_load_ends_every_admitted_rollout_and_records_it(tmp_path)
     lines = read_lines(tmp_path / "run" / "results.jsonl")
     assert sorted(line["rollout_id"] for line in lines) == sorted(ids)  # every admitted one, once
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert meta["kind"] == "serve" and meta["backend"] == "local"
+    assert meta["kind"] == "serve"
+    assert meta["backend"] == "local"
     log = served.output()
-    assert "SIGTERM received: draining" in log and "grace period over: cancelling 14 rollouts" in log
+    assert "SIGTERM received: draining" in log
+    assert "grace period over: cancelling 14 rollouts" in log
 
 
 def test_the_token_is_generated_into_a_private_file_and_no_secret_reaches_a_file_or_a_log(tmp_path):
@@ -145,8 +148,10 @@ def test_the_token_is_generated_into_a_private_file_and_no_secret_reaches_a_file
             assert served.wait(60) == 0
         finally:
             served.kill()
-    assert ok.status is RolloutStatus.SUCCESS and ok.reward == 1.0
-    assert bad.status is RolloutStatus.FAILURE and key not in bad.error.message
+    assert ok.status is RolloutStatus.SUCCESS
+    assert ok.reward == 1.0
+    assert bad.status is RolloutStatus.FAILURE
+    assert key not in bad.error.message
     lines = {line["rollout_id"]: line for line in read_lines(tmp_path / "run" / "results.jsonl")}
     assert "the key was ***" in json.dumps(lines["leak-ok"]["sample"])
     everything = served.output()
@@ -184,8 +189,10 @@ def test_a_provider_echoing_a_masked_key_and_a_header_prefix_leaves_no_fragment_
             assert served.wait(60) == 0
         finally:
             served.kill()
-    assert result.status is RolloutStatus.FAILURE and result.error.category.value == "policy_error", result.error
-    assert "401" in result.error.message and "Incorrect API key provided: ***" in result.error.message
+    assert result.status is RolloutStatus.FAILURE, result.error
+    assert result.error.category.value == "policy_error", result.error
+    assert "401" in result.error.message
+    assert "Incorrect API key provided: ***" in result.error.message
     everything = served.output() + result.error.message
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file() and path.name != "server-token":
@@ -202,7 +209,8 @@ def test_no_auth_is_refused_off_loopback_and_served_on_it(tmp_path):
     refused = osmosis("serve", str(cfg), "--no-auth", "--host", "0.0.0.0", "--port", "0", cwd=tmp_path)
     assert refused.returncode == 1
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "refusing to serve 0.0.0.0 without a token" in lines[0], refused.stderr
+    assert len(lines) == 1, refused.stderr
+    assert "refusing to serve 0.0.0.0 without a token" in lines[0], refused.stderr
     assert not (tmp_path / "runs").exists()  # nothing was started
 
     served = ServeProcess(
@@ -223,23 +231,29 @@ def test_no_auth_is_refused_off_loopback_and_served_on_it(tmp_path):
 def test_serve_reads_the_config_and_flags_as_run_does_and_fails_the_same_way(tmp_path):
     cfg = config(tmp_path, server="bogus = 1")
     bad_server = osmosis("serve", str(cfg), cwd=tmp_path)
-    assert bad_server.returncode == 1 and "$.server" in bad_server.stderr and "bogus" in bad_server.stderr
+    assert bad_server.returncode == 1
+    assert "$.server" in bad_server.stderr
+    assert "bogus" in bad_server.stderr
     cfg = config(tmp_path, run="bogus = 1")
     bad_run = osmosis("serve", str(cfg), cwd=tmp_path)
     ran = osmosis("run", str(cfg), "--stub-policy", cwd=tmp_path)
     assert bad_run.returncode == ran.returncode == 1
-    assert "unknown key(s): bogus @ $.run" in bad_run.stderr and "unknown key(s): bogus @ $.run" in ran.stderr
+    assert "unknown key(s): bogus @ $.run" in bad_run.stderr
+    assert "unknown key(s): bogus @ $.run" in ran.stderr
     cfg = config(tmp_path)
     unknown = osmosis("serve", str(cfg), "--backend", "nope", cwd=tmp_path)
-    assert unknown.returncode == 1 and "nope" in unknown.stderr
+    assert unknown.returncode == 1
+    assert "nope" in unknown.stderr
     usage = osmosis("serve", str(cfg), "--limit", "3", cwd=tmp_path)
-    assert usage.returncode == 2 and "--limit has no meaning for serve" in usage.stderr
+    assert usage.returncode == 2
+    assert "--limit has no meaning for serve" in usage.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         busy = osmosis("serve", str(cfg), "--port", str(port), "--output", str(tmp_path / "r"), cwd=tmp_path)
-    assert busy.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
+    assert busy.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in busy.stderr
 
 
 def test_serve_the_multiply_training_config_with_server_table_and_flags(tmp_path, policy_server):
@@ -279,7 +293,8 @@ def test_serve_the_multiply_training_config_with_server_table_and_flags(tmp_path
     finally:
         served.kill()
     assert health["max_concurrency"] == 32  # [run] concurrency of the training config
-    assert len(results) == 8 and all(r.reward == 1.0 for r in results), results
+    assert len(results) == 8, results
+    assert all(r.reward == 1.0 for r in results), results
     assert all(r.sample.metrics["turns"] == 2 for r in results)  # a tool call, then the answer
     lines = read_lines(tmp_path / "run" / "results.jsonl")
     assert sorted((line["row"], line["sample_index"]) for line in lines) == [(i, k) for i in range(4) for k in range(2)]
@@ -314,7 +329,8 @@ def test_serve_the_multiply_training_config_with_server_table_and_flags(tmp_path
     assert (admission.lease_timeout_sec, admission.result_wait_sec) == (45.0, 5.0)
     assert health["server"]["capacity"] == 32 + 3
     [folder] = list((tmp_path / "runs").iterdir())  # the default run folder: runs/<config>-serve-<timestamp>
-    assert folder.name.startswith("with-server-serve-") and (folder / "results.jsonl").is_file()
+    assert folder.name.startswith("with-server-serve-")
+    assert (folder / "results.jsonl").is_file()
 
 
 def test_a_run_folder_in_use_is_refused(tmp_path):
@@ -335,4 +351,5 @@ def test_a_run_folder_in_use_is_refused(tmp_path):
         assert served.wait(60) == 0
     finally:
         served.kill()
-    assert second.returncode == 1 and "is in use by another osmosis process" in second.stderr
+    assert second.returncode == 1
+    assert "is in use by another osmosis process" in second.stderr

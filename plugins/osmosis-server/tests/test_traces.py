@@ -50,7 +50,8 @@ def test_each_result_carries_the_trace_of_its_own_upstream(serve):
             )
 
         results = run(go)
-        assert len(one.requests) == 1 and len(two.requests) == 1  # each rollout reached its own upstream
+        assert len(one.requests) == 1
+        assert len(two.requests) == 1  # each rollout reached its own upstream
     folder = served.service.folder
     folder.flush()
     written = {line["rollout_id"]: line for line in read_lines(folder.path / "traces.jsonl")}
@@ -58,9 +59,12 @@ def test_each_result_carries_the_trace_of_its_own_upstream(serve):
     for result in results:
         assert result.ok, result.error
         line = written[result.rollout_id]
-        assert line["calls"] == result.trace["calls"] and line["complete"] is True
+        assert line["calls"] == result.trace["calls"]
+        assert line["complete"] is True
         trace = result.trace
-        assert trace is not None and trace["complete"] is True and trace["rollout_id"] == result.rollout_id
+        assert trace is not None
+        assert trace["complete"] is True
+        assert trace["rollout_id"] == result.rollout_id
         [call] = trace["calls"]
         assert call["prompt_token_ids"] == render_prompt(call["request"]["messages"])
         assert len(call["completion_token_ids"]) == len(call["logprobs"]) > 0
@@ -88,7 +92,8 @@ def test_a_pushed_result_carries_the_trace(serve):
 
         accepted = run(go)
     final = next(a for a in accepted if a["final"])
-    assert final["status"] == "success" and final["trace"]["complete"] is True
+    assert final["status"] == "success"
+    assert final["trace"]["complete"] is True
     assert final["trace"]["calls"][0]["completion_token_ids"]
 
 
@@ -96,7 +101,8 @@ def test_without_traces_a_result_has_no_trace_field(serve):
     served = serve(LocalBackend(OneCall), settings=ServerSettings(grace_sec=1))
     with ScriptedPolicyServer() as upstream:
         result = run(lambda: RolloutClient(served.url, token=TOKEN).run(_request("plain", upstream.url)))
-    assert result.ok and result.trace is None
+    assert result.ok
+    assert result.trace is None
 
 
 REFERENCE = os.environ.get("OSMOSIS_AI_PYTHON")
@@ -126,7 +132,8 @@ def test_the_reference_client_still_reads_a_result_with_a_trace(serve, tmp_path)
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     [read] = json.loads(out.stdout)["results"]
-    assert read["status"] == "success" and read["rollout_id"] == "ref"
+    assert read["status"] == "success"
+    assert read["rollout_id"] == "ref"
 
 
 def test_osmosis_serve_traces_flag_and_a_missing_plugin_message(tmp_path):
@@ -149,10 +156,12 @@ def test_osmosis_serve_traces_flag_and_a_missing_plugin_message(tmp_path):
         assert served.wait(60) == 0
     finally:
         served.kill()
-    assert result.trace is not None and result.trace["calls"][0]["prompt_token_ids"]
+    assert result.trace is not None
+    assert result.trace["calls"][0]["prompt_token_ids"]
     path.write_text(path.read_text() + '\n[traces]\nadapter = "nope"\n')
     refused = osmosis("serve", str(path), "--port", "0", cwd=tmp_path, env={"OSMOSIS_SERVER_TOKEN": TOKEN})
-    assert refused.returncode != 0 and "$.traces.adapter" in refused.stderr, refused.stderr
+    assert refused.returncode != 0, refused.stderr
+    assert "$.traces.adapter" in refused.stderr, refused.stderr
 
 
 def test_idle_gateways_past_the_limit_are_closed(serve, monkeypatch):
@@ -167,7 +176,10 @@ def test_idle_gateways_past_the_limit_are_closed(serve, monkeypatch):
         first = run(lambda: client.run(_request("first", one.url)))
         second = run(lambda: client.run(_request("second", two.url)))
         assert [key[0] for key in served.service._gateways] == [two.url]
-    assert first.trace["calls"] and second.trace["calls"] and first.trace["complete"] and second.trace["complete"]
+    assert first.trace["calls"]
+    assert second.trace["calls"]
+    assert first.trace["complete"]
+    assert second.trace["complete"]
 
 
 def test_a_restarted_server_returns_a_recorded_result_with_its_trace(tmp_path):
@@ -211,12 +223,15 @@ def test_a_restarted_server_returns_a_recorded_result_with_its_trace(tmp_path):
         served = start(log="plain")  # a second server without traces records a rollout without one
         try:
             plain, [untraced] = run(lambda: run_all(served.url, upstream.url, ["p-0"]))
-            assert untraced.ok and untraced.trace is None
+            assert untraced.ok
+            assert untraced.trace is None
             stop(served)
         finally:
             served.kill()
     for result in before:
-        assert result.ok and result.trace is not None and result.trace["calls"][0]["completion_token_ids"]
+        assert result.ok
+        assert result.trace is not None
+        assert result.trace["calls"][0]["completion_token_ids"]
     for flags in (("--traces",), ()):
         served = start(*flags, log="again" + "".join(flags))
         try:
@@ -225,5 +240,7 @@ def test_a_restarted_server_returns_a_recorded_result_with_its_trace(tmp_path):
             served.kill()
         assert [r.rollout_id for r in after] == ["t-0", "t-1", "p-0"]
         for old, new in zip(before, after, strict=False):
-            assert new.ok and new.trace == old.trace, flags  # the same trace, read back from traces.jsonl
-        assert after[2].ok and after[2].trace is None
+            assert new.ok, flags
+            assert new.trace == old.trace, flags  # the same trace, read back from traces.jsonl
+        assert after[2].ok
+        assert after[2].trace is None

@@ -83,10 +83,14 @@ def test_uvicorn_serves_the_multiply_template_main_app_and_drains_on_sigterm(tmp
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert result.status is RolloutStatus.SUCCESS and result.reward == 1.0
+    assert result.status is RolloutStatus.SUCCESS
+    assert result.reward == 1.0
     [folder] = list((rollout / "runs").iterdir())  # the default run folder under the working directory
     [line] = read_lines(folder / "results.jsonl")
-    assert line["rollout_id"] == "tpl-1" and line["reward"] == 1.0
+    assert line["rollout_id"] == "tpl-1"
+    assert line["reward"] == 1.0
     assert json.loads((folder / "run.json").read_text())["kind"] == "serve"
-    assert "SIGTERM received: draining" in log and "drained: 1 finished" in log and TOKEN not in log
+    assert "SIGTERM received: draining" in log
+    assert "drained: 1 finished" in log
+    assert TOKEN not in log
     assert proc.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its stop

@@ -40,7 +40,7 @@ from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
 from osmosis_core import PolicyError, RolloutContext, current_rollout_context
-from osmosis_core.plugin import policy_error, rollout_openai_client
+from osmosis_openai import policy_error, rollout_openai_client
 from osmosis_strands.errors import MalformedToolCall
 
 __all__ = ["OsmosisRolloutModel"]

@@ -71,7 +71,8 @@ def rollout(server: Any, *, user_prompt: str = "val1 = 6\nval2 = 7", label: str 
 
 def test_tool_call_then_answer_records_the_sample_turn_by_turn(policy_server):
     outcome = rollout(policy_server, rollout_id="r-main")
-    assert outcome.error is None and outcome.reward == 1.0
+    assert outcome.error is None
+    assert outcome.reward == 1.0
     sample = outcome.sample
 
     # native Strands history (Bedrock-style content blocks), JSON-ready
@@ -79,7 +80,9 @@ def test_tool_call_then_answer_records_the_sample_turn_by_turn(policy_server):
     assert [m["role"] for m in native] == ["user", "assistant", "user", "assistant"]
     assert native[0]["content"] == [{"text": "val1 = 6\nval2 = 7"}]
     call = native[1]["content"][0]["toolUse"]
-    assert call["name"] == "multiply" and call["input"] == {"a": 6, "b": 7} and call["toolUseId"].startswith("call_")
+    assert call["name"] == "multiply"
+    assert call["input"] == {"a": 6, "b": 7}
+    assert call["toolUseId"].startswith("call_")
     result = native[2]["content"][0]["toolResult"]
     assert result == {"toolUseId": call["toolUseId"], "status": "success", "content": [{"text": "42"}]}
     assert native[3]["content"] == [{"text": "The product is 42.\n#### 42"}]
@@ -99,21 +102,25 @@ def test_tool_call_then_answer_records_the_sample_turn_by_turn(policy_server):
     assert chat[3] == {"role": "tool", "tool_call_id": call["toolUseId"], "content": "42"}
     assert sample.last_text() == "The product is 42.\n#### 42"
     assert sample.system_prompt == SYSTEM
-    assert sample.metrics["turns"] == 2 and sample.metrics["total_tokens"] > 0
+    assert sample.metrics["turns"] == 2
+    assert sample.metrics["total_tokens"] > 0
 
     # what went over the wire: the rollout's model name, header, sampling params, not streamed (the default)
     requests = policy_server.requests_for("r-main")
     assert len(requests) == 2
     first = requests[0].body
-    assert first["model"] == "osmosis-stub" and first["stream"] is False
-    assert first["temperature"] == 0.5 and first["max_tokens"] == 256
+    assert first["model"] == "osmosis-stub"
+    assert first["stream"] is False
+    assert first["temperature"] == 0.5
+    assert first["max_tokens"] == 256
     assert [t["function"]["name"] for t in first["tools"]] == ["multiply"]
     assert requests[1].body["messages"] == chat[:4]  # the copy is exactly what was sent
 
 
 def test_streaming_calls_work_the_same(policy_server):
     outcome = rollout(policy_server, rollout_id="r-s", metadata={"agent": {"model": {"stream": True}}})
-    assert outcome.error is None and outcome.reward == 1.0
+    assert outcome.error is None
+    assert outcome.reward == 1.0
     assert [r.stream for r in policy_server.requests_for("r-s")] == [True, True]
 
 
@@ -142,7 +149,8 @@ def test_fifty_concurrent_rollouts_each_use_their_own_endpoint_identity_and_samp
     assert len(outcomes) == 50
     for i in range(50):
         outcome = outcomes[f"c-{i}"]
-        assert outcome.error is None and outcome.reward == 1.0, outcome.error
+        assert outcome.error is None, outcome.error
+        assert outcome.reward == 1.0, outcome.error
         product = str((i + 2) * (i + 100))
         assert outcome.sample.last_text().endswith(f"#### {product}")
         assert outcome.sample.messages[0]["content"][0]["text"] == f"val1 = {i + 2}\nval2 = {i + 100}"
@@ -169,7 +177,8 @@ def test_one_client_pool_per_loop_and_one_delegate_per_rollout():
                     delegate = entries[0][3]
                     assert model._delegate() is delegate
                     view = delegate._custom_client  # the endpoint's view of the loop's client
-                    assert view is not None and delegate.client_args == {}
+                    assert view is not None
+                    assert delegate.client_args == {}
                     assert view.max_retries == 0
                     model.update_config(params={"temperature": 0.1})
                     assert model._delegate() is not delegate  # a changed config makes a new delegate
@@ -195,7 +204,8 @@ def test_defaults_print_nothing_keep_history_and_never_retry(capsys):
     with ScriptedPolicyServer() as server:
         server.inject(Fault("status", status=429))
         throttled = rollout(server, rollout_id="r-429")
-        assert throttled.error.category == "policy_error" and "429" in throttled.error.message
+        assert throttled.error.category == "policy_error"
+        assert "429" in throttled.error.message
         assert len(server.requests_for("r-429")) == 1  # no hidden retry
         assert rollout(server).reward == 1.0
     assert capsys.readouterr().out == ""  # Strands' default callback handler would print the stream
@@ -205,7 +215,8 @@ def test_an_explicit_retry_strategy_still_sees_throttling(policy_server):
     policy_server.inject(Fault("status", status=429))
     strategy = {"retry_strategy": ModelRetryStrategy(max_attempts=2, initial_delay=0)}
     outcome = rollout(policy_server, rollout_id="r-retry", metadata={"agent": strategy})
-    assert outcome.error is None and outcome.reward == 1.0
+    assert outcome.error is None
+    assert outcome.reward == 1.0
     assert [r.status for r in policy_server.requests_for("r-retry")] == [429, 200, 200]
 
 
@@ -217,9 +228,11 @@ def test_no_tools_sends_no_empty_tools_array():
                 await OsmosisStrandsAgent().invoke_async(ctx.user_prompt)
 
         outcome = run_rollout_sync(Plain, policy=server, user_prompt="hi", rollout_id="r-nt")
-        assert outcome.error is None and outcome.sample.last_text() == "hello"
+        assert outcome.error is None
+        assert outcome.sample.last_text() == "hello"
         (request,) = server.requests_for("r-nt")
-        assert "tools" not in request.body and "tool_choice" not in request.body
+        assert "tools" not in request.body
+        assert "tool_choice" not in request.body
 
 
 def test_model_names_and_client_arguments_are_refused():
@@ -237,7 +250,8 @@ def test_placeholder_outside_a_rollout_raises_a_clear_runtime_error():
         agent = OsmosisStrandsAgent()
         with pytest.raises(RuntimeError, match="outside a rollout") as info:
             await agent.invoke_async("hi")
-        assert "OsmosisRolloutModel" in str(info.value) and "AgentWorkflow" in str(info.value)
+        assert "OsmosisRolloutModel" in str(info.value)
+        assert "AgentWorkflow" in str(info.value)
 
     anyio.run(main)
     assert OsmosisRolloutModel().get_config()["model_id"] == "OsmosisRolloutModel"
@@ -287,7 +301,8 @@ def test_a_sync_tool_running_a_sub_agent_uses_its_own_loop_view(policy_server):
             WithSubAgent, MultiplyGrader, policy=policy_server, user_prompt="val1 = 6\nval2 = 7", label="42",
             rollout_id=f"r-sub-{i}",
         )  # fmt: skip
-        assert outcome.error is None and outcome.reward == 1.0, outcome.error
+        assert outcome.error is None, outcome.error
+        assert outcome.reward == 1.0, outcome.error
         assert len(outcome.sample.messages) == 4  # the main agent's history, not the helper's
         assert len(policy_server.requests_for(f"r-sub-{i}")) == 3
 
@@ -301,10 +316,12 @@ def test_server_error_is_a_policy_error_naming_status_and_endpoint_not_the_key(p
     outcome = rollout(policy, rollout_id="r-503")
     error = outcome.workflow.error
     assert error.category == "policy_error"
-    assert "503" in error.message and policy_server.url + "/chat/completions" in error.message
+    assert "503" in error.message
+    assert policy_server.url + "/chat/completions" in error.message
     assert SECRET not in error.message
     (request,) = policy_server.requests_for("r-503")
-    assert request.authorized and request.status == 503
+    assert request.authorized
+    assert request.status == 503
     assert [m["role"] for m in outcome.workflow.sample.messages] == ["user"]  # the partial history
 
 
@@ -323,7 +340,8 @@ def test_a_broken_answer_is_a_policy_error(policy_server, stream, fault):
     outcome = rollout(policy_server, metadata={"agent": {"model": {"stream": stream}}})
     error = outcome.workflow.error
     assert error.category == "policy_error", error
-    assert policy_server.url in error.message and BROKEN_ANSWERS[fault] in error.message
+    assert policy_server.url in error.message
+    assert BROKEN_ANSWERS[fault] in error.message
     if fault == "truncate":
         assert ("finish_reason" if stream else "malformed JSON") in error.message
     assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == 1  # never sent twice
@@ -351,9 +369,11 @@ def test_an_answer_that_is_not_a_chat_completion_is_a_policy_error_on_any_turn(p
     policy = PolicyEndpoint(policy_server.url, "osmosis-stub", api_key=SECRET)
     outcome = rollout(policy, metadata={"agent": {"model": {"stream": stream}}})
     error = outcome.workflow.error
-    assert error is not None and error.category == "policy_error", error
+    assert error is not None, error
+    assert error.category == "policy_error", error
     assert f"policy endpoint {policy_server.url}/chat/completions answered 200 with" in error.message, error.message
-    assert expected in error.message and SECRET not in error.message
+    assert expected in error.message
+    assert SECRET not in error.message
     assert len(policy_server.requests_for(outcome.workflow.rollout_id)) == turn  # never sent twice
 
 
@@ -415,7 +435,8 @@ def test_a_stream_broken_mid_answer_is_never_a_silent_empty_answer(events, expec
 
     outcome = anyio.run(main)
     assert outcome.workflow.error.category == "policy_error", outcome.workflow.error
-    assert expected in outcome.workflow.error.message and "127.0.0.1" in outcome.workflow.error.message
+    assert expected in outcome.workflow.error.message
+    assert "127.0.0.1" in outcome.workflow.error.message
 
 
 def test_slow_endpoint_past_the_agent_timeout_is_a_timeout(policy_server):
@@ -433,7 +454,8 @@ def test_tool_call_without_an_id_fails_at_once_instead_of_looping():
         outcome = rollout(server, rollout_id="r-noid")
         error = outcome.workflow.error
         assert error.category == "validation_error", error
-        assert MalformedToolCall.__name__ in error.message and "without an id" in error.message
+        assert MalformedToolCall.__name__ in error.message
+        assert "without an id" in error.message
         assert len(server.requests_for("r-noid")) == 1
 
 
@@ -445,9 +467,11 @@ def test_unknown_tool_is_answered_as_an_error_and_the_rollout_goes_on():
 
     with ScriptedPolicyServer(script=script) as server:
         outcome = rollout(server, rollout_id="r-unknown")
-        assert outcome.error is None and outcome.reward == 1.0
+        assert outcome.error is None
+        assert outcome.reward == 1.0
         second = server.requests_for("r-unknown")[1].body["messages"]
-        assert second[-1]["role"] == "tool" and "Unknown tool: divide" in second[-1]["content"]
+        assert second[-1]["role"] == "tool"
+        assert "Unknown tool: divide" in second[-1]["content"]
         result = outcome.sample.messages[2]["content"][0]["toolResult"]
         assert result["status"] == "error"
 
@@ -458,11 +482,13 @@ def test_turn_limit_fails_the_rollout_and_keeps_the_partial_history():
         outcome = rollout(server, rollout_id="r-loop", metadata={"agent": {"max_turns": 3}})
         error = outcome.workflow.error
         assert error.category == "agent_error", error
-        assert TurnLimitExceeded.__name__ in error.message and "3 model calls" in error.message
+        assert TurnLimitExceeded.__name__ in error.message
+        assert "3 model calls" in error.message
         assert len(server.requests_for("r-loop")) == 3
         # the core attaches the registered source's sample to the failed result
         sample = outcome.workflow.sample
-        assert sample is not None and sample.metrics["turns"] == 3
+        assert sample is not None
+        assert sample.metrics["turns"] == 3
         assert [m["role"] for m in sample.messages] == ["user"] + ["assistant", "user"] * 3  # 3 calls, 3 results
         assert [m["role"] for m in sample.chat_messages][-2:] == ["assistant", "tool"]
 
@@ -476,7 +502,8 @@ def test_turn_limit_fails_the_rollout_and_keeps_the_partial_history():
         kept = rollout(
             server, label=None, rollout_id="r-keep", metadata={"agent": {"max_turns": 2, "fail_on_turn_limit": False}}
         )
-        assert kept.error is None and len(kept.sample.messages) == 5
+        assert kept.error is None
+        assert len(kept.sample.messages) == 5
 
 
 def test_registered_source_yields_the_partial_history_when_the_agent_raises(policy_server):
@@ -489,9 +516,11 @@ def test_registered_source_yields_the_partial_history_when_the_agent_raises(poli
                 agent = OsmosisStrandsAgent(tools=[multiply], max_turns=2)
                 with pytest.raises(TurnLimitExceeded) as info:
                     await agent.invoke_async("val1 = 2\nval2 = 3")
-                assert info.value.limit == 2 and info.value.turns == 2
+                assert info.value.limit == 2
+                assert info.value.turns == 2
                 sample = await ctx.get_sample()
-            assert len(sample.messages) == 5 and sample.metrics["turns"] == 2
+            assert len(sample.messages) == 5
+            assert sample.metrics["turns"] == 2
             assert agent.last_stop_reason == "limit_turns"
 
     anyio.run(main)
@@ -512,12 +541,15 @@ def test_one_sample_per_rollout_helper_agents_opt_out(policy_server):
         TwoAgents, MultiplyGrader, policy=policy_server, user_prompt="val1 = 6\nval2 = 7", label="42",
         metadata={"helper_records": False},
     )  # fmt: skip
-    assert ok.error is None and ok.reward == 1.0 and len(ok.sample.messages) == 4
+    assert ok.error is None
+    assert ok.reward == 1.0
+    assert len(ok.sample.messages) == 4
 
     clash = run_rollout_sync(
         TwoAgents, policy=policy_server, user_prompt="val1 = 6\nval2 = 7", metadata={"helper_records": True}
     )
-    assert clash.error.category == "validation_error" and "record_sample=False" in clash.error.message
+    assert clash.error.category == "validation_error"
+    assert "record_sample=False" in clash.error.message
 
 
 def test_sample_is_json_ready_with_bytes_as_base64():
@@ -540,7 +572,8 @@ def test_sample_is_json_ready_with_bytes_as_base64():
     assert sample.messages[0]["content"][1]["image"]["source"]["bytes"] == base64.b64encode(png).decode()
     assert agent.messages[0]["content"][1]["image"]["source"]["bytes"] == png  # the agent's own history untouched
     assert sample.chat_messages[1]["content"][1]["type"] == "image_url"
-    assert sample.last_text() == "a picture" and sample.system_prompt == "look"
+    assert sample.last_text() == "a picture"
+    assert sample.system_prompt == "look"
     assert sample.metrics == {"turns": 0}
 
 
@@ -560,7 +593,8 @@ def test_the_chat_shaped_prompt_is_taken_as_the_agents_history(policy_server):
         user_prompt="val1 = 6\nval2 = 7",
         label="42",
     )
-    assert outcome.error is None and outcome.reward == 1.0
+    assert outcome.error is None
+    assert outcome.reward == 1.0
     assert outcome.sample.system_prompt == "Use the tool; answer as #### <n>."
     assert outcome.sample.messages[0]["content"] == [{"text": "val1 = 6\nval2 = 7"}]
     sent = policy_server.requests_for(outcome.workflow.rollout_id)[0].body["messages"]

@@ -85,7 +85,8 @@ def test_first_use_of_a_public_name_imports_strands():
         print("ok")
         """
     )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok", proc.stderr
 
 
 def test_a_rollout_writes_nothing_to_stdout_or_stderr():
@@ -111,14 +112,17 @@ def test_a_rollout_writes_nothing_to_stdout_or_stderr():
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "" and proc.stderr == ""
+    assert proc.stdout == ""
+    assert proc.stderr == ""
 
 
 def test_the_cli_lists_the_plugin_and_its_template(tmp_path):
     plugins = _osmosis("plugins", "--json", cwd=tmp_path)
     assert plugins.returncode == 0, plugins.stderr
     (mine,) = [p for p in json.loads(plugins.stdout) if p["name"] == "strands"]
-    assert mine["status"] == "active" and mine["distribution"] == "osmosis-strands" and mine["error"] is None
+    assert mine["status"] == "active"
+    assert mine["distribution"] == "osmosis-strands"
+    assert mine["error"] is None
     templates = _osmosis("template", "list", "--json", cwd=tmp_path)
     assert templates.returncode == 0, templates.stderr
     (spec,) = [t for t in json.loads(templates.stdout) if t["name"] == TEMPLATE]
@@ -142,12 +146,15 @@ def test_the_template_applies_into_an_empty_folder(workspace):
     assert len(rows) == 20
     for row in rows:
         a, b = (int(line.split("=")[1]) for line in row["user_prompt"].splitlines())
-        assert row["ground_truth"] == str(a * b) and "####" in row["system_prompt"]
+        assert row["ground_truth"] == str(a * b)
+        assert "####" in row["system_prompt"]
     agents_md = (workspace / "AGENTS.md").read_text()
-    assert TEMPLATE in agents_md and "{{" not in agents_md
+    assert TEMPLATE in agents_md
+    assert "{{" not in agents_md
     training = tomllib.loads((workspace / f"configs/training/{TEMPLATE}.toml").read_text())
     assert set(training) == {"rollout", "run"}  # the trainer supplies the dataset and the policy
-    assert training["run"]["n_samples"] == 8 and training["run"]["concurrency"] == 32
+    assert training["run"]["n_samples"] == 8
+    assert training["run"]["concurrency"] == 32
     assert "osmosis-strands" in (workspace / f"rollouts/{TEMPLATE}/pyproject.toml").read_text()
 
 
@@ -162,7 +169,8 @@ def test_the_template_runs_with_the_stub_policy_with_no_edits(workspace):
     assert [m["role"] for m in first["sample"]["chat_messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     assert [m["role"] for m in first["sample"]["messages"]] == ["user", "assistant", "user", "assistant"]
     summary = json.loads((workspace / "out/summary.json").read_text())
-    assert summary["mean_reward"] == 1.0 and summary["errors_by_category"] == {}
+    assert summary["mean_reward"] == 1.0
+    assert summary["errors_by_category"] == {}
 
 
 def test_the_template_guides_commands_all_work(workspace):

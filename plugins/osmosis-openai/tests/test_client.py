@@ -1,4 +1,4 @@
-"""The fast path of the rollouts' OpenAI client (osmosis_core.openai_client) against this openai release.
+"""The fast path of the rollouts' OpenAI client (osmosis_openai.client) against this openai release.
 
 It posts plain-JSON chat-completions requests without openai's typed request transform, through
 openai internals (``AsyncCompletions._post``, ``make_request_options``, ``AsyncChat.completions``).
@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osmosis_core import PolicyEndpoint, RolloutContext
-from osmosis_core.http_session import http_scope
-from osmosis_core.openai_client import fast_client_class, rollout_openai_client
+from osmosis_core.plugin import http_scope, start_http_server
 from osmosis_core.testing import ScriptedPolicyServer
+from osmosis_openai import fast_client_class, policy_error, rollout_openai_client
 
 MESSAGES = [
     {"role": "system", "content": "You are a calculator."},
@@ -46,7 +46,8 @@ def test_the_openai_internals_it_uses_are_there():
     post = set(inspect.signature(AsyncAPIClient.post).parameters)
     assert {"path", "body", "options", "cast_to", "stream", "stream_cls"} <= post, post
     client = fast_client_class()(api_key="k", base_url="http://127.0.0.1:9/v1")
-    assert isinstance(client.chat, AsyncChat) and isinstance(client.chat.completions, AsyncCompletions)
+    assert isinstance(client.chat, AsyncChat)
+    assert isinstance(client.chat.completions, AsyncCompletions)
     assert client.chat.completions._post == client.post  # what the fast create() posts through
 
 
@@ -84,7 +85,7 @@ def test_the_fast_path_sends_what_openais_normal_path_sends():
 
 @pytest.mark.parametrize("value", [object(), (1, 2), {1: "x"}])
 def test_anything_but_plain_json_takes_openais_path(value):
-    from osmosis_core.openai_client import _plain_json
+    from osmosis_openai.client import _plain_json
 
     assert not _plain_json({"messages": [{"role": "user", "content": value}]})
     assert _plain_json({"messages": MESSAGES, "tools": TOOLS, "temperature": 0.5})
@@ -101,7 +102,7 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
     choice = {"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}
     completion = {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
 
-    async def answer(request: web.Request) -> web.StreamResponse:
+    async def answer(request: web.BaseRequest) -> web.StreamResponse:
         if stream:  # the request asks for a stream: answer with JSON
             return web.json_response(completion)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -110,25 +111,22 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
         return response
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        runner, port = await start_http_server(answer, "127.0.0.1", 0, max_body=1 << 20)
+        url = f"http://127.0.0.1:{port}/v1"
+
+        async def ask() -> None:
+            reply = await rollout_openai_client().chat.completions.create(
+                model="m", messages=MESSAGES[:2], stream=stream
+            )
+            if stream:
+                [chunk async for chunk in reply]
+
         try:
             async with http_scope():
-                with RolloutContext("mode", PolicyEndpoint(url, "m")), pytest.raises(Exception) as caught:
-                    reply = await rollout_openai_client().chat.completions.create(
-                        model="m", messages=MESSAGES[:2], stream=stream
-                    )
-                    if stream:
-                        [chunk async for chunk in reply]
+                with RolloutContext("mode", PolicyEndpoint(url, "m")), pytest.raises(PolicyError) as caught:
+                    await ask()
         finally:
             await runner.cleanup()
-        from osmosis_core.openai_client import policy_error
-
         error = policy_error(caught.value)
         assert isinstance(error, PolicyError), caught.value
         assert f"policy endpoint {url}/chat/completions answered 200 with" in str(error)
@@ -140,7 +138,7 @@ def test_an_answer_in_the_other_mode_is_a_policy_error(stream):
 
 
 def _check_in_pieces(body: bytes, cuts: list[int]) -> Any:
-    from osmosis_core.openai_client import _checked_stream
+    from osmosis_openai.client import _checked_stream
 
     class Pieces:
         async def __aiter__(self) -> Any:

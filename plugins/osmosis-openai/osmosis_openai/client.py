@@ -14,10 +14,10 @@ httpx transport slows to a crawl at a hundred concurrent requests, so:
 * ``chat.completions.create`` skips openai's typed request transform when the request is already
   plain JSON (what both frameworks send): the transform walks every message with typing
   introspection, 0.7 to 1.0 ms of CPU per call here, 40 to 50% of the client's CPU per call
-  (measured side by side in ``plugins/osmosis-openai-agents/tests/test_openai_fast_path.py``'s
-  docstring). It relies on openai internals (``AsyncCompletions._post``, ``make_request_options``),
-  pinned by ``openai>=3,<4``; that test fails loudly, naming what changed, when an openai release
-  breaks it, and anything but plain JSON (or ``response_format``) takes openai's normal path;
+  (measured side by side in ``plugins/osmosis-openai/tests/test_client.py``'s docstring). It
+  relies on openai internals (``AsyncCompletions._post``, ``make_request_options``), pinned by
+  ``openai>=3,<4``; that test fails loudly, naming what changed, when an openai release breaks
+  it, and anything but plain JSON (or ``response_format``) takes openai's normal path;
 * what is not a chat completion fails the call with a :class:`~osmosis_core.PolicyError` before
   the SDK reads it: a body over the rollout's ``max_response_bytes``, an HTML page, malformed
   JSON (in a body or in an event of a stream), JSON of the wrong shape (no ``choices``, a choice
@@ -26,8 +26,8 @@ httpx transport slows to a crawl at a hundred concurrent requests, so:
   both frameworks then see a well-formed completion or chunk, or that error, on every turn.
 
 The loop's client is closed with the loop's other HTTP clients
-(:func:`osmosis_core.http_session.aclose_http`). It needs ``openai[aiohttp]`` (a dependency of
-both integrations, not of the core).
+(:func:`osmosis_core.plugin.aclose_http`). It needs ``openai[aiohttp]``, a dependency of this
+distribution (osmosis-openai), which both integrations depend on; the core does not.
 
 >>> client = rollout_openai_client()          # doctest: +SKIP  (inside a rollout)
 >>> await client.chat.completions.create(model=ctx.policy.model, messages=[...])
@@ -44,17 +44,13 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
-from osmosis_core.context import ROLLOUT_ID_HEADER, current_rollout_context, get_rollout_context
-from osmosis_core.errors import PolicyError, clip
-from osmosis_core.http_session import KEEPALIVE_SEC, on_close
-from osmosis_core.policy import _shape_problem
-from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
-
-if TYPE_CHECKING:
-    from osmosis_core.context import RolloutContext
+from osmosis_core import ROLLOUT_ID_HEADER, PolicyError, current_rollout_context, get_rollout_context
+from osmosis_core.plugin import DEFAULT_MAX_RESPONSE_BYTES, KEEPALIVE_SEC, chat_completion_problem, clip, on_close
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
+
+    from osmosis_core import RolloutContext
 
 __all__ = ["fast_client_class", "policy_error", "rollout_openai_client"]
 
@@ -84,7 +80,7 @@ async def _check_response(response: Any) -> None:
     * a successful answer that is neither JSON nor an event stream (an HTML page from a proxy);
     * a JSON answer that does not parse (cut short by a broken server), or that is not a chat
       completion (no ``choices``, a choice without a ``message``, an ``error`` object; see
-      ``osmosis_core.policy._shape_problem``), or that answers a request for a stream;
+      ``osmosis_core.plugin.chat_completion_problem``), or that answers a request for a stream;
     * an event stream whose event does not parse or is not a chat completion chunk, or that ends
       without a ``finish_reason`` (cut mid-answer), which the SDKs would otherwise take for a
       short, complete answer; or that answers a request that did not ask for one.
@@ -133,7 +129,7 @@ async def _check_response(response: Any) -> None:
         raise _not_a_completion(
             url, status, ctx, f"{kind}, not the event stream the request asked for", response.content
         )
-    problem = _shape_problem(data)
+    problem = chat_completion_problem(data)
     if problem is not None:
         raise _not_a_completion(url, status, ctx, problem, response.content)
 
@@ -159,7 +155,7 @@ def _checked_stream(
 def _checked_stream_class() -> type:
     import httpx2
 
-    class CheckedStream(httpx2.AsyncByteStream):  # type: ignore[misc]
+    class CheckedStream(httpx2.AsyncByteStream):
         # state is kept across iterations: openai iterates a stream again to drain it after the events
         def __init__(
             self, stream: Any, limit: int, url: str, status: int, ctx: RolloutContext | None, sse: bool, chat: bool
@@ -222,7 +218,7 @@ def _checked_stream_class() -> type:
             except ValueError as exc:
                 what = f"malformed JSON in the event stream ({exc})"
                 raise _not_a_completion(self.url, self.status, self.ctx, what, data) from None
-            problem = _shape_problem(doc, chunk=True)
+            problem = chat_completion_problem(doc, chunk=True)
             if problem is not None:
                 raise _not_a_completion(self.url, self.status, self.ctx, f"{problem} in the event stream", data)
             if not self.finished:
@@ -278,8 +274,8 @@ def fast_client_class() -> type[AsyncOpenAI]:
     from openai.resources.chat.completions.completions import AsyncCompletions
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-    class FastCompletions(AsyncCompletions):  # type: ignore[misc]
-        async def create(self, **params: Any) -> Any:  # type: ignore[override]
+    class FastCompletions(AsyncCompletions):
+        async def create(self, **params: Any) -> Any:
             body = {k: v for k, v in params.items() if k not in _OPTION_KEYS and not isinstance(v, (Omit, NotGiven))}
             token = _STREAMING.set(body.get("stream") is True)  # for the response check
             try:
@@ -306,14 +302,14 @@ def fast_client_class() -> type[AsyncOpenAI]:
                 stream_cls=AsyncStream[ChatCompletionChunk],
             )
 
-    class FastChat(AsyncChat):  # type: ignore[misc]
+    class FastChat(AsyncChat):
         @functools.cached_property
         def completions(self) -> FastCompletions:
             return FastCompletions(self._client)
 
-    class FastAsyncOpenAI(openai.AsyncOpenAI):  # type: ignore[misc]
+    class FastAsyncOpenAI(openai.AsyncOpenAI):
         @functools.cached_property
-        def chat(self) -> FastChat:  # type: ignore[override]
+        def chat(self) -> FastChat:
             return FastChat(self)
 
     return FastAsyncOpenAI
