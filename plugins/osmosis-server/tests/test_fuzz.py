@@ -121,5 +121,8 @@ def test_the_openapi_submit_schema_refuses_exactly_what_the_server_refuses(body)
             invalid |= set(schema["required"]) - set(body)
         else:
             invalid.add(str(error.absolute_path[0]))
-    assert refused - BEYOND_THE_SCHEMA == invalid - BEYOND_THE_SCHEMA, (body, refused, invalid)
+    # JSON Schema counts 1.0 as an integer; the server takes only JSON integers for integer fields.
+    whole_floats = {key for key, value in body.items() if isinstance(value, float) and value.is_integer()}
+    beyond = BEYOND_THE_SCHEMA | whole_floats
+    assert refused - beyond == invalid - beyond, (body, refused, invalid)
     assert invalid <= refused, (body, refused, invalid)  # the schema never refuses what the server takes
