@@ -1,5 +1,7 @@
 """The public names of osmosis_core: written once here, read by type checkers and by the lazy loader."""
 
+from osmosis_core._engine.config import structure_table as structure_table
+from osmosis_core._engine.workers import WorkerPool as WorkerPool
 from osmosis_core.backend import (
     BackendSetup as BackendSetup,
 )
@@ -15,7 +17,6 @@ from osmosis_core.backend import (
 from osmosis_core.backend import (
     RunLimits as RunLimits,
 )
-from osmosis_core.config import structure_table as structure_table
 from osmosis_core.context import (
     ROLLOUT_ID_HEADER as ROLLOUT_ID_HEADER,
 )
@@ -58,8 +59,8 @@ from osmosis_core.errors import (
 from osmosis_core.errors import (
     classify_exception as classify_exception,
 )
+from osmosis_core.hookspecs import hookimpl as hookimpl
 from osmosis_core.local import LocalBackend as LocalBackend
-from osmosis_core.plugins.hookspecs import hookimpl as hookimpl
 from osmosis_core.policy import chat_completion as chat_completion
 from osmosis_core.policy import chat_completion_response as chat_completion_response
 from osmosis_core.records import (
@@ -94,7 +95,6 @@ from osmosis_core.records import (
 )
 from osmosis_core.templates import GraderSpec as GraderSpec
 from osmosis_core.templates import TemplateSpec as TemplateSpec
-from osmosis_core.workers import WorkerPool as WorkerPool
 from osmosis_core.workflow import (
     AgentWorkflow as AgentWorkflow,
 )

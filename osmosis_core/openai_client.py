@@ -26,7 +26,7 @@ httpx transport slows to a crawl at a hundred concurrent requests, so:
   both frameworks then see a well-formed completion or chunk, or that error, on every turn.
 
 The loop's client is closed with the loop's other HTTP clients
-(:func:`osmosis_core.http_session.aclose_http`). It needs ``openai[aiohttp]`` (a dependency of
+(:func:`osmosis_core._engine.http_session.aclose_http`). It needs ``openai[aiohttp]`` (a dependency of
 both integrations, not of the core).
 
 >>> client = rollout_openai_client()          # doctest: +SKIP  (inside a rollout)
@@ -44,9 +44,9 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
+from osmosis_core._engine.http_session import KEEPALIVE_SEC, on_close
 from osmosis_core.context import ROLLOUT_ID_HEADER, current_rollout_context, get_rollout_context
 from osmosis_core.errors import PolicyError, clip
-from osmosis_core.http_session import KEEPALIVE_SEC, on_close
 from osmosis_core.policy import _shape_problem
 from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
 

@@ -60,14 +60,14 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
     assert len(results) == 3 and all(r["reward"] == 1.0 for r in results)
     # the CLI shows the deprecation once, naming the replacement
     assert "LegacyLocalBackend.from_setup is deprecated since osmosis 0.2.0" in run.stderr
-    assert "osmosis_core.plugins.builtin:local_backend" in run.stderr
+    assert "osmosis_core._engine.builtin:local_backend" in run.stderr
 
 
 @pytest.mark.parametrize(
     ("module", "name", "new_home"),
     [
         ("osmosis_core", "LocalBackendConfig", None),
-        ("osmosis_core.results", "result_line", "osmosis_core.wire"),
+        ("osmosis_core._engine.results", "result_line", "osmosis_core.wire"),
         ("osmosis_core.lazy", "lazy_exports", None),
     ],
 )
@@ -89,10 +89,10 @@ def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
 
 
 def test_an_unknown_name_is_still_an_attribute_error():
-    import osmosis_core.results
+    import osmosis_core._engine.results
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        osmosis_core.results.nope  # noqa: B018
+        osmosis_core._engine.results.nope  # noqa: B018
 
 
 def test_every_deprecation_is_in_the_changelog():

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from osmosis_core._engine.config import RunConfig, structure_table
 from osmosis_core.backend import load_object
-from osmosis_core.config import RunConfig, structure_table
 from osmosis_core.errors import ConfigError, PluginError, RolloutLoadError
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
 if TYPE_CHECKING:
-    from osmosis_core.plugins.registry import PluginRegistry
+    from osmosis_core._engine.registry import PluginRegistry
 
 __all__ = [
     "LoadedRollout",

@@ -32,7 +32,7 @@ worker processes, the runner inside a Harbor trial, :func:`osmosis_core.testing.
 the rollout server's shutdown), and so does the local backend's ``aclose()``. In your own program::
 
     import asyncio
-    from osmosis_core.http_session import http_scope
+    from osmosis_core._engine.http_session import http_scope
 
     async def main():
         async with http_scope():

@@ -26,10 +26,10 @@ How the processes are made and kept:
   whole process group): this process decides, cancels, and every rollout it started is reported
   ``cancelled`` and stays runnable by ``--resume``.
 * Nothing outlives this process: the zygote and every worker watch a *lifeline* pipe whose write
-  end only this process holds (:mod:`osmosis_core.lifeline`); when it dies, however it dies, they
+  end only this process holds (:mod:`osmosis_core._engine.lifeline`); when it dies, however it dies, they
   cancel what they run and exit. A worker stuck in synchronous code cannot read the pipe: the
   zygote kills it after a grace period, and a worker dies with its zygote (a parent-death signal).
-  Neither keeps the run folder's lock (:mod:`osmosis_core.run_lock`) alive.
+  Neither keeps the run folder's lock (:mod:`osmosis_core._engine.run_lock`) alive.
 
 It needs asyncio and ``fork`` (Linux). Build it before starting threads.
 
@@ -58,11 +58,12 @@ from typing import Any
 import anyio
 import attrs
 
+from osmosis_core._engine.http_session import preload
+from osmosis_core._engine.lifeline import parent_gone, set_parent_death_signal
+from osmosis_core._engine.waiters import Waiters
 from osmosis_core.backend import ExecutionBackend, ResultCallback, RunLimits
 from osmosis_core.errors import BackendUnavailable, clip
-from osmosis_core.http_session import preload
 from osmosis_core.lifecycle import Rollout
-from osmosis_core.lifeline import parent_gone, set_parent_death_signal
 from osmosis_core.local import LocalBackend
 from osmosis_core.records import (
     ErrorCategory,
@@ -72,7 +73,6 @@ from osmosis_core.records import (
     ExecutionStage,
     ExecutionStatus,
 )
-from osmosis_core.waiters import Waiters
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
 __all__ = ["WorkerPool"]
@@ -184,7 +184,7 @@ def _worker_main(sock: socket.socket, lifeline: int, backend: LocalBackend) -> N
 
 
 async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None:
-    from osmosis_core.http_session import aclose_http
+    from osmosis_core._engine.http_session import aclose_http
 
     loop = asyncio.get_running_loop()
     tasks: dict[str, asyncio.Task[None]] = {}
@@ -252,7 +252,7 @@ async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None
 def _as_json_form(result: ExecutionResult, exc: Exception) -> ExecutionResult:
     """``result`` as its results.jsonl line would hold it (what cannot be JSON as its repr, as
     the run writes it without workers), or a ``validation_error`` when even that fails."""
-    from osmosis_core.results import json_ready
+    from osmosis_core._engine.results import json_ready
     from osmosis_core.wire import result_from_json, result_to_json
 
     try:

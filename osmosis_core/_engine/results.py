@@ -21,7 +21,7 @@ from osmosis_core.errors import holds_secret, redact_data
 from osmosis_core.records import ExecutionStatus
 
 if TYPE_CHECKING:
-    from osmosis_core.config import RunConfig
+    from osmosis_core._engine.config import RunConfig
 
 __all__ = [
     "ResultStats",

@@ -28,22 +28,22 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import pluggy
 
+from osmosis_core import hookspecs
 from osmosis_core.errors import PluginError
-from osmosis_core.plugins import hookspecs
-from osmosis_core.plugins.hookspecs import PROJECT_NAME
+from osmosis_core.hookspecs import PROJECT_NAME
 
 if TYPE_CHECKING:
     import click
 
+    from osmosis_core._engine.results import RunProgress
     from osmosis_core.backend import BackendSpec
-    from osmosis_core.results import RunProgress
     from osmosis_core.templates import GraderSpec, TemplateSpec
 
 __all__ = ["BUILTIN_PLUGINS", "PluginInfo", "PluginRegistry", "first_party_hint", "get_registry", "reset_registry"]
 
 log = logging.getLogger("osmosis.plugins")
 
-BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (("core", "osmosis_core.plugins.builtin"),)
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (("core", "osmosis_core._engine.builtin"),)
 """(name, module) of the plugins that ship with the core."""
 
 Status = Literal["active", "disabled", "failed"]

@@ -27,12 +27,14 @@ import anyio
 import attrs
 
 from osmosis_core import __version__
+from osmosis_core._engine.config import RunConfig, api_key_from_env, structure_table
+from osmosis_core._engine.dataset import DatasetRow, fingerprint, read_dataset
+from osmosis_core._engine.loader import LoadedRollout, load_rollout
+from osmosis_core._engine.registry import PluginRegistry, get_registry
+from osmosis_core._engine.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
+from osmosis_core._engine.run_lock import RunLock
 from osmosis_core.backend import BackendSetup, BackendSpec, ExecutionBackend, RunLimits
-from osmosis_core.config import RunConfig, api_key_from_env, structure_table
-from osmosis_core.dataset import DatasetRow, fingerprint, read_dataset
 from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
-from osmosis_core.loader import LoadedRollout, load_rollout
-from osmosis_core.plugins.registry import PluginRegistry, get_registry
 from osmosis_core.records import (
     ErrorCategory,
     ErrorInfo,
@@ -42,8 +44,6 @@ from osmosis_core.records import (
     ExecutionStatus,
     PolicyEndpoint,
 )
-from osmosis_core.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
-from osmosis_core.run_lock import RunLock
 from osmosis_core.traces import TRACES, RunTraces, make_trace_gateway, traces_enabled
 from osmosis_core.wire import result_line
 from osmosis_core.workflow import ConcurrencyConfig
@@ -374,7 +374,7 @@ async def execute_run(
     while results come in, and once at its end (interrupted or not), in a worker thread: never on
     the rollouts' path, and a hook that raises is logged once and does not fail the run.
     """
-    from osmosis_core.http_session import aclose_http, preload
+    from osmosis_core._engine.http_session import aclose_http, preload
 
     reporter = reporter or _Silent()
     stats = plan.stats

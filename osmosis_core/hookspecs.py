@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
     import click
 
+    from osmosis_core._engine.results import RunProgress
     from osmosis_core.backend import BackendSpec
     from osmosis_core.records import PolicyEndpoint
-    from osmosis_core.results import RunProgress
     from osmosis_core.templates import GraderSpec, TemplateSpec
 
 __all__ = [

@@ -6,7 +6,7 @@ Built-ins register through the same hooks as every external plugin.
 from __future__ import annotations
 
 from osmosis_core.backend import BackendSetup, BackendSpec, ExecutionBackend
-from osmosis_core.plugins.hookspecs import hookimpl
+from osmosis_core.hookspecs import hookimpl
 from osmosis_core.templates import GUIDES_ROOT, TemplateSpec, examples_root
 
 __all__ = ["local_backend", "osmosis_register_backends", "osmosis_register_templates"]
@@ -15,9 +15,9 @@ __all__ = ["local_backend", "osmosis_register_backends", "osmosis_register_templ
 def local_backend(setup: BackendSetup) -> ExecutionBackend:
     """The factory of the ``local`` backend. It takes no ``[backend.local]`` settings: ``setup.limits``
     (``[run] concurrency``) are its limits, and ``[run] workers`` > 1 runs it in a
-    :class:`~osmosis_core.workers.WorkerPool` of that many processes."""
+    :class:`~osmosis_core._engine.workers.WorkerPool` of that many processes."""
     if setup.workers > 1:
-        from osmosis_core.workers import WorkerPool
+        from osmosis_core._engine.workers import WorkerPool
 
         return WorkerPool(
             *setup.rollout_args(), workers=setup.workers, require_labels=setup.require_labels, limits=setup.limits
@@ -32,7 +32,7 @@ def osmosis_register_backends() -> list[BackendSpec]:
     return [
         BackendSpec(
             "local",
-            "osmosis_core.plugins.builtin:local_backend",
+            "osmosis_core._engine.builtin:local_backend",
             description="In-process on this machine's event loop (the default).",
         )
     ]
