@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["OsmosisDeprecationWarning", "moved_names", "warn_deprecated"]
+__all__ = ["OsmosisDeprecationWarning", "moved_module", "moved_names", "warn_deprecated"]
 
 
 class OsmosisDeprecationWarning(DeprecationWarning):
@@ -61,6 +61,28 @@ def moved_names(module: str, moved: Mapping[str, tuple[str, str]]) -> Callable[[
         value: Any = importlib.import_module(new_module)
         for part in attribute.split("."):
             value = getattr(value, part)
+        return value
+
+    return __getattr__
+
+
+def moved_module(module: str, new: str, since: str, public: tuple[str, ...] = ()) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for a whole module that moved to ``new``.
+
+    Each name ``new`` has warns and is handed out; the warning names the first public module of
+    ``public`` (``"osmosis_core.plugin"``, ...) that exports it, else its place in ``new``.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        target = importlib.import_module(new)
+        home = next((p for p in public if name in getattr(importlib.import_module(p), "__all__", ())), new)
+        try:
+            value = getattr(target, name)
+        except AttributeError:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}") from None
+        warn_deprecated(f"{module}.{name}", f"{home}.{name}", since)
         return value
 
     return __getattr__
