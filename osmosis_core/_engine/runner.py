@@ -374,41 +374,63 @@ async def execute_run(
     while results come in, and once at its end (interrupted or not), in a worker thread: never on
     the rollouts' path, and a hook that raises is logged once and does not fail the run.
     """
-    from osmosis_core._engine.http_session import aclose_http, preload
+    execution = _Execution(plan, reporter or _Silent(), exit_on_second_signal, progress_every)
+    return await execution.run(handle_signals=handle_signals)
 
-    reporter = reporter or _Silent()
-    stats = plan.stats
-    rows = {row.index: row for row in plan.rows}
-    run = plan.config.run
-    token = secrets.token_hex(3)
-    secrets_ = plan.policy.secrets()
-    writer = ResultWriter(plan.run_dir / RESULTS, secrets=secrets_)
-    interrupted = False
-    stopped: str | None = None
-    traces = RunTraces(plan.gateway, plan.run_dir / TRACES, secrets_) if plan.gateway is not None else None
 
-    def record(row: int, sample_index: int, result: ExecutionResult) -> None:
+class _Execution:
+    """One :func:`execute_run`: its state, and one method per part of the run."""
+
+    def __init__(self, plan: RunPlan, reporter: Reporter, exit_on_second_signal: bool, progress_every: float) -> None:
+        self.plan = plan
+        self.reporter = reporter
+        self.exit_on_second_signal = exit_on_second_signal
+        self.progress_every = progress_every
+        self.stats = plan.stats
+        self.rows = {row.index: row for row in plan.rows}
+        self.token = secrets.token_hex(3)
+        self.secrets = plan.policy.secrets()
+        self.writer = ResultWriter(plan.run_dir / RESULTS, secrets=self.secrets)
+        self.traces = RunTraces(plan.gateway, plan.run_dir / TRACES, self.secrets) if plan.gateway is not None else None
+        self.registry = plan.registry or get_registry()
+        self.pending: Iterator[tuple[int, int]] = iter(plan.pending)
+        self.interrupted = False
+        self.stopped: str | None = None
+        """Why the backend became unusable (the run stopped, resumable)."""
+        self.ended = False
+        """Every pending pair was run, or the run stopped through its own signal handling."""
+        self.summary: Summary | None = None
+        self.started = time.perf_counter()
+        self.replaced: dict[int, Any] = {}
+        """The signal handlers :meth:`stop_now` replaced, restored at the end."""
+
+    # the rollouts
+
+    def record(self, row: int, sample_index: int, result: ExecutionResult) -> None:
+        """Write one rollout's final result; a sample that is not JSON fails the rollout, not the run."""
         line = result_line(row, sample_index, result)
         try:
-            writer.write(line)
-        except (TypeError, ValueError) as exc:  # a sample that is not JSON: the rollout fails, the run goes on
+            self.writer.write(line)
+        except (TypeError, ValueError) as exc:
             info = error_info(exc, category=ErrorCategory.VALIDATION_ERROR)
             failed = ExecutionResult(
                 result.rollout_id, result.stage, ExecutionStatus.FAILURE, error=info, timings=result.timings
             )
             line = result_line(row, sample_index, failed)
             line["error"]["message"] = f"the sample cannot be written as JSON: {info.message}"
-            writer.write(line)
-        stats.add(line)
-        reporter.advance(line, stats)
+            self.writer.write(line)
+        self.stats.add(line)
+        self.reporter.advance(line, self.stats)
 
-    async def one(row_index: int, sample_index: int, scope: anyio.CancelScope) -> None:
-        nonlocal stopped
-        row = rows[row_index]
+    async def rollout(self, row_index: int, sample_index: int, scope: anyio.CancelScope) -> None:
+        """Run one (row, sample) pair on the backend and record its final result."""
+        plan, run, traces = self.plan, self.plan.config.run, self.traces
+        row = self.rows[row_index]
+        rollout_id = f"{self.token}-{row_index}-{sample_index}"
         request = ExecutionRequest(
-            rollout_id=f"{token}-{row_index}-{sample_index}",
+            rollout_id=rollout_id,
             prompt=row.prompt,
-            policy=plan.policy if traces is None else traces.open(f"{token}-{row_index}-{sample_index}"),
+            policy=plan.policy if traces is None else traces.open(rollout_id),
             label=row.label,
             metadata=row.metadata,
             agent_timeout_sec=run.agent_timeout_sec,
@@ -427,67 +449,100 @@ async def execute_run(
             # a backend (or what it runs) raised CancelledError while the run did not cancel it
             message = "the backend raised CancelledError while the run did not cancel the rollout"
             info = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
-            final.append(ExecutionResult(request.rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
+            final.append(ExecutionResult(rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
         except BackendUnavailable as exc:
-            if stopped is None:
-                stopped = clip(str(exc), secrets_, 1000)
+            if self.stopped is None:
+                self.stopped = clip(str(exc), self.secrets, 1000)
             scope.cancel()  # the rollout never started: nothing is recorded, the run stops, resumable
             return
         except Exception as exc:
-            info = error_info(exc, secrets=secrets_, category=ErrorCategory.INFRA_ERROR)
-            final.append(ExecutionResult(request.rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
+            info = error_info(exc, secrets=self.secrets, category=ErrorCategory.INFRA_ERROR)
+            final.append(ExecutionResult(rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
         if not final:  # the backend returned without reporting: a result must not vanish
             message = f"the backend ({type(plan.backend).__name__}) returned without reporting a result"
             info = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
-            final.append(
-                ExecutionResult(request.rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info)
-            )
+            final.append(ExecutionResult(rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info))
         last = final[-1]
         if traces is not None:  # the trace line first: a result in the file always has its trace
-            traces.finish(
-                request.rollout_id, row_index, sample_index, write=last.status is not ExecutionStatus.CANCELLED
-            )
+            traces.finish(rollout_id, row_index, sample_index, write=last.status is not ExecutionStatus.CANCELLED)
         if last.status is ExecutionStatus.CANCELLED:
             return
-        record(row_index, sample_index, last)
+        self.record(row_index, sample_index, last)
 
-    pending: Iterator[tuple[int, int]] = iter(plan.pending)
+    async def worker(self, scope: anyio.CancelScope) -> None:
+        """Take pending pairs one at a time until none is left (``in_flight`` workers share them)."""
+        for row_index, sample_index in self.pending:
+            await self.rollout(row_index, sample_index, scope)
 
-    async def worker(scope: anyio.CancelScope) -> None:
-        for row_index, sample_index in pending:
-            await one(row_index, sample_index, scope)
+    # the summary and the progress hooks
 
-    summary: Summary | None = None
-
-    def write_summary(wall: float) -> Summary:
-        written = Summary.from_stats(
-            stats,
+    def now(self, wall: float, *, interrupted: bool) -> Summary:
+        """The summary of the results so far."""
+        plan = self.plan
+        return Summary.from_stats(
+            self.stats,
             rows=len(plan.rows),
-            n_samples=run.n_samples,
+            n_samples=plan.config.run.n_samples,
             wall_sec=wall,
-            interrupted=interrupted or stopped is not None or not ended,
+            interrupted=interrupted,
             stub_policy=plan.stub_policy,
         )
-        path = plan.run_dir / SUMMARY
-        temporary = path.with_name(f".{SUMMARY}.tmp")  # a kill while writing leaves the old file whole
+
+    def write_summary(self, wall: float) -> Summary:
+        """Write ``summary.json`` (whole or not at all: a kill while writing leaves the old file)."""
+        written = self.now(wall, interrupted=self.interrupted or self.stopped is not None or not self.ended)
+        path = self.plan.run_dir / SUMMARY
+        temporary = path.with_name(f".{SUMMARY}.tmp")
         temporary.write_text(json.dumps(written.to_json(), indent=2) + "\n", encoding="utf-8")
         os.replace(temporary, path)
         return written
 
-    def stop_now(signum: int, frame: Any) -> None:
+    def progress(self, final: bool) -> RunProgress:
+        """What the ``osmosis_run_progress`` hooks hear."""
+        now = self.now(time.perf_counter() - self.started, interrupted=False)
+        summary = self.summary if final and self.summary is not None else now
+        return RunProgress(self.plan.run_dir, summary, final, config=self.plan.config)
+
+    async def tell_progress(self) -> None:
+        """Every ``progress_every`` seconds in which results came in, in a thread (a hook may take seconds)."""
+        told = self.stats.finished
+        while True:
+            await anyio.sleep(self.progress_every)
+            if self.stats.finished != told:
+                told = self.stats.finished
+                await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(False))
+
+    # signals
+
+    async def watch_signals(self, scope: anyio.CancelScope) -> None:
+        """The first Ctrl-C / SIGTERM cancels the rollouts in flight (and their wind-down is waited for)."""
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        if self.exit_on_second_signal:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.replaced[signum] = signal.signal(signum, self.stop_now)
+        if not self.ended and self.summary is None:  # (else the rollouts are over: there is nothing to cancel)
+            self.interrupted = True
+            scope.cancel()
+            again = " (again to stop at once)" if self.exit_on_second_signal else ""
+            with contextlib.suppress(OSError):  # a closed stderr must not end the run's wind-down
+                print(f"interrupted: cancelling the rollouts in flight{again}", file=sys.stderr)
+
+    def stop_now(self, signum: int, frame: Any) -> None:
         """The second signal (a plain handler: it runs even while a rollout blocks the event loop)."""
         try:
             with contextlib.suppress(Exception):
-                reporter.stop()
+                self.reporter.stop()
             with contextlib.suppress(Exception):
-                writer.close()  # every reported line is already written and flushed
-            if summary is None:
+                self.writer.close()  # every reported line is already written and flushed
+            if self.summary is None:
                 with contextlib.suppress(Exception):
-                    write_summary(time.perf_counter() - started)
+                    self.write_summary(time.perf_counter() - self.started)
             with contextlib.suppress(Exception):
                 print(
                     f"interrupted again: stopped without waiting for the rollouts in flight; "
-                    f"{stats.finished} finished results are kept in {plan.run_dir}",
+                    f"{self.stats.finished} finished results are kept in {self.plan.run_dir}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -495,91 +550,67 @@ async def execute_run(
         finally:
             os._exit(130)
 
-    registry = plan.registry or get_registry()
-    listening = registry.hears_progress()
+    # the whole run
 
-    def progress(final: bool) -> RunProgress:
-        now = Summary.from_stats(
-            stats,
-            rows=len(plan.rows),
-            n_samples=run.n_samples,
-            wall_sec=time.perf_counter() - started,
-            interrupted=False,
-            stub_policy=plan.stub_policy,
-        )
-        return RunProgress(plan.run_dir, summary if final and summary is not None else now, final, config=plan.config)
+    async def run(self, *, handle_signals: bool) -> RunOutcome:
+        """Run the workers, then wind down: summary first, then the backend, traces, HTTP clients, lock."""
+        from osmosis_core._engine.http_session import preload
 
-    async def tell_progress() -> None:
-        """Every ``progress_every`` seconds in which results came in, in a thread (a hook may take seconds)."""
-        told = stats.finished
-        while True:
-            await anyio.sleep(progress_every)
-            if stats.finished != told:
-                told = stats.finished
-                await anyio.to_thread.run_sync(registry.tell_progress, progress(False))
-
-    replaced: dict[int, Any] = {}
-
-    async def watch_signals(scope: anyio.CancelScope) -> None:
-        """The first Ctrl-C / SIGTERM cancels the rollouts in flight (and their wind-down is waited for)."""
-        nonlocal interrupted
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
-        if exit_on_second_signal:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                replaced[signum] = signal.signal(signum, stop_now)
-        if not ended and summary is None:  # (else the rollouts are over: there is nothing to cancel)
-            interrupted = True
-            scope.cancel()
-            again = " (again to stop at once)" if exit_on_second_signal else ""
-            with contextlib.suppress(OSError):  # a closed stderr must not end the run's wind-down
-                print(f"interrupted: cancelling the rollouts in flight{again}", file=sys.stderr)
-
-    preload()  # the HTTP client's import is start-up, not the first rollouts' time
-    reporter.start(plan.total, stats)
-    started = time.perf_counter()
-    ended = False  # every pending pair was run, or the run stopped through its own signal handling
-    async with anyio.create_task_group() as guard:  # the signal watcher outlives the rollouts' cancellation
-        rollouts = anyio.CancelScope()
-        if handle_signals:
-            guard.start_soon(watch_signals, rollouts)
-        if listening:
-            guard.start_soon(tell_progress)
-        try:
-            if traces is not None:
-                await traces.start()
-            with rollouts:
-                async with anyio.create_task_group() as workers:
-                    for _ in range(min(plan.in_flight, len(plan.pending))):
-                        workers.start_soon(worker, rollouts)
-            ended = True
-        finally:
-            wall = time.perf_counter() - started
-            reporter.stop()
-            writer.close()
-            signalled = interrupted  # a signal while the backend winds down changes the run's record no more
+        plan = self.plan
+        listening = self.registry.hears_progress()
+        preload()  # the HTTP client's import is start-up, not the first rollouts' time
+        self.reporter.start(plan.total, self.stats)
+        self.started = time.perf_counter()
+        async with anyio.create_task_group() as guard:  # the signal watcher outlives the rollouts' cancellation
+            rollouts = anyio.CancelScope()
+            if handle_signals:
+                guard.start_soon(self.watch_signals, rollouts)
+            if listening:
+                guard.start_soon(self.tell_progress)
             try:
-                summary = write_summary(wall)  # before the backend winds down, which may take its grace period
+                if self.traces is not None:
+                    await self.traces.start()
+                with rollouts:
+                    async with anyio.create_task_group() as workers:
+                        for _ in range(min(plan.in_flight, len(plan.pending))):
+                            workers.start_soon(self.worker, rollouts)
+                self.ended = True
             finally:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await plan.backend.aclose()
-                    finally:
-                        if traces is not None:
-                            await traces.aclose()
-                        await aclose_http()
-                        if plan.lock is not None:
-                            plan.lock.release()
-                guard.cancel_scope.cancel()
-                if listening:
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(registry.tell_progress, progress(True))
-                for signum, handler in replaced.items():
-                    signal.signal(signum, handler)
-    assert summary is not None  # (written above, or its error raised)
-    failing = None if signalled or stopped else _failing(summary, run.max_failure_rate)
-    return RunOutcome(summary, plan.run_dir, signalled, stopped=stopped, failing=failing)
+                wall = time.perf_counter() - self.started
+                self.reporter.stop()
+                self.writer.close()
+                signalled = self.interrupted  # a signal while the backend winds down changes the record no more
+                try:
+                    self.summary = self.write_summary(wall)  # before the backend's wind-down (its grace period)
+                finally:
+                    await self.close_all()
+                    guard.cancel_scope.cancel()
+                    await self.tell_the_end(listening)
+        assert self.summary is not None  # (written above, or its error raised)
+        failing = None if signalled or self.stopped else _failing(self.summary, plan.config.run.max_failure_rate)
+        return RunOutcome(self.summary, plan.run_dir, signalled, stopped=self.stopped, failing=failing)
+
+    async def close_all(self) -> None:
+        """Close the backend, the traces, the HTTP clients and the lock, shielded from cancellation."""
+        from osmosis_core._engine.http_session import aclose_http
+
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.plan.backend.aclose()
+            finally:
+                if self.traces is not None:
+                    await self.traces.aclose()
+                await aclose_http()
+                if self.plan.lock is not None:
+                    self.plan.lock.release()
+
+    async def tell_the_end(self, listening: bool) -> None:
+        """Tell the progress hooks the run's end (shielded), then give back the signal handlers."""
+        if listening:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(True))
+        for signum, handler in self.replaced.items():
+            signal.signal(signum, handler)
 
 
 def _cancel_requested() -> bool:
