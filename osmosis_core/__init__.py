@@ -120,4 +120,6 @@ def __getattr__(name: str) -> Any:
         from osmosis_core.local import LocalBackendConfig
 
         return LocalBackendConfig
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return _getattr(name)

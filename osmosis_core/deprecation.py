@@ -66,20 +66,22 @@ def moved_names(module: str, moved: Mapping[str, tuple[str, str]]) -> Callable[[
     return __getattr__
 
 
-def moved_module(module: str, new: str, since: str, public: tuple[str, ...] = ()) -> Callable[[str], Any]:
+PUBLIC_MODULES = ("osmosis_core", "osmosis_core.plugin", "osmosis_core.frontend")
+
+
+def moved_module(module: str, new: str, since: str, public: tuple[str, ...] = PUBLIC_MODULES) -> Callable[[str], Any]:
     """A module-level ``__getattr__`` for a whole module that moved to ``new``.
 
-    Each name ``new`` has warns and is handed out; the warning names the first public module of
-    ``public`` (``"osmosis_core.plugin"``, ...) that exports it, else its place in ``new``.
+    Each name ``new`` has warns and is handed out; the warning names the first module of ``public``
+    that exports it, else its place in ``new``.
     """
 
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        target = importlib.import_module(new)
         home = next((p for p in public if name in getattr(importlib.import_module(p), "__all__", ())), new)
         try:
-            value = getattr(target, name)
+            value = getattr(importlib.import_module(home), name)
         except AttributeError:
             raise AttributeError(f"module {module!r} has no attribute {name!r}") from None
         warn_deprecated(f"{module}.{name}", f"{home}.{name}", since)

@@ -121,13 +121,13 @@ class LocalBackend(ExecutionBackend):
 
     @classmethod
     def from_setup(cls, setup: BackendSetup) -> ExecutionBackend:
-        """Deprecated since 0.2.0: register ``osmosis_core._engine.builtin:local_backend`` (or a
+        """Deprecated since 0.2.0: register ``osmosis_core.plugin:local_backend`` (or a
         factory of your own) instead. Kept for plugins written against 0.1's documented API
         (``BackendSpec(name, factory="my_plugin:MyLocalBackend.from_setup")``); it builds ``cls``,
         or a worker pool of ``cls``'s workflow and grader when ``setup.workers`` > 1, as before."""
         from osmosis_core.deprecation import warn_deprecated
 
-        warn_deprecated(f"{cls.__name__}.from_setup", "osmosis_core._engine.builtin:local_backend", "0.2.0")
+        warn_deprecated(f"{cls.__name__}.from_setup", "osmosis_core.plugin:local_backend", "0.2.0")
         if setup.workers > 1:
             # the worker pool sits above this module (it hosts LocalBackends), so the deprecated
             # shim reaches the registered factory at run time rather than importing up a layer

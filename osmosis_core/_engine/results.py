@@ -16,7 +16,6 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from osmosis_core.deprecation import moved_names
 from osmosis_core.errors import holds_secret, redact_data
 from osmosis_core.records import ExecutionStatus
 
@@ -36,8 +35,6 @@ __all__ = [
     "scan_results",
     "summary_fields",
 ]
-
-__getattr__ = moved_names(__name__, {"result_line": ("osmosis_core.wire:result_line", "0.2.0")})
 
 
 def scan_results(
