@@ -44,53 +44,62 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from osmosis_core._engine.config import RunConfig
-from osmosis_core._engine.dataset import DatasetRow, fingerprint, read_dataset
-from osmosis_core._engine.http_session import http_scope
-from osmosis_core._engine.loader import LoadedRollout, load_rollout
-from osmosis_core._engine.registry import PluginRegistry, get_registry
-from osmosis_core._engine.results import (
-    ResultStats,
-    ResultWriter,
-    Summary,
-    folder_progress,
-    latest_records,
-    percentile,
-    summary_fields,
+import lazy_loader
+
+if TYPE_CHECKING:
+    from osmosis_core._engine.config import RunConfig as RunConfig
+    from osmosis_core._engine.dataset import DatasetRow as DatasetRow
+    from osmosis_core._engine.dataset import fingerprint as fingerprint
+    from osmosis_core._engine.dataset import read_dataset as read_dataset
+    from osmosis_core._engine.http_session import http_scope as http_scope
+    from osmosis_core._engine.loader import LoadedRollout as LoadedRollout
+    from osmosis_core._engine.results import ResultStats as ResultStats
+    from osmosis_core._engine.results import Summary as Summary
+    from osmosis_core._engine.results import latest_records as latest_records
+    from osmosis_core._engine.results import percentile as percentile
+    from osmosis_core._engine.results import summary_fields as summary_fields
+    from osmosis_core.cli.common import config_options as config_options
+    from osmosis_core.cli.common import make_console as make_console
+    from osmosis_core.cli.common import resolve_config as resolve_config
+    from osmosis_core.traces import TRACES as TRACES
+    from osmosis_core.traces import make_trace_gateway as make_trace_gateway
+    from osmosis_core.traces import traces_enabled as traces_enabled
+    from osmosis_core.wire import result_line as result_line
+
+if TYPE_CHECKING:  # for the annotations below
+    from osmosis_core._engine.registry import PluginRegistry
+    from osmosis_core._engine.results import ResultWriter
+    from osmosis_core.backend import ExecutionBackend
+    from osmosis_core.records import ExecutionResult
+
+# imported on first use, so a command module that imports this one keeps `osmosis --help` fast
+_getattr, _dir, _lazy = lazy_loader.attach(
+    "osmosis_core",
+    submod_attrs={
+        "_engine.config": ["RunConfig"],
+        "_engine.dataset": ["DatasetRow", "fingerprint", "read_dataset"],
+        "_engine.http_session": ["http_scope"],
+        "_engine.loader": ["LoadedRollout"],
+        "_engine.results": ["ResultStats", "Summary", "latest_records", "percentile", "summary_fields"],
+        "cli.common": ["config_options", "make_console", "resolve_config"],
+        "traces": ["TRACES", "make_trace_gateway", "traces_enabled"],
+        "wire": ["result_line"],
+    },
 )
-from osmosis_core._engine.run_lock import RunLock
-from osmosis_core._engine.runner import build_backend
-from osmosis_core.backend import ExecutionBackend
-from osmosis_core.cli.common import config_options, make_console, resolve_config
-from osmosis_core.records import ExecutionResult
-from osmosis_core.traces import TRACES, make_trace_gateway, trace_line, traces_enabled
-from osmosis_core.wire import result_line
+__all__ = sorted([*_lazy, "LoadedRun", "RunFiles", "load_run"])
 
-__all__ = [
-    "TRACES",
-    "DatasetRow",
-    "LoadedRollout",
-    "LoadedRun",
-    "ResultStats",
-    "RunConfig",
-    "RunFiles",
-    "Summary",
-    "config_options",
-    "fingerprint",
-    "http_scope",
-    "latest_records",
-    "load_run",
-    "make_console",
-    "make_trace_gateway",
-    "percentile",
-    "read_dataset",
-    "resolve_config",
-    "result_line",
-    "summary_fields",
-    "traces_enabled",
-]
+
+def __getattr__(name: str) -> Any:
+    if name not in _lazy:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _getattr(name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *globals()})
+
 
 RESULTS = "results.jsonl"
 
@@ -109,11 +118,15 @@ class LoadedRun:
 
         :raises ConfigError: no backend of that name, or a bad table.
         """
+        from osmosis_core._engine.runner import build_backend
+
         return build_backend(self.config, self.rollout, self.registry, run_dir)
 
     def tell_progress(self, run_dir: Path, *, final: bool) -> None:
         """Tell the ``osmosis_run_progress`` hooks (reports, dashboards) how ``run_dir``'s results
         stand, as a server does (each row counts once); a hook that raises is logged, never raised."""
+        from osmosis_core._engine.results import folder_progress
+
         self.registry.tell_progress(folder_progress(run_dir, final=final, config=self.config))
 
 
@@ -122,6 +135,9 @@ def load_run(config: RunConfig, registry: PluginRegistry | None = None) -> Loade
 
     :raises RolloutLoadError: the rollout cannot be imported; :raises ConfigError: a bad config.
     """
+    from osmosis_core._engine.loader import load_rollout
+    from osmosis_core._engine.registry import get_registry
+
     registry = registry or get_registry()
     return LoadedRun(config, load_rollout(config, registry), registry)
 
@@ -138,6 +154,8 @@ class RunFiles:
         self.path = Path(folder)
         self.results_path = self.path / RESULTS
         self.secrets = tuple(s for s in secrets if s and len(s) >= 4)
+        from osmosis_core._engine.run_lock import RunLock
+
         self._lock = RunLock(self.path)
         self._results: ResultWriter | None = None
         self._traces: ResultWriter | None = None
@@ -151,6 +169,8 @@ class RunFiles:
         """Take the lock and open ``results.jsonl`` for appending (idempotent)."""
         self.lock()
         if self._results is None:
+            from osmosis_core._engine.results import ResultWriter
+
             try:
                 self._results = ResultWriter(self.results_path, self.secrets)
             except BaseException:
@@ -170,6 +190,8 @@ class RunFiles:
 
         :raises TypeError, ValueError: the line is not JSON; :raises OSError: it cannot be written.
         """
+        from osmosis_core.wire import result_line
+
         self.write_line(result_line(row, sample_index, result), secrets)
 
     def write_line(self, line: dict[str, Any], secrets: Iterable[str | None] = ()) -> None:
@@ -187,6 +209,9 @@ class RunFiles:
         secrets: Iterable[str | None] = (),
     ) -> None:
         """Append a rollout's trace to ``traces.jsonl`` (``osmosis run --traces``'s form)."""
+        from osmosis_core._engine.results import ResultWriter
+        from osmosis_core.traces import TRACES, trace_line
+
         if self._traces is None:
             if self._results is None:
                 raise RuntimeError(f"{self.path}: RunFiles.open() first")
