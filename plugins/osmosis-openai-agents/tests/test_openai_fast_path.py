@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osmosis_core import PolicyEndpoint, RolloutContext
-from osmosis_core.plugin import http_scope
 from osmosis_core.openai_client import fast_client_class, rollout_openai_client
+from osmosis_core.plugin import http_scope
 from osmosis_core.testing import ScriptedPolicyServer
 
 MESSAGES = [
