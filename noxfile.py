@@ -188,7 +188,7 @@ def _pip_check(session: nox.Session) -> None:
 
 
 _NO_CONFLICTS = """
-from osmosis_core.plugins.registry import PluginRegistry
+from osmosis_core._engine.registry import PluginRegistry
 registry = PluginRegistry()
 failed = [p for p in registry.plugins if p.status != "active"]
 assert not failed, failed

@@ -39,9 +39,9 @@ from osmosis_core import (
     PolicyEndpoint,
     PolicyError,
 )
-from osmosis_core.plugins.registry import PluginRegistry
+from osmosis_core._engine.registry import PluginRegistry
+from osmosis_core._engine.workers import WorkerPool
 from osmosis_core.testing import StubPolicyProcess
-from osmosis_core.workers import WorkerPool
 
 TOOLS = [
     {

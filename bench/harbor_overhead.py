@@ -35,9 +35,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import anyio
 
-from osmosis_core.config import config_from_dict
+from osmosis_core._engine.config import config_from_dict
+from osmosis_core._engine.runner import execute_run, prepare_run
 from osmosis_core.records import PolicyEndpoint
-from osmosis_core.runner import execute_run, prepare_run
 from osmosis_core.templates import MULTIPLY_DATASET, examples_root
 from osmosis_core.testing import StubPolicyProcess
 

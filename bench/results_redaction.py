@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from osmosis_core._engine.results import ResultWriter
 from osmosis_core.errors import holds_secret
-from osmosis_core.results import ResultWriter
 
 WORDS = [
     "the",

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["OsmosisDeprecationWarning", "moved_names", "warn_deprecated"]
+__all__ = ["OsmosisDeprecationWarning", "moved_module", "moved_names", "warn_deprecated"]
 
 
 class OsmosisDeprecationWarning(DeprecationWarning):
@@ -84,6 +84,30 @@ def moved_names(
             ) from exc
         for part in attribute.split("."):
             value = getattr(value, part)
+        return value
+
+    return __getattr__
+
+
+PUBLIC_MODULES = ("osmosis_core", "osmosis_core.plugin", "osmosis_core.frontend")
+
+
+def moved_module(module: str, new: str, since: str, public: tuple[str, ...] = PUBLIC_MODULES) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for a whole module that moved to ``new``.
+
+    Each name ``new`` has warns and is handed out; the warning names the first module of ``public``
+    that exports it, else its place in ``new``.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        home = next((p for p in public if name in getattr(importlib.import_module(p), "__all__", ())), new)
+        try:
+            value = getattr(importlib.import_module(home), name)
+        except AttributeError:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}") from None
+        warn_deprecated(f"{module}.{name}", f"{home}.{name}", since)
         return value
 
     return __getattr__

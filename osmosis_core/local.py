@@ -84,7 +84,7 @@ class LocalBackend(ExecutionBackend):
         require_labels: bool = False,
         limits: RunLimits | None = None,
     ) -> None:
-        from osmosis_core.loader import resolve_config_object, resolve_object
+        from osmosis_core._engine.loader import resolve_config_object, resolve_object
 
         try:
             workflow_class = resolve_object(workflow, AgentWorkflow, what="workflow")
@@ -121,17 +121,17 @@ class LocalBackend(ExecutionBackend):
 
     @classmethod
     def from_setup(cls, setup: BackendSetup) -> ExecutionBackend:
-        """Deprecated since 0.2.0: register ``osmosis_core.plugins.builtin:local_backend`` (or a
+        """Deprecated since 0.2.0: register ``osmosis_core.plugin:local_backend`` (or a
         factory of your own) instead. Kept for plugins written against 0.1's documented API
         (``BackendSpec(name, factory="my_plugin:MyLocalBackend.from_setup")``); it builds ``cls``,
         or a worker pool of ``cls``'s workflow and grader when ``setup.workers`` > 1, as before."""
         from osmosis_core.deprecation import warn_deprecated
 
-        warn_deprecated(f"{cls.__name__}.from_setup", "osmosis_core.plugins.builtin:local_backend", "0.2.0")
+        warn_deprecated(f"{cls.__name__}.from_setup", "osmosis_core.plugin:local_backend", "0.2.0")
         if setup.workers > 1:
             # the worker pool sits above this module (it hosts LocalBackends), so the deprecated
             # shim reaches the registered factory at run time rather than importing up a layer
-            local_backend = load_object("osmosis_core.plugins.builtin:local_backend")
+            local_backend = load_object("osmosis_core._engine.builtin:local_backend")
             backend: ExecutionBackend = local_backend(setup)
             return backend
         return cls(*setup.rollout_args(), require_labels=setup.require_labels, limits=setup.limits)
@@ -156,7 +156,7 @@ class LocalBackend(ExecutionBackend):
 
     async def aclose(self) -> None:
         """Close the running loop's HTTP clients (the rollouts' connections to their policies)."""
-        from osmosis_core.http_session import aclose_http
+        from osmosis_core._engine.http_session import aclose_http
 
         await aclose_http()
 

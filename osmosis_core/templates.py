@@ -1,7 +1,7 @@
 """Starter templates (``osmosis template list|apply``) and reusable grader specs.
 
 A template is a folder of files copied into the user's folder as they are. A plugin registers
-one with :func:`~osmosis_core.plugins.hookspecs.osmosis_register_templates`::
+one with :func:`~osmosis_core.hookspecs.osmosis_register_templates`::
 
     @hookimpl
     def osmosis_register_templates():

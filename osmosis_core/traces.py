@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from osmosis_core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from osmosis_core.plugins.registry import PluginRegistry
+    from osmosis_core._engine.registry import PluginRegistry
     from osmosis_core.records import PolicyEndpoint
 
 __all__ = [
@@ -82,7 +82,7 @@ def make_trace_gateway(
     :raises ConfigError: no plugin provides one (naming what to install), or the plugin refused the
         settings (naming the key).
     """
-    from osmosis_core.plugins.registry import get_registry
+    from osmosis_core._engine.registry import get_registry
 
     registry = registry or get_registry()
     gateway = registry.pm.hook.osmosis_policy_gateway(upstream=upstream, settings=dict(settings), source=source)
@@ -109,7 +109,7 @@ class RunTraces:
     result line, so every result of the file has its trace (``--resume`` appends, as for results)."""
 
     def __init__(self, gateway: TraceGateway, path: Path, secrets: Iterable[str | None] = ()) -> None:
-        from osmosis_core.results import ResultWriter
+        from osmosis_core._engine.results import ResultWriter
 
         self.gateway = gateway
         self._writer = ResultWriter(path, secrets=secrets)

@@ -22,11 +22,11 @@ from osmosis_core import (
     RolloutLoadError,
     hookimpl,
 )
-from osmosis_core.config import load_config, workspace_root
-from osmosis_core.dataset import read_dataset
-from osmosis_core.loader import MissingDependency, load_rollout
-from osmosis_core.plugins.registry import PluginRegistry
-from osmosis_core.runner import build_backend, prepare_run
+from osmosis_core._engine.config import load_config, workspace_root
+from osmosis_core._engine.dataset import read_dataset
+from osmosis_core._engine.loader import MissingDependency, load_rollout
+from osmosis_core._engine.registry import PluginRegistry
+from osmosis_core._engine.runner import build_backend, prepare_run
 
 
 def write(path: Path, text: str) -> Path:
@@ -133,7 +133,7 @@ class EchoPlugin:
     def osmosis_register_backends():
         def make(setup):
             EchoPlugin.seen.append(setup)
-            from osmosis_core.plugins.builtin import local_backend
+            from osmosis_core._engine.builtin import local_backend
 
             return local_backend(setup)
 
@@ -390,7 +390,7 @@ def test_a_missing_first_party_plugin_says_what_to_install(workspace):
 def test_list_and_literal_settings_are_refused_with_their_path_not_mangled():
     """A string for a list is not a list of its characters; a bad element or a value outside a Literal
     is a config error with its key path, not a raw cattrs exception."""
-    from osmosis_core.config import structure_table
+    from osmosis_core._engine.config import structure_table
 
     @attrs.define(kw_only=True)
     class Settings:

@@ -62,7 +62,7 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
     assert all(r["reward"] == 1.0 for r in results)
     # the CLI shows the deprecation once, naming the replacement
     assert "LegacyLocalBackend.from_setup is deprecated since osmosis 0.2.0" in run.stderr
-    assert "osmosis_core.plugins.builtin:local_backend" in run.stderr
+    assert "osmosis_core.plugin:local_backend" in run.stderr
 
 
 @pytest.mark.parametrize(
@@ -71,6 +71,16 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
         ("osmosis_core", "LocalBackendConfig", None),
         ("osmosis_core.results", "result_line", "osmosis_core.wire"),
         ("osmosis_core.lazy", "lazy_exports", None),
+        ("osmosis_core.runner", "build_backend", "osmosis_core._engine.runner"),
+        ("osmosis_core.workers", "WorkerPool", "osmosis_core"),
+        ("osmosis_core.plugins", "hookimpl", "osmosis_core.hookspecs"),
+        ("osmosis_core.plugins.registry", "get_registry", "osmosis_core.plugin"),
+        ("osmosis_core.plugins.builtin", "local_backend", "osmosis_core.plugin"),
+        ("osmosis_core.plugins.hookspecs", "hookspec", "osmosis_core.hookspecs"),
+        ("osmosis_core.plugin", "RunLock", "osmosis_core._engine.run_lock"),
+        ("osmosis_core.plugin", "build_backend", "osmosis_core._engine.runner"),
+        ("osmosis_core.plugin", "config_options", "osmosis_core.frontend"),
+        ("osmosis_core.plugin", "latest_records", "osmosis_core.frontend"),
     ],
 )
 def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
@@ -92,16 +102,20 @@ def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
 
 
 def test_an_unknown_name_is_still_an_attribute_error():
+    import osmosis_core.plugin
     import osmosis_core.results
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         osmosis_core.results.nope  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        osmosis_core.plugin.nope  # noqa: B018
 
 
 def test_every_deprecation_is_in_the_changelog():
     changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
     names = ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire")
-    for name in (*names, "osmosis_core.plugin.rollout_openai_client", "osmosis_core.plugin.policy_error"):
+    moved = ("osmosis_core.runner", "osmosis_core.plugins", "config_options", "build_backend", "RunLock")
+    for name in (*names, *moved, "osmosis_core.plugin.rollout_openai_client", "osmosis_core.plugin.policy_error"):
         assert name in changelog, name
 
 

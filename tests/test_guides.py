@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from osmosis_core.plugins.registry import PluginRegistry
+from osmosis_core._engine.registry import PluginRegistry
 from osmosis_core.templates import apply_template
 from osmosis_core.testing import guide_commands, run_guide_commands
 

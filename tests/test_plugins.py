@@ -25,10 +25,10 @@ import pytest
 from click.testing import CliRunner
 
 import osmosis_core
+from osmosis_core._engine.registry import PluginRegistry
 from osmosis_core.backend import BackendSpec
 from osmosis_core.errors import PluginError
-from osmosis_core.plugins.hookspecs import hookimpl
-from osmosis_core.plugins.registry import PluginRegistry
+from osmosis_core.hookspecs import hookimpl
 from osmosis_core.templates import GraderSpec, TemplateSpec
 
 OSMOSIS = Path(sys.executable).parent / "osmosis"
@@ -50,7 +50,7 @@ def _plugin(name: str, **hooks: Any) -> types.ModuleType:
 
 
 def _backends(*names: str) -> Any:
-    return lambda: [BackendSpec(n, "osmosis_core.plugins.builtin:local_backend") for n in names]
+    return lambda: [BackendSpec(n, "osmosis_core._engine.builtin:local_backend") for n in names]
 
 
 # -- the core's built-ins --------------------------------------------------------------------------
@@ -63,14 +63,14 @@ def test_builtin_core_plugin_registers_through_the_hooks(osmosis_registry: Plugi
     assert core.builtin is True
     assert core.distribution == "osmosis-core"
     assert core.version == osmosis_core.__version__
-    assert core.module == "osmosis_core.plugins.builtin"
+    assert core.module == "osmosis_core._engine.builtin"
     assert core.hooks == ("osmosis_register_backends", "osmosis_register_templates")
     assert core.error is None
     assert core.to_json()["hooks"] == list(core.hooks)
 
     assert "local" in [b.name for b in osmosis_registry.backends()]
     local = osmosis_registry.backend("local")
-    assert local.factory == "osmosis_core.plugins.builtin:local_backend"
+    assert local.factory == "osmosis_core._engine.builtin:local_backend"
     assert callable(local.resolve_factory())
     assert local.resolve_config_type() is None  # local takes no [backend.local] settings
     assert local.description
@@ -99,7 +99,7 @@ class EchoPlugin:
     @staticmethod
     @hookimpl
     def osmosis_register_backends() -> list[BackendSpec]:
-        return [BackendSpec("echo", "osmosis_core.plugins.builtin:local_backend", description="Echoes.")]
+        return [BackendSpec("echo", "osmosis_core._engine.builtin:local_backend", description="Echoes.")]
 
     @staticmethod
     @hookimpl
@@ -344,9 +344,9 @@ def test_a_malformed_registration_fails_the_plugin(
 def test_a_backend_factory_that_cannot_take_a_setup_names_the_plugin_and_the_factory(
     osmosis_registry: PluginRegistry, tmp_path: Path
 ) -> None:
-    from osmosis_core.config import config_from_dict
-    from osmosis_core.loader import load_rollout
-    from osmosis_core.runner import build_backend
+    from osmosis_core._engine.config import config_from_dict
+    from osmosis_core._engine.loader import load_rollout
+    from osmosis_core._engine.runner import build_backend
 
     def no_arguments() -> None:
         return None
@@ -389,12 +389,12 @@ FAKE_PLUGIN = '''\
 import click
 
 from osmosis_core.backend import BackendSpec
-from osmosis_core.plugins.hookspecs import hookimpl
+from osmosis_core.hookspecs import hookimpl
 
 
 @hookimpl
 def osmosis_register_backends():
-    return [BackendSpec("fake", "osmosis_core.plugins.builtin:local_backend",
+    return [BackendSpec("fake", "osmosis_core._engine.builtin:local_backend",
                         description="A fake backend from osmosis-fake.")]
 
 

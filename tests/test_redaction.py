@@ -13,8 +13,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from osmosis_core._engine.results import ResultWriter
 from osmosis_core.errors import clip, error_info, holds_secret, redact, redact_data
-from osmosis_core.results import ResultWriter
 
 KEY = "sk-proj-abcd1234EFGH5678ijkl9012MNOPwxyz"
 HEADER = "org-0123456789abcdefXYZ"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from osmosis_core.results import latest_records as _latest_records
+from osmosis_core._engine.results import latest_records as _latest_records
 from osmosis_core.testing import Fault, ScriptedPolicyServer
 
 RUN = ["run", "configs/eval/multiply-plain.toml"]
@@ -204,10 +204,10 @@ def test_a_backend_that_gives_out_stops_the_run_resumably(workspace, osmosis_reg
     import anyio
 
     from osmosis_core import BackendSpec, ExecutionBackend, hookimpl
-    from osmosis_core.config import load_config
+    from osmosis_core._engine.builtin import local_backend
+    from osmosis_core._engine.config import load_config
+    from osmosis_core._engine.runner import execute_run, prepare_run
     from osmosis_core.errors import BackendUnavailable
-    from osmosis_core.plugins.builtin import local_backend
-    from osmosis_core.runner import execute_run, prepare_run
     from osmosis_core.testing import StubPolicyProcess
 
     class GivesOut(ExecutionBackend):
@@ -258,8 +258,8 @@ def test_a_backend_that_returns_without_reporting_fails_the_rollout_instead_of_l
     import anyio
 
     from osmosis_core import BackendSpec, ExecutionBackend, PolicyEndpoint, hookimpl
-    from osmosis_core.config import load_config
-    from osmosis_core.runner import execute_run, prepare_run
+    from osmosis_core._engine.config import load_config
+    from osmosis_core._engine.runner import execute_run, prepare_run
 
     class SaysNothing(ExecutionBackend):
         def __init__(self, setup):
@@ -289,7 +289,7 @@ def test_a_backend_that_returns_without_reporting_fails_the_rollout_instead_of_l
 def test_a_secret_is_redacted_wherever_it_sits_in_a_line(tmp_path):
     """Bytes, an exception, an attrs object: written as their repr, and the key is redacted there too."""
     from osmosis_core import PolicyEndpoint
-    from osmosis_core.results import ResultWriter
+    from osmosis_core._engine.results import ResultWriter
 
     key = "sk-LIVE-0123456789abcdef"
     writer = ResultWriter(tmp_path / "results.jsonl", secrets=[key])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from osmosis_core.plugins.registry import PluginRegistry
+from osmosis_core._engine.registry import PluginRegistry
 from osmosis_core.templates import TemplateError, TemplateSpec, apply_template
 
 OSMOSIS = Path(sys.executable).parent / "osmosis"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.config import config_from_dict
+from osmosis_core._engine.config import config_from_dict
+from osmosis_core._engine.registry import PluginRegistry
 from osmosis_core.errors import ConfigError
-from osmosis_core.plugins.registry import PluginRegistry
 from osmosis_core.traces import make_trace_gateway, traces_enabled
 
 BASE = {"rollout": {"path": "rollouts/x"}}
@@ -31,7 +31,7 @@ def test_without_a_gateway_plugin_the_error_says_what_to_install():
 
 
 def test_a_plugin_provides_the_gateway_through_the_hook():
-    from osmosis_core.plugins.hookspecs import hookimpl
+    from osmosis_core.hookspecs import hookimpl
 
     seen = {}
 

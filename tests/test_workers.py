@@ -23,9 +23,9 @@ from osmosis_core import (
     PolicyEndpoint,
     RolloutSample,
 )
+from osmosis_core._engine.workers import WorkerPool
 from osmosis_core.errors import BackendUnavailable
 from osmosis_core.testing import ScriptedPolicyServer, StubPolicyProcess
-from osmosis_core.workers import WorkerPool
 
 
 class WhoRuns(AgentWorkflow):
@@ -417,7 +417,7 @@ def test_a_killed_run_leaves_no_blocked_worker_and_no_lock_behind(workspace, osm
     finally:
         if proc.poll() is None:
             proc.kill()
-    from osmosis_core.run_lock import RunLock
+    from osmosis_core._engine.run_lock import RunLock
 
     with RunLock(workspace / "out"):  # refused while any process still held the lock
         pass
@@ -573,7 +573,7 @@ def test_a_second_signal_stops_at_once_and_keeps_the_summary(workspace, osmosis_
     while time.monotonic() < deadline and any(alive(p) for p in started):
         time.sleep(0.1)
     assert not [p for p in started if alive(p)]
-    from osmosis_core.run_lock import RunLock
+    from osmosis_core._engine.run_lock import RunLock
 
     with RunLock(workspace / "out"):  # --resume would not be refused
         pass

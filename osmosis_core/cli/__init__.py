@@ -35,7 +35,7 @@ class OsmosisGroup(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError:
-            from osmosis_core.plugins.registry import first_party_hint
+            from osmosis_core._engine.registry import first_party_hint
 
             hint = first_party_hint("command", args[0]) if args else None
             if hint is None:
@@ -94,7 +94,7 @@ def make_cli() -> click.Group:
         cli.add_command(command)
     if len(sys.argv) > 1 and sys.argv[1] in ("-V", "--version"):
         return cli
-    from osmosis_core.plugins.registry import get_registry
+    from osmosis_core._engine.registry import get_registry
 
     get_registry().add_commands(cli)
     return cli

@@ -92,7 +92,7 @@ def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
 
     :raises ConfigError: a bad file or a bad combination, with key paths.
     """
-    from osmosis_core.config import RunConfig, check_config, load_config
+    from osmosis_core._engine.config import RunConfig, check_config, load_config
     from osmosis_core.errors import ConfigError
 
     config = load_config(config_file) if config_file is not None else RunConfig(root=Path.cwd())

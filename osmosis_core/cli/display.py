@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from osmosis_core.results import ResultStats, Summary
+from osmosis_core._engine.results import ResultStats, Summary
 
 __all__ = ["PlainReporter", "RichReporter", "make_reporter", "print_summary"]
 

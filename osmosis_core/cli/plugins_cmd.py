@@ -23,7 +23,7 @@ def plugins(json_: bool) -> None:
       osmosis plugins --json
       OSMOSIS_DISABLE_PLUGINS=harbor osmosis plugins
     """
-    from osmosis_core.plugins.registry import get_registry
+    from osmosis_core._engine.registry import get_registry
 
     registry = get_registry()
     records = [p.to_json() for p in registry.plugins]

@@ -77,9 +77,9 @@ def run(
       osmosis run configs/eval/multiply-plain.toml --output runs/try1 --resume
       osmosis run configs/eval/multiply-plain.toml --output runs/try1 --retry-failed policy_error,timeout
     """
+    from osmosis_core._engine.runner import execute_run, prepare_run
     from osmosis_core.cli.display import make_reporter, print_summary
     from osmosis_core.records import PolicyEndpoint
-    from osmosis_core.runner import execute_run, prepare_run
 
     config = resolve_config(config_file, flags)
     if no_report:

@@ -30,7 +30,7 @@ def list_templates(json_: bool) -> None:
     Example:
       osmosis template list --json
     """
-    from osmosis_core.plugins.registry import get_registry
+    from osmosis_core._engine.registry import get_registry
 
     specs = get_registry().templates()
     if json_:
@@ -57,7 +57,7 @@ def apply(name: str, directory: Path, force: bool) -> None:
       osmosis template apply multiply-plain demo && cd demo
       osmosis run configs/eval/multiply-plain.toml --stub-policy
     """
-    from osmosis_core.plugins.registry import get_registry
+    from osmosis_core._engine.registry import get_registry
     from osmosis_core.templates import apply_template
 
     spec = get_registry().template(name)

@@ -29,12 +29,12 @@ def validate(config_file: Path | None, **flags: Any) -> None:
       osmosis validate configs/eval/multiply-plain.toml
       osmosis validate configs/eval/multiply-plain.toml --backend local --limit 5
     """
-    from osmosis_core.config import api_key_from_env
-    from osmosis_core.dataset import read_dataset
+    from osmosis_core._engine.config import api_key_from_env
+    from osmosis_core._engine.dataset import read_dataset
+    from osmosis_core._engine.loader import MissingDependency, load_rollout
+    from osmosis_core._engine.registry import get_registry
+    from osmosis_core._engine.runner import build_backend
     from osmosis_core.errors import ConfigError
-    from osmosis_core.loader import MissingDependency, load_rollout
-    from osmosis_core.plugins.registry import get_registry
-    from osmosis_core.runner import build_backend
 
     config = resolve_config(config_file, flags)
     registry = get_registry()

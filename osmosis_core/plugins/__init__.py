@@ -1,12 +1,18 @@
-"""The plugin layer: hook specifications, the registry that loads plugins, and the built-ins.
-
-Plugin authors import only :data:`hookimpl` (re-exported as ``osmosis_core.hookimpl``) and the
-spec records (``BackendSpec``, ``TemplateSpec``, ``GraderSpec``).
+"""Deprecated since 0.2.0: the plugin layer is ``osmosis_core.hookspecs`` (the specs, ``hookimpl``)
+and ``osmosis_core.plugin.get_registry``; this package was one letter from ``osmosis_core.plugin``.
 """
 
-from __future__ import annotations
+from osmosis_core.deprecation import moved_names
 
-from osmosis_core.plugins.hookspecs import PROJECT_NAME, hookimpl, hookspec
-from osmosis_core.plugins.registry import PluginInfo, PluginRegistry, get_registry
-
-__all__ = ["PROJECT_NAME", "PluginInfo", "PluginRegistry", "get_registry", "hookimpl", "hookspec"]
+_SPECS = "osmosis_core.hookspecs"
+__getattr__ = moved_names(
+    __name__,
+    {
+        "PROJECT_NAME": (f"{_SPECS}:PROJECT_NAME", "0.2.0"),
+        "hookimpl": (f"{_SPECS}:hookimpl", "0.2.0"),
+        "hookspec": (f"{_SPECS}:hookspec", "0.2.0"),
+        "get_registry": ("osmosis_core.plugin:get_registry", "0.2.0"),
+        "PluginInfo": ("osmosis_core._engine.registry:PluginInfo", "0.2.0"),
+        "PluginRegistry": ("osmosis_core._engine.registry:PluginRegistry", "0.2.0"),
+    },
+)

@@ -171,8 +171,8 @@ class BackendContract:
         limits are ``max_concurrent`` (and so is the workflow config's own ``concurrency``, as an
         author who sets both would have it: a backend that reads either keeps the limit).
         """
-        from osmosis_core.plugins.registry import PluginRegistry, get_registry
-        from osmosis_core.runner import _make_backend, backend_config_of
+        from osmosis_core._engine.registry import PluginRegistry, get_registry
+        from osmosis_core._engine.runner import _make_backend, backend_config_of
         from osmosis_core.workflow import ConcurrencyConfig
 
         registry = get_registry() if self.plugin is None else PluginRegistry()
@@ -217,7 +217,7 @@ class BackendContract:
         cancel_after: float | None = None,
     ) -> dict[str, list[ExecutionResult]]:
         """Execute ``requests`` concurrently on a fresh backend; each rollout's results in callback order."""
-        from osmosis_core.http_session import aclose_http
+        from osmosis_core._engine.http_session import aclose_http
         from osmosis_core.testing.scripts import echo
 
         seen: dict[str, list[ExecutionResult]] = defaultdict(list)

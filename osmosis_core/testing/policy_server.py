@@ -48,8 +48,8 @@ from urllib.parse import unquote
 
 import attrs
 
-from osmosis_core.http_server import cut_response as _abort
-from osmosis_core.http_server import drop_connection as _drop
+from osmosis_core._engine.http_server import cut_response as _abort
+from osmosis_core._engine.http_server import drop_connection as _drop
 from osmosis_core.testing.stub_tokens import FLAVORS, THINK_BLOCK, Flavor, TokenAnswer, token_answer
 
 if TYPE_CHECKING:
@@ -639,7 +639,7 @@ class ScriptedPolicyServer:
 
     async def start_async(self) -> None:
         """Start listening inside the running event loop."""
-        from osmosis_core.http_server import start_http_server
+        from osmosis_core._engine.http_server import start_http_server
 
         if self._runner is not None:
             raise RuntimeError("ScriptedPolicyServer is already running")
@@ -799,7 +799,7 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.watch_stdin:
         # the parent holds the other end of our stdin: end-of-file means it is gone (a parent that
         # died before this line leaves end-of-file waiting, so it is seen too)
-        from osmosis_core.lifeline import parent_gone
+        from osmosis_core._engine.lifeline import parent_gone
 
         stdin = sys.stdin.fileno()
 
@@ -840,7 +840,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 <= args.port <= 65535:
         parser.error("--port must be between 0 and 65535")
     if args.watch_stdin:
-        from osmosis_core.lifeline import set_parent_death_signal
+        from osmosis_core._engine.lifeline import set_parent_death_signal
 
         set_parent_death_signal(signal.SIGTERM)
     try:

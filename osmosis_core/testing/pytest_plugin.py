@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from osmosis_core.plugins.registry import PluginRegistry
+    from osmosis_core._engine.registry import PluginRegistry
     from osmosis_core.testing.policy_server import ScriptedPolicyServer
 
 __all__ = ["osmosis_registry", "policy_server"]
@@ -42,7 +42,7 @@ def policy_server() -> Iterator[ScriptedPolicyServer]:
 @pytest.fixture
 def osmosis_registry() -> Iterator[PluginRegistry]:
     """A registry with only the built-ins, installed process-wide for the test."""
-    from osmosis_core.plugins.registry import PluginRegistry, reset_registry
+    from osmosis_core._engine.registry import PluginRegistry, reset_registry
 
     registry = PluginRegistry(load_entrypoints=False)
     reset_registry(registry)

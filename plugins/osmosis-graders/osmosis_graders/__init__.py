@@ -25,7 +25,7 @@ Each records what it extracted and why it scored so in the sample's metrics. Pub
 imported lazily: importing this package does not import math-verify, jsonschema or aiohttp.
 """
 
-from osmosis_core.lazy import attach_stub
+from osmosis_core.plugin import attach_stub
 
 __version__ = "0.1.0"
 __getattr__, __dir__, __all__ = attach_stub(__name__, __file__)

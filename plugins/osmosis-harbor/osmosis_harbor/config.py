@@ -28,7 +28,7 @@ plugin's own generic task, each rollout in a fresh bubblewrap sandbox. A complet
 
 Which workflow and grader run, and their settings, are the run's (``[rollout]``), as on every backend.
 
->>> from osmosis_core.config import structure_table
+>>> from osmosis_core import structure_table
 >>> cfg = structure_table({"n_concurrent": 2, "sandbox": {"memory_mb": 512}}, HarborBackendConfig, "$", "doc")
 >>> cfg.mode, cfg.n_concurrent, cfg.sandbox.memory_mb, cfg.environment.type
 ('template', 2, 512, 'bwrap')

@@ -23,8 +23,7 @@ OSMOSIS = str(Path(sys.executable).parent / "osmosis")
 
 def load(rollout_dir: Path, entrypoint: str = "main.py") -> Any:
     """Load a rollout the way ``osmosis run`` does (its folder on sys.path, its entrypoint imported as ``main``)."""
-    from osmosis_core.config import config_from_dict
-    from osmosis_core.plugin import load_rollout
+    from osmosis_core.plugin import config_from_dict, load_rollout
 
     config = config_from_dict({"rollout": {"path": str(rollout_dir), "entrypoint": entrypoint}}, root=rollout_dir)
     return load_rollout(config)

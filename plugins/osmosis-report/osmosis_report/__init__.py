@@ -8,7 +8,7 @@
 Names are imported lazily: ``import osmosis_report`` imports neither Jinja2 nor the readers.
 """
 
-from osmosis_core.lazy import attach_stub
+from osmosis_core.plugin import attach_stub
 
 __version__ = "0.1.0"
 __getattr__, __dir__, __all__ = attach_stub(__name__, __file__)

@@ -3,7 +3,7 @@
 ``results.jsonl`` is read as a stream and never written (a run may still be writing it): a
 damaged line is listed as ``file:line`` and skipped, a last line still being written is left for
 the next report. A (row, sample) pair with several records (retries) counts by its latest, as the
-core's summary counts it (:func:`osmosis_core.plugin.latest_records`). Prompts and labels come from
+core's summary counts it (:func:`osmosis_core.frontend.latest_records`). Prompts and labels come from
 the dataset named in ``run.json`` when it is still the file the run read (same SHA-256); else from
 the samples' own leading messages. ``traces.jsonl``, when the run captured traces, gives token
 counts per rollout.
@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from osmosis_core import OsmosisError
-from osmosis_core.plugin import ResultStats, Summary, fingerprint, latest_records, read_dataset, summary_fields
+from osmosis_core.frontend import ResultStats, Summary, fingerprint, latest_records, read_dataset, summary_fields
 
 __all__ = ["Rollout", "Row", "RunData", "Tokens", "load_run", "prompt_hash", "prompt_text"]
 

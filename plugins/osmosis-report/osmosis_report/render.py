@@ -31,7 +31,7 @@ import attrs
 import jinja2
 import markupsafe
 
-from osmosis_core.plugin import percentile
+from osmosis_core.frontend import percentile
 from osmosis_report import charts
 from osmosis_report.compare import Comparison, compare, row_passes
 from osmosis_report.load import Rollout, RunData, load_run

@@ -48,7 +48,7 @@ def report(runs: tuple[Path, ...], output: Path | None, open_: bool, max_mb: flo
     import webbrowser
 
     from osmosis_core import OsmosisError
-    from osmosis_core.plugin import make_console
+    from osmosis_core.frontend import make_console
     from osmosis_report.render import build_report
 
     for run in runs:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from osmosis_core.plugin import RunLock
+from osmosis_core.frontend import RunFiles
 from osmosis_report.compare import compare, match_rows
 from osmosis_report.load import load_run
 
@@ -72,7 +72,7 @@ def test_a_live_run_is_read_without_touching_its_file_and_says_it_is_partial(tmp
     half = json.dumps(line(2, 0))[:40].encode()  # the line the run is writing right now
     run = write_run(tmp_path / "r", [line(0, 0), line(1, 0)], raw_tail=half)
     before = (run / "results.jsonl").read_bytes()
-    with RunLock(run):
+    with RunFiles(run):
         data = load_run(run)
         assert data.live
         assert data.partial
@@ -147,7 +147,7 @@ def test_the_plugin_writes_a_partial_report_during_a_run_and_no_more_often_than_
     run = write_run(tmp_path / "r", [line(0, 0), line(1, 0)])
     summary = load_run(run).summary
     page = run / "report.html"
-    with RunLock(run):  # the run holds its folder while it goes
+    with RunFiles(run):  # the run holds its folder while it goes
         plugin.osmosis_run_progress(RunProgress(run, summary, final=False))
         assert "the run is still going" in page.read_text()
         written = page.stat().st_mtime_ns

@@ -13,7 +13,7 @@ Names are imported lazily: ``import osmosis_server`` imports neither Starlette n
 1024
 """
 
-from osmosis_core.lazy import attach_stub
+from osmosis_core.plugin import attach_stub
 
 __version__ = "0.1.0"
 __getattr__, __dir__, __all__ = attach_stub(__name__, __file__)

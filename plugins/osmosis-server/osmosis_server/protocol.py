@@ -551,7 +551,7 @@ def result_document(result: ExecutionResult, *, label: Any = None, lease_expired
 
 def result_from_line(line: Mapping[str, Any]) -> ExecutionResult:
     """The final result a ``results.jsonl`` line records (the inverse of
-    :func:`osmosis_core.plugin.result_line`): how a restarted server answers a recorded rollout.
+    :func:`osmosis_core.frontend.result_line`): how a restarted server answers a recorded rollout.
 
     :raises ValueError, KeyError: not a result line.
     """

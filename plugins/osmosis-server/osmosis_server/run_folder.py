@@ -2,11 +2,11 @@
 file, and the admissions ledger that lets a restarted server pick up where the last one stopped.
 
 Every finished rollout is appended to ``results.jsonl`` the moment it is final (the line format of
-``osmosis run``, :func:`osmosis_core.plugin.result_line`), so a training run served by
+``osmosis run``, :class:`osmosis_core.frontend.RunFiles`), so a training run served by
 ``osmosis serve`` leaves the same records as an evaluation, and the same tools read both. No line
 holds a secret: the rollout's ``llm_api_key``, the server's token and the configured header values
 are redacted from every string of every line. One process writes a folder at a time
-(:class:`osmosis_core.plugin.RunLock`).
+(the lock of :class:`osmosis_core.frontend.RunFiles`).
 
 Every admission is recorded in ``admissions.db`` (:mod:`osmosis_server.ledger`) before the server
 answers it, so a server started again on the folder (after a crash, a ``kill -9``, a redeploy)
@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from osmosis_core import ExecutionResult, OsmosisError
-from osmosis_core.plugin import ResultWriter, RunLock, result_line
-from osmosis_core.traces import TRACES, trace_line
+from osmosis_core.frontend import TRACES, RunFiles
 from osmosis_server.ledger import Known, Ledger
 
 __all__ = ["RESULTS", "RUN_META", "TOKEN_FILE", "TRACES", "RunFolder"]
@@ -56,9 +55,7 @@ class RunFolder:
         self.path = Path(path)
         self.meta = dict(meta or {})
         self._secrets = tuple(s for s in secrets if s and len(s) >= 4)
-        self._lock = RunLock(self.path)
-        self._writer: ResultWriter | None = None
-        self._traces: ResultWriter | None = None
+        self._files: RunFiles | None = None
         self.ledger = Ledger(self.path)
         self._results = str(self.path / RESULTS)
         self._end = 0
@@ -78,7 +75,7 @@ class RunFolder:
     @property
     def is_open(self) -> bool:
         """Whether the folder is locked and its results file open."""
-        return self._writer is not None
+        return self._files is not None
 
     def add_secrets(self, *secrets: str | None) -> None:
         """More values to redact (the token, once it is known). Call before :meth:`open`."""
@@ -89,9 +86,9 @@ class RunFolder:
 
         Idempotent. :raises OsmosisError: the folder is in use, or it holds an ``osmosis run``'s results.
         """
-        if self._writer is not None:
+        if self._files is not None:
             return self
-        self._lock.acquire()
+        files = RunFiles(self.path, secrets=self._secrets).lock()
         try:
             meta_path = self.path / RUN_META
             before: dict[str, Any] = {}
@@ -117,11 +114,12 @@ class RunFolder:
             if before:
                 meta["restarted"] = now
             meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
-            self._writer = ResultWriter(self.results_path, self._secrets)
+            files.open()
         except BaseException:
             self.ledger.close()
-            self._lock.release()
+            files.close()
             raise
+        self._files = files
         return self
 
     def write_token(self, token: str) -> Path:
@@ -200,10 +198,10 @@ class RunFolder:
         :raises TypeError, ValueError: the line is not JSON (a sample the workflow filled with objects).
         :raises OSError: the line could not be written.
         """
-        if self._writer is None:
+        if self._files is None:
             raise RuntimeError("the run folder is not open")
         start = self._end
-        self._writer.write(result_line(row, sample_index, result), secrets)
+        self._files.write_result(row, sample_index, result, secrets)
         self._end = os.stat(self._results).st_size  # (a str: a Path costs more than the call)
         self.written += 1
         known = Known(
@@ -229,11 +227,11 @@ class RunFolder:
 
         :raises TypeError, ValueError: the trace is not JSON. :raises OSError: it could not be written.
         """
-        if self._traces is None:
-            self._traces = ResultWriter(self.traces_path, self._secrets)
+        if self._files is None:
+            raise RuntimeError("the run folder is not open")
         start = self._traces_end
-        self._traces.write(trace_line(rollout_id, row, sample_index, trace), secrets)
-        self._traces_end = os.stat(self._traces.path).st_size
+        self._files.write_trace(row, sample_index, rollout_id, trace, secrets)
+        self._traces_end = os.stat(self.traces_path).st_size
         return start
 
     def flush(self) -> None:
@@ -265,16 +263,12 @@ class RunFolder:
 
     def close(self) -> None:
         """Flush the results to disk and release the folder (idempotent)."""
-        writer, self._writer = self._writer, None
-        traces, self._traces = self._traces, None
+        files, self._files = self._files, None
         try:
-            if traces is not None:
-                traces.close()
-            if writer is not None:
-                writer.close()
-        finally:
             self.ledger.close()
-            self._lock.release()
+        finally:
+            if files is not None:
+                files.close()  # the results flushed, then the lock released
 
 
 def _line_at(path: Path, offset: int, rollout_id: str) -> dict[str, Any]:

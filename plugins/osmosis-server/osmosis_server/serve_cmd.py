@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from osmosis_core.plugin import config_options
+from osmosis_core.frontend import config_options
 
 __all__ = ["serve"]
 
@@ -109,8 +109,8 @@ def serve(
     import attrs
 
     from osmosis_core import ConfigError, OsmosisError, PolicyEndpoint
-    from osmosis_core.plugin import build_backend, get_registry, load_rollout, make_console, structure_table
-    from osmosis_core.traces import make_trace_gateway, traces_enabled
+    from osmosis_core.frontend import load_run, make_console, make_trace_gateway, traces_enabled
+    from osmosis_core.plugin import structure_table
     from osmosis_server.auth import is_loopback
     from osmosis_server.run_folder import RunFolder
     from osmosis_server.settings import DEFAULT_TOKEN_ENV, ServerSettings
@@ -164,8 +164,8 @@ def serve(
 
     _logging(log_level)
     console = make_console()
-    registry = get_registry()
-    rollout = load_rollout(config, registry)
+    run = load_run(config)
+    rollout = run.rollout
     if config.run.output:
         run_dir = config.resolve(config.run.output)
         assert run_dir is not None
@@ -188,7 +188,7 @@ def serve(
     sock = bind(settings.host, settings.port)  # before anything is built: a taken port is one line
     folder.open()
     try:
-        backend = build_backend(config, rollout, registry, run_dir)
+        backend = run.build_backend(run_dir)
     except BaseException:
         folder.close()
         sock.close()
@@ -240,11 +240,7 @@ def serve(
         )
         sys.stdout.flush()
 
-    from osmosis_core.plugin import folder_progress
-
-    progress = _ProgressTeller(
-        lambda final: registry.tell_progress(folder_progress(run_dir, final=final, config=config))
-    )
+    progress = _ProgressTeller(lambda final: run.tell_progress(run_dir, final=final))
     progress.start(folder.results_path, progress_every)
     try:
         serve_app(app, sock=sock, on_listening=listening, log_level="warning" if log_level != "debug" else "info")
@@ -309,7 +305,7 @@ def _logging(level: str) -> None:
 
 def _read_config(config_file: Path | None, flags: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The run config (read by the core, flags applied, as ``osmosis run`` reads it) and its ``[server]`` table."""
-    from osmosis_core.plugin import resolve_config
+    from osmosis_core.frontend import resolve_config
 
     config = resolve_config(config_file, flags)
     return config, dict(config.server)

@@ -576,7 +576,7 @@ class RolloutService:
 
     async def _open_trace(self, entry: Rollout, request: ExecutionRequest) -> ExecutionRequest:
         """The request with the rollout's own endpoint on the gateway in front of its policy."""
-        from osmosis_core.traces import make_trace_gateway
+        from osmosis_core.frontend import make_trace_gateway
 
         upstream = request.policy
         key = (upstream.base_url, upstream.model, upstream.api_key, tuple(sorted(upstream.headers.items())))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from osmosis_core.plugins.registry import PluginRegistry
+from osmosis_core._engine.registry import PluginRegistry
 from osmosis_core.templates import apply_template
 from osmosis_core.testing import run_guide_commands
 

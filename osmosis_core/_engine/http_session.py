@@ -1,0 +1,237 @@
+"""The HTTP clients osmosis keeps per event loop (on aiohttp), and the one way they are closed.
+
+Every HTTP call the core makes (the policy through :func:`osmosis_core.chat_completion`, a judge,
+a result callback) goes through the running loop's one :class:`aiohttp.ClientSession`
+(:func:`client_session`), and the agent integrations' ``AsyncOpenAI`` clients ride on openai's
+own aiohttp transport (``osmosis_openai.client``, in the osmosis-openai distribution). Why
+aiohttp: at a hundred concurrent requests httpx's pool spends 3.6 to 10 ms of CPU per request,
+aiohttp 0.36 ms (``bench/http_transport.py``), and it is a maintained library that handles proxies, TLS and the
+edges of HTTP for us.
+
+The session:
+
+* pools keep-alive connections with no cap on their number (the backend's concurrency is the
+  cap), and closes a connection idle for 4 s, before the 5 s after which uvicorn (vLLM, SGLang)
+  closes it, so a request is rarely sent on a connection the server is dropping;
+* never retries a request: a POST that may have reached the server is never sent twice
+  (aiohttp re-sends only idempotent methods, and only on a reused connection that failed);
+* has no overall timeout: a rollout's own ``agent_timeout_sec`` bounds its calls.
+
+Send requests with :func:`http_request`: it adds the proxy that ``HTTP_PROXY`` / ``HTTPS_PROXY`` /
+``NO_PROXY`` name for the URL's host, worked out once per host. (aiohttp's own ``trust_env`` reads
+the environment and ``~/.netrc`` again in a thread for every request: two thread hops, a third of
+the client's CPU at a hundred concurrent calls, ``bench/http_transport.py``.)::
+
+    async with http_request("POST", url, json=body, headers=headers) as response:
+        data = await response.json()
+
+**Closing.** The clients of a loop live until :func:`aclose_http` is awaited on that loop. Whoever
+runs a loop closes them before the loop ends, with ``async with http_scope():`` around the loop's
+work or by awaiting :func:`aclose_http` last. Every loop osmosis runs does (``osmosis run``, the
+worker processes, the runner inside a Harbor trial, :func:`osmosis_core.testing.run_rollout_sync`,
+the rollout server's shutdown), and so does the local backend's ``aclose()``. In your own program::
+
+    import asyncio
+    from osmosis_core._engine.http_session import http_scope
+
+    async def main():
+        async with http_scope():
+            await backend.execute(request, on_workflow_complete, on_grader_complete)
+
+    asyncio.run(main())
+
+A module that keeps its own per-loop client registers how to close it with :func:`on_close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "KEEPALIVE_SEC",
+    "ResponseTooLarge",
+    "aclose_http",
+    "client_session",
+    "http_request",
+    "http_scope",
+    "on_close",
+    "preload",
+    "proxy_options",
+    "read_limited",
+]
+
+KEEPALIVE_SEC = 4.0
+"""An idle pooled connection is closed after this long (uvicorn's servers close theirs after 5 s)."""
+
+CONNECT_TIMEOUT_SEC = 30.0
+READ_TIMEOUT_SEC = 600.0
+"""Per-request socket limits: no byte for this long is a failure. A rollout's own timeout is
+usually far shorter."""
+
+
+class ResponseTooLarge(Exception):
+    """A response body exceeded its limit (the body was not read past it)."""
+
+    def __init__(self, limit: int, seen: int | None = None) -> None:
+        self.limit = limit
+        self.seen = seen
+        size = f"{seen} bytes" if seen is not None else "more"
+        super().__init__(f"the response body ({size}) is over the {limit}-byte limit")
+
+
+_Closer = Callable[[], Awaitable[None]]
+
+
+class _LoopClients:
+    __slots__ = ("closers", "session")
+
+    def __init__(self) -> None:
+        self.session: aiohttp.ClientSession | None = None
+        self.closers: list[_Closer] = []
+
+
+_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = weakref.WeakKeyDictionary()
+
+
+def _clients() -> _LoopClients:
+    loop = asyncio.get_running_loop()
+    clients = _loops.get(loop)
+    if clients is None:
+        clients = _loops[loop] = _LoopClients()
+    return clients
+
+
+def client_session() -> aiohttp.ClientSession:
+    """The running loop's shared :class:`aiohttp.ClientSession` (made on first use).
+
+    Do not close it yourself: :func:`aclose_http` does, for the loop's owner.
+
+    :raises RuntimeError: outside a running event loop.
+    """
+    clients = _clients()
+    session = clients.session
+    if session is None or session.closed:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_SEC)
+        session = clients.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SEC, sock_read=READ_TIMEOUT_SEC),
+        )
+    return session
+
+
+def preload() -> None:
+    """Import aiohttp now (about 0.1 s, with its TLS contexts), not on a run's first request.
+
+    The runner calls it before its clock starts, and a worker pool before it forks, so that
+    the workers inherit it.
+    """
+    import aiohttp  # noqa: F401
+
+
+def http_request(method: str, url: str, **kwargs: Any) -> Any:
+    """``client_session().request(method, url, **kwargs)`` with the environment's proxy for ``url``.
+
+    Use it as ``async with http_request("POST", url, json=...) as response:``.
+    """
+    if "proxy" not in kwargs:
+        kwargs.update(proxy_options(url))
+    return client_session().request(method, url, **kwargs)
+
+
+def proxy_options(url: str) -> dict[str, Any]:
+    """``proxy`` / ``proxy_auth`` keywords for a request to ``url``, from ``HTTP(S)_PROXY`` and ``NO_PROXY``."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    host = rest.split("/", 1)[0]
+    return _proxy_for(scheme, host, _proxy_environment(scheme))
+
+
+def _proxy_environment(scheme: str) -> tuple[str | None, ...]:
+    # only the variables that decide a proxy for this scheme (aiohttp reads <scheme>_proxy and
+    # no_proxy): a scan of the whole environment per request cost 0.2 ms (bench/run_throughput.py)
+    get = os.environ.get
+    upper = scheme.upper()
+    return (get(f"{scheme}_proxy"), get(f"{upper}_PROXY"), get("no_proxy"), get("NO_PROXY"))
+
+
+@functools.lru_cache(maxsize=256)
+def _proxy_for(scheme: str, host: str, environment: tuple[str | None, ...]) -> dict[str, Any]:
+    if not (environment[0] or environment[1]):
+        return {}
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(f"{scheme}://{host}/"))
+    except LookupError:
+        return {}
+    return {"proxy": proxy, "proxy_auth": auth}
+
+
+def on_close(closer: _Closer) -> None:
+    """Have :func:`aclose_http` of the running loop also await ``closer`` (a per-loop client's close)."""
+    _clients().closers.append(closer)
+
+
+async def aclose_http() -> None:
+    """Close the running loop's HTTP clients (the session and every registered closer). Idempotent."""
+    clients = _loops.pop(asyncio.get_running_loop(), None)
+    if clients is None:
+        return
+    errors: list[BaseException] = []
+    for closer in reversed(clients.closers):
+        try:
+            await closer()
+        except Exception as exc:  # close the rest anyway
+            errors.append(exc)
+    if clients.session is not None and not clients.session.closed:
+        await clients.session.close()
+    if errors:
+        raise errors[0]
+
+
+@asynccontextmanager
+async def http_scope() -> AsyncIterator[None]:
+    """``async with http_scope():``: the loop's HTTP clients are closed when the block ends."""
+    try:
+        yield
+    finally:
+        await aclose_http()
+
+
+async def read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of ``response``, refusing one larger than ``limit`` bytes without reading it all.
+
+    :raises ResponseTooLarge: the declared length, or the bytes received, pass ``limit``.
+    """
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        response.release()
+        raise ResponseTooLarge(limit, declared)
+    if declared is not None and not response.headers.get("Content-Encoding"):
+        return await response.read()  # aiohttp reads exactly the declared length
+    # no length, or a compressed body (its length says nothing of what it inflates to): counted as
+    # it is decoded
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            response.close()  # drop the connection: the rest of the body is never read
+            raise ResponseTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)

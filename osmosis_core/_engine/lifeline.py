@@ -1,0 +1,64 @@
+"""How a process osmosis starts learns that its parent died, so that nothing outlives a run.
+
+Two independent signals (the worker pool's zygote and workers, and the ``--stub-policy`` server,
+each use one or both):
+
+* a **lifeline pipe**: the parent holds the only write end of a pipe whose read end the child
+  watches; when the parent dies, however it dies (``kill -9`` included), the kernel closes the
+  write end and the child reads end-of-file. Every other copy of the write end must be closed in
+  the child (a forked child inherits them all);
+* a **parent-death signal** (Linux ``prctl(PR_SET_PDEATHSIG)``): a worker is killed when its
+  zygote dies, and the ``--stub-policy`` server (which ``exec``\\ s) when the run dies. The
+  zygote itself watches the lifeline and kills, after a grace period, a worker too blocked to
+  read it.
+
+>>> import os
+>>> read_end, write_end = os.pipe()
+>>> os.close(write_end)               # what the kernel does when the parent dies
+>>> parent_gone(read_end)
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import select
+import signal
+import sys
+
+__all__ = ["parent_gone", "set_parent_death_signal"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM, *, expected_parent: int | None = None) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only).
+
+    :param expected_parent: the parent's pid as the child knows it; if the parent is already gone
+        (it died before the call), ``sig`` is sent to ourselves right away.
+    :returns: whether the platform supports it.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def parent_gone(read_end: int) -> bool:
+    """True when the lifeline pipe's write end is closed everywhere (the parent died): end-of-file."""
+    ready, _, _ = select.select([read_end], [], [], 0)
+    if not ready:
+        return False
+    try:
+        return os.read(read_end, 1) == b""
+    except BlockingIOError:
+        return False

@@ -1,0 +1,341 @@
+"""The run folder's files: ``results.jsonl`` written line by line, and the summary of a run.
+
+Each finished rollout is one line, appended and flushed as soon as it is known, so an interrupted
+run keeps everything it finished and ``--resume`` can run exactly the missing (row, sample) pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from osmosis_core.errors import holds_secret, redact_data
+from osmosis_core.records import ExecutionStatus
+
+if TYPE_CHECKING:
+    from osmosis_core._engine.config import RunConfig
+
+__all__ = [
+    "ResultStats",
+    "ResultWriter",
+    "RunProgress",
+    "Summary",
+    "folder_progress",
+    "json_ready",
+    "latest_records",
+    "percentile",
+    "read_results",
+    "scan_results",
+    "summary_fields",
+]
+
+
+def scan_results(
+    path: Path, *, repair: bool = True, damaged: list[str] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each line of an existing ``results.jsonl``, read as a stream.
+
+    Only one line is held at a time (a results file can be hundreds of megabytes). A last line cut
+    short by a crash is dropped and truncated from the file, so appending after it stays valid JSONL.
+
+    :param repair: ``False`` reads without writing: a last line without its newline (one a live run
+        is still writing) is skipped and the file left as it is.
+    :param damaged: when given, a damaged line is described here (``file:line: why``) and skipped.
+    :raises ValueError: a damaged line (not JSON, or without the keys of a result), naming it as
+        ``file:line``, when ``damaged`` is not given.
+    """
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size and repair:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":  # a last line cut short: find where it starts, cut it off
+                keep = _last_newline(handle, size) + 1
+                with path.open("r+b") as writable:
+                    writable.truncate(keep)
+        handle.seek(0)
+        for number, raw in enumerate(handle, start=1):
+            if not raw.endswith(b"\n"):
+                break
+            if not raw.strip():
+                continue
+            try:
+                line = json.loads(raw)
+            except (ValueError, RecursionError) as exc:
+                problem = f"{path}:{number}: not a JSON line ({type(exc).__name__}: {exc})"
+            else:
+                missing = [
+                    key for key in ("row", "sample_index", "status") if not isinstance(line, dict) or key not in line
+                ]
+                if not missing and isinstance(line["row"], int) and isinstance(line["sample_index"], int):
+                    yield number, line
+                    continue
+                what = f"missing {', '.join(missing)}" if missing else "row and sample_index must be whole numbers"
+                problem = f"{path}:{number}: not a result line ({what})"
+            if damaged is None:
+                raise ValueError(problem)
+            damaged.append(problem)
+
+
+def _last_newline(handle: IO[bytes], size: int) -> int:
+    """The offset of the last newline of a file (-1 when there is none), read backwards in blocks."""
+    end = size
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        handle.seek(start)
+        block = handle.read(end - start)
+        at = block.rfind(b"\n")
+        if at >= 0:
+            return start + at
+        end = start
+    return -1
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """Every line of an existing ``results.jsonl`` (see :func:`scan_results`, which does not hold them all)."""
+    return [line for _, line in scan_results(path)]
+
+
+def summary_fields(line: dict[str, Any]) -> dict[str, Any]:
+    """What :class:`ResultStats` counts of a line (status, error category, reward, timings): no sample."""
+    error = line.get("error")
+    timings = line.get("timings") or {}
+    return {
+        "status": line["status"],
+        "error": {"category": error.get("category")} if isinstance(error, dict) else None,
+        "reward": line.get("reward"),
+        "timings": {k: timings[k] for k in ("workflow", "grader") if k in timings},
+    }
+
+
+def latest_records(
+    path: Path,
+    keep: Callable[[dict[str, Any]], Any] = summary_fields,
+    *,
+    repair: bool = True,
+    damaged: list[str] | None = None,
+) -> dict[tuple[int, int], Any]:
+    """The latest record of each (row, sample) pair in a results file, read as a stream.
+
+    A pair run again (``--retry-failed``, a retried request) has several lines; the last one counts,
+    for ``--resume``, the summary and the report alike. Only ``keep(line)`` is held per pair (by
+    default :func:`summary_fields`, never a sample), so a results file of any size reads in little memory.
+
+    :param repair: and ``damaged``: as :func:`scan_results` takes them.
+    """
+    latest: dict[tuple[int, int], Any] = {}
+    for _number, line in scan_results(path, repair=repair, damaged=damaged):
+        latest[(line["row"], line["sample_index"])] = keep(line)
+    return latest
+
+
+class ResultWriter:
+    """Appends result lines to ``results.jsonl``, flushing each one to the OS at once.
+
+    :param secrets: values no line may hold (the policy's key and header values). A line whose
+        text holds one (raw, or as JSON writes it), or a run of 8 of its characters (see
+        :func:`~osmosis_core.errors.redact`), has every string redacted before it is written, the
+        sample's messages included; a line that holds none is written as encoded.
+    """
+
+    def __init__(self, path: Path, secrets: Iterable[str | None] = ()) -> None:
+        self.path = path
+        self._secrets = _usable(secrets)
+        self._handle: IO[str] = path.open("a", encoding="utf-8")
+
+    def write(self, line: dict[str, Any], secrets: Iterable[str | None] = ()) -> None:
+        """Append one line and flush it; ``secrets`` are this line's own (a request's key), on top of the writer's."""
+        own = self._secrets + _usable(secrets) if secrets else self._secrets
+        text = _encode(line)
+        if own and holds_secret(text, own):
+            # redact the JSON form: a secret may sit in bytes, an exception or an object written as its repr
+            text = _encode(redact_data(json.loads(text), own))
+        self._handle.write(text + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        """Flush to disk and close."""
+        if not self._handle.closed:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+
+
+def _usable(secrets: Iterable[str | None]) -> tuple[str, ...]:
+    """The secrets, and each as JSON writes it when that differs (a quote, a backslash, a control character)."""
+    usable = tuple(s for s in secrets if s and len(s) >= 4)
+    return usable + tuple(e for s in usable if (e := _escaped(s)) != s)
+
+
+def _encode(line: dict[str, Any]) -> str:
+    return json.dumps(line, ensure_ascii=False, allow_nan=False, default=_json_default)
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as a results line holds it: what JSON cannot hold becomes its repr (an attrs
+    instance, its fields). :raises ValueError: a NaN or infinity."""
+    return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default))
+
+
+def _escaped(secret: str) -> str:
+    return json.dumps(secret, ensure_ascii=False)[1:-1]
+
+
+def _json_default(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return repr(value)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values``, linearly interpolated; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+@attrs.define
+class ResultStats:
+    """Running totals of a run: no samples, only a reward and a latency per rollout (a few bytes each)."""
+
+    pass_threshold: float = 1.0
+    finished: int = 0
+    succeeded: int = 0
+    rewards: list[float] = attrs.field(factory=list)
+    passed: int = 0
+    ungraded: int = 0
+    """Successful rollouts without a reward (no grader, or a row without a label)."""
+    errors: Counter[str] = attrs.field(factory=Counter)
+    latencies: list[float] = attrs.field(factory=list)
+
+    def add(self, line: dict[str, Any]) -> None:
+        """Count one result line."""
+        self.finished += 1
+        if line.get("status") == ExecutionStatus.SUCCESS.value:
+            self.succeeded += 1
+        else:
+            error = line.get("error") or {}
+            self.errors[str(error.get("category", "unknown"))] += 1
+        reward = line.get("reward")
+        if line.get("status") == ExecutionStatus.SUCCESS.value:
+            if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+                self.rewards.append(float(reward))
+                if reward >= self.pass_threshold:
+                    self.passed += 1
+            else:
+                self.ungraded += 1
+        timings = line.get("timings") or {}
+        self.latencies.append(float(timings.get("workflow", 0.0)) + float(timings.get("grader", 0.0)))
+
+    @property
+    def failed(self) -> int:
+        """Rollouts that ended in a failure."""
+        return self.finished - self.succeeded
+
+    @property
+    def mean_reward(self) -> float | None:
+        """Mean reward over the successful, rewarded rollouts."""
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+
+@attrs.frozen
+class Summary:
+    """What ``summary.json`` holds and the summary table shows."""
+
+    rows: int
+    n_samples: int
+    expected: int
+    finished: int
+    succeeded: int
+    failed: int
+    ungraded: int
+    mean_reward: float | None
+    pass_rate: float | None
+    pass_threshold: float
+    errors_by_category: dict[str, int]
+    latency_p50_sec: float | None
+    latency_p95_sec: float | None
+    wall_sec: float
+    interrupted: bool
+    stub_policy: bool
+
+    @classmethod
+    def from_stats(
+        cls,
+        stats: ResultStats,
+        *,
+        rows: int,
+        n_samples: int,
+        wall_sec: float,
+        interrupted: bool,
+        stub_policy: bool,
+    ) -> Summary:
+        """Freeze running totals into a summary."""
+        rewarded = len(stats.rewards)
+        return cls(
+            rows=rows,
+            n_samples=n_samples,
+            expected=rows * n_samples,
+            finished=stats.finished,
+            succeeded=stats.succeeded,
+            failed=stats.failed,
+            ungraded=stats.ungraded,
+            mean_reward=stats.mean_reward,
+            pass_rate=(stats.passed / (stats.finished - stats.ungraded)) if rewarded else None,
+            pass_threshold=stats.pass_threshold,
+            errors_by_category=dict(sorted(stats.errors.items())),
+            latency_p50_sec=percentile(stats.latencies, 0.5),
+            latency_p95_sec=percentile(stats.latencies, 0.95),
+            wall_sec=wall_sec,
+            interrupted=interrupted,
+            stub_policy=stub_policy,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class RunProgress:
+    """How a run (or a server) is going: what the ``osmosis_run_progress`` hook receives.
+
+    ``summary`` counts the latest result of each (row, sample) finished so far; ``final`` is True
+    once, when the run has ended (completed, interrupted or stopped: ``summary.interrupted`` says).
+    """
+
+    run_dir: Path
+    summary: Summary
+    final: bool
+    kind: Literal["run", "serve"] = "run"
+    config: RunConfig | None = None
+    """The run's resolved config (plugins read their own table from it, e.g. ``config.report``)."""
+
+
+def folder_progress(
+    run_dir: Path, *, final: bool, kind: Literal["run", "serve"] = "serve", config: RunConfig | None = None
+) -> RunProgress:
+    """How a run folder stands, read from its ``results.jsonl`` (what ``osmosis serve`` tells the
+    ``osmosis_run_progress`` hooks: a server has no dataset, so each row it saw counts once)."""
+    threshold = config.run.pass_threshold if config is not None else 1.0
+    stats = ResultStats(pass_threshold=threshold)
+    latest = latest_records(Path(run_dir) / "results.jsonl", repair=False, damaged=[])
+    for line in latest.values():
+        if line["status"] != ExecutionStatus.CANCELLED.value:
+            stats.add(line)
+    rows = len({row for row, _ in latest})
+    summary = Summary.from_stats(stats, rows=rows, n_samples=1, wall_sec=0.0, interrupted=False, stub_policy=False)
+    return RunProgress(Path(run_dir), summary, final, kind, config)

@@ -1,0 +1,643 @@
+"""Driving a backend over a dataset: the engine behind ``osmosis run``.
+
+:func:`prepare_run` checks everything that can be checked before a rollout starts (config,
+dataset, backend, rollout import, run folder); :func:`execute_run` then feeds every missing
+(row, sample) pair to the backend with a bounded number in flight, writes each result the moment
+it is known, and stops cleanly on Ctrl-C or SIGTERM, keeping every finished result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import attrs
+
+from osmosis_core import __version__
+from osmosis_core._engine.config import RunConfig, api_key_from_env, structure_table
+from osmosis_core._engine.dataset import DatasetRow, fingerprint, read_dataset
+from osmosis_core._engine.loader import LoadedRollout, load_rollout
+from osmosis_core._engine.registry import PluginRegistry, get_registry
+from osmosis_core._engine.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
+from osmosis_core._engine.run_lock import RunLock
+from osmosis_core.backend import BackendSetup, BackendSpec, ExecutionBackend, RunLimits
+from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
+from osmosis_core.records import (
+    ErrorCategory,
+    ErrorInfo,
+    ExecutionRequest,
+    ExecutionResult,
+    ExecutionStage,
+    ExecutionStatus,
+    PolicyEndpoint,
+)
+from osmosis_core.traces import TRACES, RunTraces, make_trace_gateway, traces_enabled
+from osmosis_core.wire import result_line
+from osmosis_core.workflow import ConcurrencyConfig
+
+__all__ = ["Reporter", "RunOutcome", "RunPlan", "execute_run", "prepare_run"]
+
+RUN_META = "run.json"
+RESULTS = "results.jsonl"
+SUMMARY = "summary.json"
+RESOLVED_CONFIG = "config.toml"
+PROGRESS_EVERY_SEC = 60.0
+"""How often a long run tells the ``osmosis_run_progress`` hooks how it is going."""
+
+
+class Reporter(Protocol):
+    """Receives progress; the CLI's is a rich progress bar."""
+
+    def start(self, total: int, already_done: ResultStats) -> None: ...
+
+    def advance(self, line: dict[str, Any], stats: ResultStats) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class _Silent:
+    def start(self, total: int, already_done: ResultStats) -> None:
+        pass
+
+    def advance(self, line: dict[str, Any], stats: ResultStats) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+@attrs.define
+class RunPlan:
+    """A checked run, ready to execute."""
+
+    config: RunConfig
+    rollout: LoadedRollout
+    rows: list[DatasetRow]
+    pending: list[tuple[int, int]]
+    """(row index, sample index) pairs still to run."""
+    stats: ResultStats
+    """Totals of the results already in the run folder (a resumed run)."""
+    run_dir: Path
+    policy: PolicyEndpoint
+    backend: ExecutionBackend
+    in_flight: int
+    stub_policy: bool = False
+    lock: RunLock | None = None
+    """The run folder's lock, held until :func:`execute_run` ends."""
+    retried: int = 0
+    """Pairs run again because their latest record failed (``--retry-failed``)."""
+    registry: PluginRegistry | None = None
+    """Whose ``osmosis_run_progress`` hooks hear how the run goes (None: the process-wide registry)."""
+    gateway: Any = None
+    """The policy gateway recording each call (:class:`~osmosis_core.traces.TraceGateway`), with traces on."""
+
+    @property
+    def total(self) -> int:
+        """Rollouts in the whole run (rows x samples)."""
+        return len(self.rows) * self.config.run.n_samples
+
+
+@attrs.frozen
+class RunOutcome:
+    """How a run ended."""
+
+    summary: Summary
+    run_dir: Path
+    interrupted: bool
+    stopped: str | None = None
+    """Why the run stopped before its end on its own (the backend became unusable); resumable."""
+    failing: str | None = None
+    """Why the run counts as failed (every rollout failed, or more than ``[run] max_failure_rate``)."""
+
+
+def _latest_run(root: Path, name: str) -> Path | None:
+    """The newest ``runs/<name>-<YYYYmmdd-HHMMSS>[-NN]`` folder (not another config's that shares a prefix)."""
+    pattern = re.compile(rf"{re.escape(name)}-\d{{8}}-\d{{6}}(-\d\d)?")
+    runs = sorted(p for p in (root / "runs").glob(f"{name}-*") if pattern.fullmatch(p.name))
+    runs = [p for p in runs if (p / RUN_META).is_file()]
+    return runs[-1] if runs else None
+
+
+def _run_dir(config: RunConfig, *, resume: bool) -> Path:
+    if config.run.output:
+        out = config.resolve(config.run.output)
+        assert out is not None
+        return out
+    if resume:
+        latest = _latest_run(config.root, config.name)
+        if latest is None:
+            raise OsmosisError(
+                f"--resume: no earlier run of {config.name!r} under {config.root / 'runs'}; "
+                "name the run folder with --output"
+            )
+        return latest
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = config.root / "runs" / f"{config.name}-{stamp}"
+    for n in range(2, 100):  # two runs started in the same second get their own folders
+        if not run_dir.exists():
+            break
+        run_dir = config.root / "runs" / f"{config.name}-{stamp}-{n:02d}"
+    return run_dir
+
+
+def build_backend(
+    config: RunConfig, rollout: LoadedRollout, registry: PluginRegistry, run_dir: Path | None
+) -> ExecutionBackend:
+    """The configured backend, with its ``[backend.<name>]`` table read into its config type."""
+    source = str(config.source or "<config>")
+    name = config.run.backend
+    try:
+        spec = registry.backend(name)
+    except PluginError as exc:
+        raise ConfigError(source, [f"{exc} @ $.run.backend"]) from None
+    unknown = sorted(set(config.backend) - {b.name for b in registry.backends()})
+    if unknown:
+        raise ConfigError(source, [f"no backend is called {n!r} @ $.backend.{n}" for n in unknown])
+    backend_config = backend_config_of(spec, config.backend.get(name, {}), source)
+    setup = BackendSetup(
+        workflow_class=rollout.workflow_class,
+        workflow_config=rollout.workflow_config,  # the author's, as written: the run's limits travel apart
+        grader_class=rollout.grader_class,
+        grader_config=rollout.grader_config,
+        backend_config=backend_config,
+        rollout_dir=rollout.rollout_dir,
+        run_dir=run_dir,
+        config_root=config.root,
+        dataset_path=config.resolve(config.dataset.path),
+        workers=config.run.workers,
+        require_labels=config.run.require_labels,
+        limits=RunLimits(concurrency=config.run.concurrency),
+    )
+    return _make_backend(spec, setup, registry)
+
+
+def backend_config_of(spec: BackendSpec, table: dict[str, Any], source: str) -> Any:
+    """A backend's ``[backend.<name>]`` table read into its spec's config type (None when it takes none)."""
+    config_type = spec.resolve_config_type()
+    if config_type is None:
+        if table:
+            raise ConfigError(source, [f"the {spec.name!r} backend takes no settings @ $.backend.{spec.name}"])
+        return None
+    return structure_table(table, config_type, f"$.backend.{spec.name}", source)
+
+
+def _make_backend(spec: Any, setup: BackendSetup, registry: PluginRegistry) -> ExecutionBackend:
+    """Call a backend spec's factory with ``setup``; a factory that cannot be imported or called so is
+    reported naming the plugin and the factory (not as the user's mistake)."""
+    import inspect
+
+    plugin = registry.provider_of("backend", spec.name)
+    who = f"backend {spec.name!r} of plugin {plugin.name!r} ({plugin.provider})" if plugin else f"backend {spec.name!r}"
+    shown = spec.factory if isinstance(spec.factory, str) else getattr(spec.factory, "__qualname__", repr(spec.factory))
+    try:
+        factory = spec.resolve_factory()
+    except Exception as exc:
+        raise PluginError(f"{who}: cannot import its factory {shown!r}: {type(exc).__name__}: {exc}") from None
+    try:
+        inspect.signature(factory).bind(setup)
+    except TypeError as exc:
+        raise PluginError(f"{who}: its factory {shown!r} cannot be called with a BackendSetup ({exc})") from None
+    except ValueError:  # no signature to check (a builtin): call it and see
+        pass
+    backend = factory(setup)
+    if not isinstance(backend, ExecutionBackend):
+        raise PluginError(f"{who}: its factory {shown!r} returned {type(backend).__name__}, not an ExecutionBackend")
+    return backend
+
+
+def prepare_run(
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    retry_failed: frozenset[ErrorCategory] | None = None,
+    registry: PluginRegistry | None = None,
+    policy_override: PolicyEndpoint | None = None,
+) -> RunPlan:
+    """Check the whole run before any rollout starts, and work out what is left to run.
+
+    :param resume: finish the run in the folder (``--resume``): run the (row, sample) pairs it has
+        no record of, or whose latest record is ``cancelled``.
+    :param retry_failed: also run again the pairs whose latest record failed with one of these
+        categories (``--retry-failed``; implies ``resume``). Earlier records stay in the file; the
+        summary counts each pair once, by its latest record.
+    :param policy_override: the endpoint to use instead of ``[policy]`` (``--stub-policy``).
+    :raises OsmosisError: with a message naming the file and line, or the config key, at fault.
+    """
+    registry = registry or get_registry()
+    source = str(config.source or "<config>")
+    resume = resume or retry_failed is not None
+    if policy_override is not None:
+        policy = policy_override
+    else:
+        if not config.policy.base_url:
+            raise ConfigError(
+                source,
+                ["no policy endpoint: set policy.base_url (or --policy-url), or use --stub-policy @ $.policy.base_url"],
+            )
+        policy = PolicyEndpoint(
+            config.policy.base_url,
+            config.policy.model,
+            api_key_from_env(config),
+            dict(config.policy.headers),
+            max_response_bytes=config.policy.max_response_bytes,
+        )
+    gateway = None
+    if traces_enabled(config.traces):  # (the plugin checks the [traces] table before anything is written)
+        gateway = make_trace_gateway(policy, config.traces, source=source, registry=registry)
+    dataset_path = config.resolve(config.dataset.path)
+    if dataset_path is None:
+        raise ConfigError(source, ["no dataset: set dataset.path (or --dataset) @ $.dataset.path"])
+    rows = read_dataset(dataset_path, limit=config.dataset.limit)
+    rollout = load_rollout(config, registry)
+    run_dir = _run_dir(config, resume=resume)
+    meta = {
+        "osmosis_core": __version__,
+        "config": str(config.source) if config.source else None,
+        "dataset": str(dataset_path),
+        "dataset_sha256": fingerprint(dataset_path),
+        "rows": len(rows),
+        "n_samples": config.run.n_samples,
+        "stub_policy": policy_override is not None,
+        "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+    created = not run_dir.exists()
+    lock = RunLock(run_dir).acquire()
+    try:
+        stats = ResultStats(pass_threshold=config.run.pass_threshold)
+        done: set[tuple[int, int]] = set()
+        retried = 0
+        results = run_dir / RESULTS
+        if resume:
+            if not (run_dir / RUN_META).is_file():
+                raise OsmosisError(f"--resume: {run_dir} holds no run ({RUN_META} is missing)")
+            before = json.loads((run_dir / RUN_META).read_text(encoding="utf-8"))
+            for key in ("dataset_sha256", "rows", "n_samples"):
+                if before.get(key) != meta[key]:
+                    raise OsmosisError(
+                        f"--resume: {key} changed since {run_dir} was started ({before.get(key)} -> {meta[key]}); "
+                        "start a new run instead"
+                    )
+            latest = latest_records(results)
+            again = {c.value for c in retry_failed or ()}
+            for pair, line in latest.items():
+                category = (line.get("error") or {}).get("category")
+                if line.get("status") == ExecutionStatus.CANCELLED.value:
+                    continue
+                if line.get("status") != ExecutionStatus.SUCCESS.value and category in again:
+                    retried += 1
+                    continue
+                done.add(pair)
+                stats.add(line)
+        elif results.exists() and results.stat().st_size > 0:
+            raise OsmosisError(f"{run_dir} already holds results; finish it with --resume or choose another --output")
+        pending = [(row.index, s) for row in rows for s in range(config.run.n_samples) if (row.index, s) not in done]
+        if not resume:  # a resumed run keeps the record of how it was started
+            (run_dir / RUN_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=policy_override is not None)
+        # last: once the backend exists (it may hold worker processes), nothing here can fail any more
+        backend = build_backend(config, rollout, registry, run_dir)
+    except BaseException:
+        lock.release()
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    limit = backend.max_concurrency or config.run.concurrency or ConcurrencyConfig().limit
+    return RunPlan(
+        config=config,
+        rollout=rollout,
+        rows=rows,
+        pending=pending,
+        stats=stats,
+        run_dir=run_dir,
+        policy=policy,
+        backend=backend,
+        in_flight=2 * limit,
+        stub_policy=policy_override is not None,
+        lock=lock,
+        retried=retried,
+        registry=registry,
+        gateway=gateway,
+    )
+
+
+def _write_resolved_config(config: RunConfig, path: Path, policy: PolicyEndpoint, *, stub: bool) -> None:
+    import tomlkit
+
+    data = config.to_dict()
+    data["policy"]["base_url"] = policy.base_url
+    data["policy"]["model"] = policy.model
+    data["policy"]["headers"] = {name: "***" for name in data["policy"].get("headers", {})}  # names only
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("The resolved config of this run (flags applied). It holds no key and no header value."))
+    if stub:
+        doc.add(tomlkit.comment("--stub-policy: the policy was the scripted calculator server, not a model."))
+    for key, value in data.items():
+        doc[key] = value
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+
+
+async def execute_run(
+    plan: RunPlan,
+    reporter: Reporter | None = None,
+    *,
+    handle_signals: bool = True,
+    exit_on_second_signal: bool = False,
+    progress_every: float = PROGRESS_EVERY_SEC,
+) -> RunOutcome:
+    """Run every pending pair of ``plan``; return the summary. Ctrl-C / SIGTERM stop it cleanly.
+
+    A rollout's result is written the moment it is known. A rollout cancelled by the run (Ctrl-C,
+    SIGTERM) is not written, so ``--resume`` runs it again. When the backend becomes unusable
+    (:class:`~osmosis_core.errors.BackendUnavailable`), the run stops the same way and says so.
+    ``summary.json`` is written before the backend winds down. With ``handle_signals`` the first
+    Ctrl-C / SIGTERM cancels the rollouts in flight and waits for them; a second one then has its
+    usual effect (``KeyboardInterrupt``, or SIGTERM's default), unless ``exit_on_second_signal``
+    (what ``osmosis run`` passes): then the summary is written and the process exits 130 at once,
+    even while a rollout blocks the event loop. What runs in processes the run started (workers,
+    the stand-in server, bubblewrap sandboxes, a local Ray cluster) dies with it; a backend's
+    resources elsewhere (a Harbor docker or cloud environment) are not stopped then.
+
+    The plugins' ``osmosis_run_progress`` hooks hear of the run every ``progress_every`` seconds
+    while results come in, and once at its end (interrupted or not), in a worker thread: never on
+    the rollouts' path, and a hook that raises is logged once and does not fail the run.
+    """
+    execution = _Execution(plan, reporter or _Silent(), exit_on_second_signal, progress_every)
+    return await execution.run(handle_signals=handle_signals)
+
+
+class _Execution:
+    """One :func:`execute_run`: its state, and one method per part of the run."""
+
+    def __init__(self, plan: RunPlan, reporter: Reporter, exit_on_second_signal: bool, progress_every: float) -> None:
+        self.plan = plan
+        self.reporter = reporter
+        self.exit_on_second_signal = exit_on_second_signal
+        self.progress_every = progress_every
+        self.stats = plan.stats
+        self.rows = {row.index: row for row in plan.rows}
+        self.token = secrets.token_hex(3)
+        self.secrets = plan.policy.secrets()
+        self.writer = ResultWriter(plan.run_dir / RESULTS, secrets=self.secrets)
+        self.traces = RunTraces(plan.gateway, plan.run_dir / TRACES, self.secrets) if plan.gateway is not None else None
+        self.registry = plan.registry or get_registry()
+        self.pending: Iterator[tuple[int, int]] = iter(plan.pending)
+        self.interrupted = False
+        self.stopped: str | None = None
+        """Why the backend became unusable (the run stopped, resumable)."""
+        self.ended = False
+        """Every pending pair was run, or the run stopped through its own signal handling."""
+        self.summary: Summary | None = None
+        self.started = time.perf_counter()
+        self.replaced: dict[int, Any] = {}
+        """The signal handlers :meth:`stop_now` replaced, restored at the end."""
+
+    # the rollouts
+
+    def record(self, row: int, sample_index: int, result: ExecutionResult) -> None:
+        """Write one rollout's final result; a sample that is not JSON fails the rollout, not the run."""
+        line = result_line(row, sample_index, result)
+        try:
+            self.writer.write(line)
+        except (TypeError, ValueError) as exc:
+            info = error_info(exc, category=ErrorCategory.VALIDATION_ERROR)
+            failed = ExecutionResult(
+                result.rollout_id, result.stage, ExecutionStatus.FAILURE, error=info, timings=result.timings
+            )
+            line = result_line(row, sample_index, failed)
+            line["error"]["message"] = f"the sample cannot be written as JSON: {info.message}"
+            self.writer.write(line)
+        self.stats.add(line)
+        self.reporter.advance(line, self.stats)
+
+    async def rollout(self, row_index: int, sample_index: int, scope: anyio.CancelScope) -> None:
+        """Run one (row, sample) pair on the backend and record its final result."""
+        plan, run, traces = self.plan, self.plan.config.run, self.traces
+        row = self.rows[row_index]
+        rollout_id = f"{self.token}-{row_index}-{sample_index}"
+        request = ExecutionRequest(
+            rollout_id=rollout_id,
+            prompt=row.prompt,
+            policy=plan.policy if traces is None else traces.open(rollout_id),
+            label=row.label,
+            metadata=row.metadata,
+            agent_timeout_sec=run.agent_timeout_sec,
+            grader_timeout_sec=run.grader_timeout_sec,
+        )
+        final: list[ExecutionResult] = []
+
+        async def keep(result: ExecutionResult) -> None:
+            final.append(result)
+
+        try:
+            await plan.backend.execute(request, keep, keep)
+        except anyio.get_cancelled_exc_class():
+            if _cancel_requested():
+                raise
+            # a backend (or what it runs) raised CancelledError while the run did not cancel it
+            message = "the backend raised CancelledError while the run did not cancel the rollout"
+            info = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
+            final.append(ExecutionResult(rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
+        except BackendUnavailable as exc:
+            if self.stopped is None:
+                self.stopped = clip(str(exc), self.secrets, 1000)
+            scope.cancel()  # the rollout never started: nothing is recorded, the run stops, resumable
+            return
+        except Exception as exc:
+            info = error_info(exc, secrets=self.secrets, category=ErrorCategory.INFRA_ERROR)
+            final.append(ExecutionResult(rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
+        if not final:  # the backend returned without reporting: a result must not vanish
+            message = f"the backend ({type(plan.backend).__name__}) returned without reporting a result"
+            info = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
+            final.append(ExecutionResult(rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info))
+        last = final[-1]
+        if traces is not None:  # the trace line first: a result in the file always has its trace
+            traces.finish(rollout_id, row_index, sample_index, write=last.status is not ExecutionStatus.CANCELLED)
+        if last.status is ExecutionStatus.CANCELLED:
+            return
+        self.record(row_index, sample_index, last)
+
+    async def worker(self, scope: anyio.CancelScope) -> None:
+        """Take pending pairs one at a time until none is left (``in_flight`` workers share them)."""
+        for row_index, sample_index in self.pending:
+            await self.rollout(row_index, sample_index, scope)
+
+    # the summary and the progress hooks
+
+    def now(self, wall: float, *, interrupted: bool) -> Summary:
+        """The summary of the results so far."""
+        plan = self.plan
+        return Summary.from_stats(
+            self.stats,
+            rows=len(plan.rows),
+            n_samples=plan.config.run.n_samples,
+            wall_sec=wall,
+            interrupted=interrupted,
+            stub_policy=plan.stub_policy,
+        )
+
+    def write_summary(self, wall: float) -> Summary:
+        """Write ``summary.json`` (whole or not at all: a kill while writing leaves the old file)."""
+        written = self.now(wall, interrupted=self.interrupted or self.stopped is not None or not self.ended)
+        path = self.plan.run_dir / SUMMARY
+        temporary = path.with_name(f".{SUMMARY}.tmp")
+        temporary.write_text(json.dumps(written.to_json(), indent=2) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+        return written
+
+    def progress(self, final: bool) -> RunProgress:
+        """What the ``osmosis_run_progress`` hooks hear."""
+        now = self.now(time.perf_counter() - self.started, interrupted=False)
+        summary = self.summary if final and self.summary is not None else now
+        return RunProgress(self.plan.run_dir, summary, final, config=self.plan.config)
+
+    async def tell_progress(self) -> None:
+        """Every ``progress_every`` seconds in which results came in, in a thread (a hook may take seconds)."""
+        told = self.stats.finished
+        while True:
+            await anyio.sleep(self.progress_every)
+            if self.stats.finished != told:
+                told = self.stats.finished
+                await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(False))
+
+    # signals
+
+    async def watch_signals(self, scope: anyio.CancelScope) -> None:
+        """The first Ctrl-C / SIGTERM cancels the rollouts in flight (and their wind-down is waited for)."""
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        if self.exit_on_second_signal:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.replaced[signum] = signal.signal(signum, self.stop_now)
+        if not self.ended and self.summary is None:  # (else the rollouts are over: there is nothing to cancel)
+            self.interrupted = True
+            scope.cancel()
+            again = " (again to stop at once)" if self.exit_on_second_signal else ""
+            with contextlib.suppress(OSError):  # a closed stderr must not end the run's wind-down
+                print(f"interrupted: cancelling the rollouts in flight{again}", file=sys.stderr)
+
+    def stop_now(self, signum: int, frame: Any) -> None:
+        """The second signal (a plain handler: it runs even while a rollout blocks the event loop)."""
+        try:
+            with contextlib.suppress(Exception):
+                self.reporter.stop()
+            with contextlib.suppress(Exception):
+                self.writer.close()  # every reported line is already written and flushed
+            if self.summary is None:
+                with contextlib.suppress(Exception):
+                    self.write_summary(time.perf_counter() - self.started)
+            with contextlib.suppress(Exception):
+                print(
+                    f"interrupted again: stopped without waiting for the rollouts in flight; "
+                    f"{self.stats.finished} finished results are kept in {self.plan.run_dir}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                sys.stdout.flush()
+        finally:
+            os._exit(130)
+
+    # the whole run
+
+    async def run(self, *, handle_signals: bool) -> RunOutcome:
+        """Run the workers, then wind down: summary first, then the backend, traces, HTTP clients, lock."""
+        from osmosis_core._engine.http_session import preload
+
+        plan = self.plan
+        listening = self.registry.hears_progress()
+        preload()  # the HTTP client's import is start-up, not the first rollouts' time
+        self.reporter.start(plan.total, self.stats)
+        self.started = time.perf_counter()
+        async with anyio.create_task_group() as guard:  # the signal watcher outlives the rollouts' cancellation
+            rollouts = anyio.CancelScope()
+            if handle_signals:
+                guard.start_soon(self.watch_signals, rollouts)
+            if listening:
+                guard.start_soon(self.tell_progress)
+            try:
+                if self.traces is not None:
+                    await self.traces.start()
+                with rollouts:
+                    async with anyio.create_task_group() as workers:
+                        for _ in range(min(plan.in_flight, len(plan.pending))):
+                            workers.start_soon(self.worker, rollouts)
+                self.ended = True
+            finally:
+                wall = time.perf_counter() - self.started
+                self.reporter.stop()
+                self.writer.close()
+                signalled = self.interrupted  # a signal while the backend winds down changes the record no more
+                try:
+                    self.summary = self.write_summary(wall)  # before the backend's wind-down (its grace period)
+                finally:
+                    await self.close_all()
+                    guard.cancel_scope.cancel()
+                    await self.tell_the_end(listening)
+        assert self.summary is not None  # (written above, or its error raised)
+        failing = None if signalled or self.stopped else _failing(self.summary, plan.config.run.max_failure_rate)
+        return RunOutcome(self.summary, plan.run_dir, signalled, stopped=self.stopped, failing=failing)
+
+    async def close_all(self) -> None:
+        """Close the backend, the traces, the HTTP clients and the lock, shielded from cancellation."""
+        from osmosis_core._engine.http_session import aclose_http
+
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.plan.backend.aclose()
+            finally:
+                if self.traces is not None:
+                    await self.traces.aclose()
+                await aclose_http()
+                if self.plan.lock is not None:
+                    self.plan.lock.release()
+
+    async def tell_the_end(self, listening: bool) -> None:
+        """Tell the progress hooks the run's end (shielded), then give back the signal handlers."""
+        if listening:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(True))
+        for signum, handler in self.replaced.items():
+            signal.signal(signum, handler)
+
+
+def _cancel_requested() -> bool:
+    """True when the running task was asked to cancel (by the run), not hit by a stray CancelledError."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        return True
+    return task is None or task.cancelling() > 0
+
+
+def _stage_of(results: list[ExecutionResult]) -> ExecutionStage:
+    """The stage a rollout was in, given the results it reported so far."""
+    return ExecutionStage.GRADER if results and results[-1].ok else ExecutionStage.WORKFLOW
+
+
+def _failing(summary: Summary, max_failure_rate: float | None) -> str | None:
+    """Why a finished run counts as failed, or None."""
+    if not summary.finished or not summary.failed:
+        return None
+    errors = ", ".join(f"{k} {v}" for k, v in summary.errors_by_category.items())
+    if summary.failed == summary.finished:
+        return f"every rollout failed ({summary.failed} of {summary.finished}: {errors})"
+    rate = summary.failed / summary.finished
+    if max_failure_rate is not None and rate > max_failure_rate:
+        return (
+            f"{summary.failed} of {summary.finished} rollouts failed ({rate:.1%}, over [run] max_failure_rate "
+            f"{max_failure_rate:.1%}: {errors})"
+        )
+    return None

@@ -1,0 +1,235 @@
+"""The API of a frontend: a command that runs a config's rollout, or reads run folders, the way
+``osmosis run`` does (``osmosis serve`` and ``osmosis report`` are built on it).
+
+Running: :func:`load_run` loads a config's rollout once and builds its backend as ``osmosis run``
+builds it; :class:`RunFiles` is a run folder's lock and its ``results.jsonl`` / ``traces.jsonl``,
+written in ``osmosis run``'s line format with every secret redacted. Reading: ``latest_records``,
+``ResultStats``, ``Summary`` and friends count a folder's results as ``osmosis run``'s summary
+does. A command takes ``osmosis run``'s config flags with :func:`config_options`.
+
+A frontend that runs one prompt through a config's rollout and keeps its result, as a server
+does (``url``: an OpenAI-compatible endpoint, e.g. ``osmosis_core.testing.ScriptedPolicyServer``)::
+
+    from pathlib import Path
+
+    import anyio
+
+    from osmosis_core import ExecutionRequest, PolicyEndpoint
+    from osmosis_core.frontend import RunFiles, http_scope, load_run, resolve_config
+
+    config = resolve_config(Path("configs/eval/multiply-plain.toml"), {"policy_url": url})
+    run = load_run(config)
+    with RunFiles(config.root / "runs" / "once") as files:
+        backend = run.build_backend(files.path)
+        policy = PolicyEndpoint(config.policy.base_url, config.policy.model)
+        request = ExecutionRequest("r-0", [{"role": "user", "content": "What is 6 times 7?"}], policy, label="42")
+        finished = []
+
+        async def keep(result):  # called with the workflow's result, then the grader's
+            finished.append(result)
+
+        async def main():
+            async with http_scope():  # the loop's owner closes its HTTP clients
+                await backend.execute(request, keep, keep)
+
+        anyio.run(main)
+        files.write_result(0, 0, finished[-1])
+    run.tell_progress(files.path, final=True)  # osmosis_run_progress hooks: report.html, dashboards
+
+``tests/test_frontend.py`` runs this example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import lazy_loader
+
+if TYPE_CHECKING:
+    from osmosis_core._engine.config import RunConfig as RunConfig
+    from osmosis_core._engine.dataset import DatasetRow as DatasetRow
+    from osmosis_core._engine.dataset import fingerprint as fingerprint
+    from osmosis_core._engine.dataset import read_dataset as read_dataset
+    from osmosis_core._engine.http_session import http_scope as http_scope
+    from osmosis_core._engine.loader import LoadedRollout as LoadedRollout
+    from osmosis_core._engine.results import ResultStats as ResultStats
+    from osmosis_core._engine.results import Summary as Summary
+    from osmosis_core._engine.results import latest_records as latest_records
+    from osmosis_core._engine.results import percentile as percentile
+    from osmosis_core._engine.results import summary_fields as summary_fields
+    from osmosis_core.cli.common import config_options as config_options
+    from osmosis_core.cli.common import make_console as make_console
+    from osmosis_core.cli.common import resolve_config as resolve_config
+    from osmosis_core.traces import TRACES as TRACES
+    from osmosis_core.traces import make_trace_gateway as make_trace_gateway
+    from osmosis_core.traces import traces_enabled as traces_enabled
+    from osmosis_core.wire import result_line as result_line
+
+if TYPE_CHECKING:  # for the annotations below
+    from osmosis_core._engine.registry import PluginRegistry
+    from osmosis_core._engine.results import ResultWriter
+    from osmosis_core.backend import ExecutionBackend
+    from osmosis_core.records import ExecutionResult
+
+# imported on first use, so a command module that imports this one keeps `osmosis --help` fast
+_getattr, _dir, _lazy = lazy_loader.attach(
+    "osmosis_core",
+    submod_attrs={
+        "_engine.config": ["RunConfig"],
+        "_engine.dataset": ["DatasetRow", "fingerprint", "read_dataset"],
+        "_engine.http_session": ["http_scope"],
+        "_engine.loader": ["LoadedRollout"],
+        "_engine.results": ["ResultStats", "Summary", "latest_records", "percentile", "summary_fields"],
+        "cli.common": ["config_options", "make_console", "resolve_config"],
+        "traces": ["TRACES", "make_trace_gateway", "traces_enabled"],
+        "wire": ["result_line"],
+    },
+)
+__all__ = sorted([*_lazy, "LoadedRun", "RunFiles", "load_run"])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _lazy:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _getattr(name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *globals()})
+
+
+RESULTS = "results.jsonl"
+
+
+class LoadedRun:
+    """A config's rollout, loaded once, and what a frontend does with it (see :func:`load_run`)."""
+
+    def __init__(self, config: RunConfig, rollout: LoadedRollout, registry: PluginRegistry) -> None:
+        self.config = config
+        self.rollout = rollout
+        self.registry = registry
+
+    def build_backend(self, run_dir: Path | None) -> ExecutionBackend:
+        """The configured backend (``[run] backend`` and its ``[backend.<name>]`` table), built as
+        ``osmosis run`` builds it; ``run_dir`` is where it may keep files of its own.
+
+        :raises ConfigError: no backend of that name, or a bad table.
+        """
+        from osmosis_core._engine.runner import build_backend
+
+        return build_backend(self.config, self.rollout, self.registry, run_dir)
+
+    def tell_progress(self, run_dir: Path, *, final: bool) -> None:
+        """Tell the ``osmosis_run_progress`` hooks (reports, dashboards) how ``run_dir``'s results
+        stand, as a server does (each row counts once); a hook that raises is logged, never raised."""
+        from osmosis_core._engine.results import folder_progress
+
+        self.registry.tell_progress(folder_progress(run_dir, final=final, config=self.config))
+
+
+def load_run(config: RunConfig, registry: PluginRegistry | None = None) -> LoadedRun:
+    """Load ``config``'s rollout (its workflow, grader and configs) with the installed plugins.
+
+    :raises RolloutLoadError: the rollout cannot be imported; :raises ConfigError: a bad config.
+    """
+    from osmosis_core._engine.loader import load_rollout
+    from osmosis_core._engine.registry import get_registry
+
+    registry = registry or get_registry()
+    return LoadedRun(config, load_rollout(config, registry), registry)
+
+
+class RunFiles:
+    """A run folder held by one process: its lock, ``results.jsonl`` and (on first trace)
+    ``traces.jsonl``, each line flushed at once, no line holding one of ``secrets``.
+
+    :param folder: the run folder (created when missing).
+    :param secrets: values no line may hold (keys, tokens, header values); short ones are ignored.
+    """
+
+    def __init__(self, folder: Path | str, *, secrets: Iterable[str | None] = ()) -> None:
+        self.path = Path(folder)
+        self.results_path = self.path / RESULTS
+        self.secrets = tuple(s for s in secrets if s and len(s) >= 4)
+        from osmosis_core._engine.run_lock import RunLock
+
+        self._lock = RunLock(self.path)
+        self._results: ResultWriter | None = None
+        self._traces: ResultWriter | None = None
+
+    def lock(self) -> RunFiles:
+        """Take the folder's lock (idempotent). :raises OsmosisError: another process holds it."""
+        self._lock.acquire()
+        return self
+
+    def open(self) -> RunFiles:
+        """Take the lock and open ``results.jsonl`` for appending (idempotent)."""
+        self.lock()
+        if self._results is None:
+            from osmosis_core._engine.results import ResultWriter
+
+            try:
+                self._results = ResultWriter(self.results_path, self.secrets)
+            except BaseException:
+                self._lock.release()
+                raise
+        return self
+
+    @property
+    def is_open(self) -> bool:
+        """Whether :meth:`open` was called and :meth:`close` was not."""
+        return self._results is not None
+
+    def write_result(
+        self, row: int, sample_index: int, result: ExecutionResult, secrets: Iterable[str | None] = ()
+    ) -> None:
+        """Append one rollout's result line (``secrets``: that rollout's own, e.g. its key).
+
+        :raises TypeError, ValueError: the line is not JSON; :raises OSError: it cannot be written.
+        """
+        from osmosis_core.wire import result_line
+
+        self.write_line(result_line(row, sample_index, result), secrets)
+
+    def write_line(self, line: dict[str, Any], secrets: Iterable[str | None] = ()) -> None:
+        """Append a line already in ``results.jsonl``'s format."""
+        if self._results is None:
+            raise RuntimeError(f"{self.path}: RunFiles.open() first")
+        self._results.write(line, secrets)
+
+    def write_trace(
+        self,
+        row: int,
+        sample_index: int,
+        rollout_id: str,
+        trace: dict[str, Any],
+        secrets: Iterable[str | None] = (),
+    ) -> None:
+        """Append a rollout's trace to ``traces.jsonl`` (``osmosis run --traces``'s form)."""
+        from osmosis_core._engine.results import ResultWriter
+        from osmosis_core.traces import TRACES, trace_line
+
+        if self._traces is None:
+            if self._results is None:
+                raise RuntimeError(f"{self.path}: RunFiles.open() first")
+            self._traces = ResultWriter(self.path / TRACES, self.secrets)
+        self._traces.write(trace_line(rollout_id, row, sample_index, trace), secrets)
+
+    def close(self) -> None:
+        """Flush the files to disk and release the folder (idempotent)."""
+        writers = [w for w in (self._traces, self._results) if w is not None]
+        self._results = self._traces = None
+        try:
+            for writer in writers:
+                writer.close()
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> RunFiles:
+        return self.open()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
