@@ -17,7 +17,13 @@ What it measures, all in one process and one run:
 It prints the ratio of grading CPU to the backend's per-rollout CPU, and what 1,000 rollouts/s
 would cost: loop CPU for grading, and the CAS cores the mix needs.
 
-    python bench/graders.py [--n 10000] [--cas-share 0.05] [--cas-workers 2] [--concurrency 64]
+5. The CAS pool against the same pool on pebble's ``ProcessPool.schedule(timeout=...)`` (issue 17;
+   ``bench/_pebble_cas.py``, fork context), same run, same comparisons, alternating: the loop
+   process's CPU per comparison (its threads included), the workers' CPU, the wall time, and how
+   long a worker that stops answering (a C-level spin, seen from outside: SIGSTOP) holds its
+   comparison. Skipped when pebble is not installed (``pip install pebble``) or with ``--no-pebble``.
+
+    python bench/graders.py [--n 10000] [--cas-share 0.05] [--cas-workers 2] [--concurrency 64] [--no-pebble]
 
 Why `math` is built this way (see osmosis_graders.math_equiv and osmosis_graders.cas_pool): the
 CAS (sympy) costs tens of milliseconds per comparison and can spin for ever, so it never runs on
@@ -36,6 +42,8 @@ import asyncio
 import gc
 import os
 import random
+import signal
+import statistics
 import time
 from typing import Any
 
@@ -53,7 +61,7 @@ from osmosis_core import (
     RolloutSample,
 )
 from osmosis_graders import ExactMatchGrader, MathConfig, MathGrader
-from osmosis_graders.cas_pool import cas_pool
+from osmosis_graders.cas_pool import CasPool, cas_pool
 
 POLICY = PolicyEndpoint("http://127.0.0.1:9/v1", "m")
 
@@ -129,11 +137,11 @@ async def grade_sequentially(grader: Grader[Any], samples: list[tuple[str, str]]
     return (time.process_time() - started) / len(samples) * 1e6, rewards
 
 
-def worker_cpu_seconds() -> float:
-    """CPU seconds used so far by the live CAS worker processes (Linux /proc)."""
+def pids_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds used so far by these processes (Linux /proc)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for pid in cas_pool().pids():
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
@@ -141,6 +149,11 @@ def worker_cpu_seconds() -> float:
         except OSError:
             pass
     return total
+
+
+def worker_cpu_seconds() -> float:
+    """CPU seconds used so far by the live CAS worker processes (Linux /proc)."""
+    return pids_cpu_seconds(cas_pool().pids())
 
 
 async def grade_concurrently(grader: Grader[Any], samples: list[tuple[str, str]], concurrency: int) -> dict[str, float]:
@@ -210,12 +223,86 @@ async def backend_cpu(
     return elapsed / len(samples) * 1e6
 
 
+async def pool_round(
+    pool: Any, pairs: list[tuple[str, str]], concurrency: int, workers: int
+) -> tuple[float, float, float]:
+    """One pass of ``pairs`` through ``pool``: loop-process CPU ms, worker CPU ms per comparison, wall s."""
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(gold: str, answer: str) -> str:
+        async with semaphore:
+            return (await pool.check(gold, answer, limit=30.0, workers=workers)).outcome
+
+    gc.collect()
+    cpu, children, wall = time.process_time(), pids_cpu_seconds(pool.pids()), time.perf_counter()
+    outcomes = await asyncio.gather(*(one(gold, answer) for gold, answer in pairs))
+    assert set(outcomes) <= {"equal", "different"}, [o for o in outcomes if o not in ("equal", "different")]
+    return (
+        (time.process_time() - cpu) / len(pairs) * 1e3,
+        (pids_cpu_seconds(pool.pids()) - children) / len(pairs) * 1e3,
+        time.perf_counter() - wall,
+    )
+
+
+async def stopped_worker(pool: Any, limit: float = 1.0) -> float:
+    """Seconds until a comparison whose (only) worker stops answering is given up (``limit`` + grace is the aim)."""
+    await pool.warm_up(1)
+    started = time.perf_counter()
+    check = asyncio.ensure_future(pool.check(r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}", limit=limit, workers=1))
+    await asyncio.sleep(0.05)
+    for pid in pool.pids():
+        os.kill(pid, signal.SIGSTOP)
+    result = await check
+    assert result.outcome in ("timeout", "crashed"), result
+    return time.perf_counter() - started
+
+
+async def pool_side_by_side(n: int, concurrency: int, workers: int, repeat: int = 4) -> None:
+    """The CAS pool and its pebble counterpart, same run, same comparisons, alternating (section 5)."""
+    try:
+        from _pebble_cas import PebbleCasPool
+    except ImportError:
+        print("  CAS pool vs pebble: skipped (pebble is not installed)")
+        return
+    rng = random.Random(3)
+    pairs = [cas_pair(rng) for _ in range(n)]
+    pools: dict[str, Any] = {"cas_pool (ours)": CasPool(), "pebble, fork": PebbleCasPool("fork")}
+    rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in pools}
+    try:
+        for pool in pools.values():
+            await pool.warm_up(workers)
+            await pool_round(pool, pairs[:40], concurrency, workers)
+        for i in range(repeat):
+            for name in list(pools) if i % 2 == 0 else reversed(list(pools)):
+                rounds[name].append(await pool_round(pools[name], pairs, concurrency, workers))
+        print(
+            f"  CAS pool vs pebble: {n} comparisons x {repeat}, {workers} workers, concurrency {concurrency}, medians:"
+        )
+        base = statistics.median(r[0] for r in rounds["cas_pool (ours)"])
+        for name, rows in rounds.items():
+            loop_ms = statistics.median(r[0] for r in rows)
+            print(
+                f"    {name:16s}: {loop_ms:5.2f} ms loop-process CPU per comparison ({loop_ms / base:4.2f}x), "
+                f"{statistics.median(r[1] for r in rows):5.1f} ms worker CPU, "
+                f"wall {statistics.median(r[2] for r in rows):5.1f} s"
+            )
+        for name, pool in pools.items():
+            pool.shutdown()
+            pool = pools[name] = type(pool)()
+            held = await stopped_worker(pool)
+            print(f"    {name:16s}: a stopped worker (1 s limit) gives up its comparison after {held:4.2f} s")
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--cas-share", type=float, default=0.05)
     parser.add_argument("--cas-workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--no-pebble", action="store_true", help="skip section 5 (the CAS pool vs pebble)")
     args = parser.parse_args()
     rng = random.Random(12)
     gsm8k = gsm8k_samples(args.n, rng)
@@ -267,6 +354,9 @@ def main() -> None:
         loop_math = rate * mix["loop_us"] / 1e6
         print(f"    math ({args.cas_share:.0%} CAS mix)  : {loop_math:5.2f} CPU-s per s on the loop,")
         print(f"                         {cores:5.2f} CPU-s per s in CAS workers (that many worker processes busy)")
+        if not args.no_pebble:
+            cas_pool().shutdown()
+            await pool_side_by_side(min(args.n, 300), args.concurrency, args.cas_workers)
 
     try:
         asyncio.run(run())

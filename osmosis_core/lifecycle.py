@@ -240,7 +240,14 @@ async def run_workflow(
         ctx = AgentWorkflowContext(prompt, workflow.config, rollout.metadata, rollout)
         with rollout:
             output = await (workflow.run(ctx) if timeout is None else _within(timeout, workflow.run, ctx))
-            sample = await _collect_sample(output, rollout)
+            # a returned history or sample needs no await (the coroutine is for a sample source)
+            sample = (
+                output
+                if type(output) is RolloutSample
+                else RolloutSample(messages=output)
+                if type(output) is list
+                else await _collect_sample(output, rollout)
+            )
     except BaseException as exc:
         if not _own_failure(exc):
             raise  # the run cancels this rollout (or the process is going down)

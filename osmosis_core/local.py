@@ -173,8 +173,16 @@ class LocalBackend(ExecutionBackend):
         rollout = RolloutContext(request.rollout_id, request.policy, dict(request.metadata))
         self._queued += 1
         queued = True
+        # a free slot is taken without a coroutine (``acquire_nowait``; anyio's ``async with`` runs
+        # three per semaphore, two semaphores per rollout: bench/local_overhead.py); a cancellation
+        # that comes meanwhile is raised at the stage's first await instead of here
+        slots = self._workflow_slots
         try:
-            async with self._workflow_slots:
+            try:
+                slots.acquire_nowait()
+            except anyio.WouldBlock:
+                await slots.acquire()
+            try:
                 self._queued -= 1
                 queued = False
                 timings["queued"] = time.perf_counter() - submitted
@@ -183,19 +191,26 @@ class LocalBackend(ExecutionBackend):
                     result = await run_workflow(self.workflow_class, self.workflow_config, request, rollout, timings)
                 finally:
                     self._running -= 1
+            finally:
+                slots.release()
             await report.report(result)
             if report.ended:
                 return
             assert self.grader_class is not None
             assert result.sample is not None
-            async with self._grader_slots:
-                self._grading += 1
-                try:
-                    graded = await run_grader(
-                        self.grader_class, self.grader_config, request, result.sample, rollout, timings
-                    )
-                finally:
-                    self._grading -= 1
+            slots = self._grader_slots
+            try:
+                slots.acquire_nowait()
+            except anyio.WouldBlock:
+                await slots.acquire()
+            self._grading += 1
+            try:
+                graded = await run_grader(
+                    self.grader_class, self.grader_config, request, result.sample, rollout, timings
+                )
+            finally:
+                self._grading -= 1
+                slots.release()
             await report.report(graded)
         except anyio.get_cancelled_exc_class():  # (the stages report their own failures: only this is left)
             await report.cancelled()

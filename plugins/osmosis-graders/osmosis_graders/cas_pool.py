@@ -16,6 +16,33 @@ Why processes, and why this shape (the ``math`` grader's design; ``bench/graders
   can serve any loop of the process. Each loop has its own semaphore of ``size`` slots.
 * Not :class:`concurrent.futures.ProcessPoolExecutor`: it cannot kill one stuck worker without
   breaking the whole pool (``BrokenProcessPool`` for every job in flight).
+* Not pebble's ``ProcessPool.schedule(..., timeout=...)`` either (issue 17 asked for it; measured
+  side by side by ``bench/graders.py``, section 5, with the same job function in pebble's workers,
+  ``bench/_pebble_cas.py``; 2 workers, 300 comparisons at concurrency 64, loaded 2-core machine):
+
+  - the loop process's CPU per comparison (all its threads) is 1.5x ours (medians of 4
+    alternating rounds: 0.50 ms ours, 0.76 ms pebble's; 0.50 / 0.74 in a 6-round run). Pebble
+    runs three threads in the parent; every job goes through a ``queue.Queue`` hand-off to its
+    scheduler thread, a pickled task, a pickled acknowledgement back (which starts the job's
+    timeout), a pickled result, a ``concurrent.futures`` future and ``asyncio.wrap_future``'s
+    ``call_soon_threadsafe``, with the thread switches between them. Its only knob,
+    ``pebble.CONSTS.sleep_unit`` (0.1 s, how often the manager thread looks for overdue jobs and
+    dead workers), moved nothing between 0.02 and 1.0 s: the cost is per job, not the polling.
+  - the hard limit: a worker that stops answering (a C-level spin, as seen from outside) held its
+    comparison 4.62 s with a 1 s limit, against 1.50 s here: pebble sends SIGTERM, waits
+    ``CONSTS.term_timeout`` (3 s, process-wide) for the process to end, then SIGKILLs it, and its
+    manager thread does nothing else meanwhile (other overdue jobs, dead workers).
+  - ``spawn`` and ``forkserver`` workers import the main module again: ``python my_eval.py``
+    without an ``if __name__ == "__main__"`` guard fails (every worker dies, ``BrokenProcessPool:
+    All workers expired``). Under ``osmosis run`` all three worked with a plain rollout module
+    (the main module is then the ``osmosis`` command's, which has the guard). ``fork`` workers
+    never re-import, but they are forked from pebble's manager thread in a process running other
+    threads, and keep every descriptor the process had open (a listening socket stays open in
+    them after the server closes it).
+  - in its favour: a worker takes its next job from the shared pipe without waiting for the loop
+    (ours gets its next job once the loop has read its answer), so on the loaded machine its wall
+    time was lower: 14.6 s against 20.2 s for the same 300 comparisons. The CPU per comparison in
+    the workers is the same (16.6 and 16.8 ms).
 
 Workers are started on first use (a grading that needs the CAS waits for one to be ready; the
 start-up does not count against the per-expression limit), live as long as the process, and are
