@@ -1,7 +1,7 @@
 """``osmosis migrate``: move a workspace written for osmosis-ai (the reference SDK, ``osmosis_ai.rollout``)
 onto osmosis.
 
-It rewrites the imports of every Python file (``python_source``), the rollouts' dependencies
+It rewrites the imports of every Python file (``python_source``, a libcst transformation), the rollouts' dependencies
 (``dependencies``), and ``configs/eval/*.toml`` / ``configs/training/*.toml`` into run configs
 (``run_config``); ``workspace`` plans all of it without writing, then applies it with a
 ``<file>.orig`` copy of every file it changes. Whatever has no counterpart is reported with its
