@@ -296,6 +296,19 @@ def test_a_folder_that_is_not_an_osmosis_ai_workspace_exits_1(tmp_path, osmosis_
     assert r.returncode == 1 and "not a folder" in r.stderr
 
 
+def test_libcst_is_imported_only_when_a_python_file_is_migrated(tmp_path):
+    """``osmosis --help`` loads the plugin and the package; libcst (about half a second) waits for a file."""
+    (tmp_path / "main.py").write_text("from osmosis_ai.rollout import AgentWorkflow\n")
+    script = (
+        "import sys, osmosis_migrate, osmosis_migrate.plugin, osmosis_migrate.migrate_cmd\n"
+        "assert 'libcst' not in sys.modules, 'libcst imported before any file was migrated'\n"
+        f"osmosis_migrate.plan_migration({str(tmp_path)!r})\n"
+        "assert 'libcst' in sys.modules\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
 def test_help_has_an_example(osmosis_exe, clean_env, tmp_path):
     r = osmosis(osmosis_exe, "migrate", "--help", cwd=tmp_path, env=clean_env)
     assert r.returncode == 0 and "osmosis migrate my-workspace --write" in r.stdout
