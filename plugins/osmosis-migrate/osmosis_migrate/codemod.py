@@ -1168,8 +1168,11 @@ class _Migrator:
                     self._unmapped(node, f".{attr}", ATTRIBUTE_WHY[attr])
             elif isinstance(node, cst.Call):
                 self._check_call(node)
-            elif isinstance(node, cst.SimpleString | cst.ConcatenatedString):
-                value = _string(node)
+            elif isinstance(node, cst.SimpleString | cst.ConcatenatedString | cst.FormattedStringText):
+                if isinstance(node, cst.FormattedStringText):  # the literal text between an f-string's {fields}
+                    value: str | None = node.value.replace("{{", "{").replace("}}", "}")
+                else:
+                    value = _string(node)
                 if value is None or isinstance(self.parents.get(node), cst.ConcatenatedString):
                     continue
                 if "osmosis_ai" in value and not self._is_docstring(node):
@@ -1466,19 +1469,19 @@ _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 def _line_map(old: list[str], new: list[str]) -> Callable[[int], int]:
     """Where a line of the old text is in the new one: an unchanged line where it went; a line the
-    migration replaced or removed, where its replacement (or what follows it) begins."""
+    migration rewrote or removed, where what replaced it (or what follows it) begins."""
     spans = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    last = max(len(new), 1)
 
     def line_of(line: int) -> int:
         index = line - 1
-        if index >= len(old):
-            return max(1, len(new))
-        for tag, i1, i2, j1, j2 in spans:
-            if i1 <= index < i2:
-                if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
-                    return min(j1 + index - i1, max(len(new) - 1, 0)) + 1
-                return min(j1, max(len(new) - 1, 0)) + 1
-        return max(1, len(new))
+        for tag, i1, i2, j1, j2 in spans if index < len(old) else ():
+            if not i1 <= index < i2:
+                continue
+            if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+                return min(j1 + index - i1 + 1, last)
+            return min(j1 + 1, last)
+        return last
 
     return line_of
 
