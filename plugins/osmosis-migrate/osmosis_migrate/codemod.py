@@ -465,8 +465,8 @@ class _Migrator:
         return None
 
     def uses(self, name: str, at: cst.CSTNode | None = None) -> list[cst.Name]:
-        """The names, in source order, that read the binding of ``name`` in the scope of ``at`` (the
-        module by default), as libcst's scope analysis resolves them (a local of the same name is not one)."""
+        """The names, in source order, that read the binding of ``name`` in the scope of ``at`` (an import
+        statement, an assignment; the module by default), as libcst's scope analysis resolves them."""
         scope = self.scopes.get(at if at is not None else self.module)
         if scope is None or name not in scope:
             return []
@@ -596,11 +596,12 @@ class _Migrator:
     # -- OsmosisMemorySession ---------------------------------------------------------------------
 
     def _remove_memory_sessions(self) -> None:
-        locals_ = [
-            b.local for b in self.bindings.values() if b.name == "OsmosisMemorySession" and "openai_agents" in b.module
+        sessions = [
+            b for b in self.bindings.values() if b.name == "OsmosisMemorySession" and "openai_agents" in b.module
         ]
-        for local in locals_:
-            uses = self.uses(local)
+        for binding in sessions:
+            local = binding.local
+            uses = self.uses(local, at=binding.statement)
             removed_all = True
             for use in uses:
                 call = self.parents.get(use)
@@ -1007,7 +1008,7 @@ class _Migrator:
             binding = self.bindings[old]
             if old in self.removed:
                 continue
-            for use in self.uses(old):
+            for use in self.uses(old, at=binding.statement):
                 self.change(use, _rename(new))
             self._note(
                 self.position(binding.statement), f"{old} -> {new}", "renamed where used (osmosis's name for it)"

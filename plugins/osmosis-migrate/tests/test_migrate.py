@@ -457,6 +457,22 @@ def test_comments_and_odd_formatting_around_the_edits_survive():
     assert migrate_python("x.py", new).new_text == new
 
 
+def test_a_block_whose_only_statement_was_a_dropped_import_still_parses():
+    source = (
+        "if True:\n"
+        "    from osmosis_ai.rollout.integrations.agents.openai_agents import OsmosisMemorySession\n"
+        "R.run(a, session=OsmosisMemorySession())\n"
+    )
+    assert migrate_python("x.py", source).new_text == "if True:\n    pass\nR.run(a)\n"
+
+
+def test_a_form_feed_between_functions_does_not_move_the_edits():
+    """Python counts lines at newlines only; str.splitlines also splits at a form feed."""
+    source = "from osmosis_ai.rollout import AgentWorkflowOutput\n\x0c\ndef f():\n    return AgentWorkflowOutput\n"
+    new = migrate_python("x.py", source).new_text
+    assert new == "from osmosis_core import RolloutSample\n\x0c\ndef f():\n    return RolloutSample\n"
+
+
 # -- a hostile workspace: FIFOs, unreadable and binary files, symlinks ---------------------------------
 
 
