@@ -981,6 +981,7 @@ class _Migrator:
         self._keep_semicolons(line)
 
     def _keep_semicolons(self, line: cst.SimpleStatementLine | cst.SimpleStatementSuite) -> None:
+        """After a statement of a ``a; b`` line is removed or split: ``;`` between them, none added at the end."""
         last = line.body[-1].semicolon
 
         def fix(_original: cst.CSTNode, updated: Any) -> Any:
@@ -998,8 +999,7 @@ class _Migrator:
             ]
             return updated.with_changes(body=body)
 
-        if not any(c is fix for c in self.changes.get(line, [])):
-            self.change(line, fix)
+        self.change(line, fix)  # idempotent: twice for a line holding two imports is the same
 
     # -- names ------------------------------------------------------------------------------------
 
