@@ -1,10 +1,10 @@
 """``osmosis migrate``: move a workspace written for osmosis-ai (the reference SDK, ``osmosis_ai.rollout``)
 onto osmosis.
 
-It rewrites the imports of every Python file (``python_source``), the rollouts' dependencies
-(``dependencies``), and ``configs/eval/*.toml`` / ``configs/training/*.toml`` into run configs
-(``run_config``); ``workspace`` plans all of it without writing, then applies it with a
-``<file>.orig`` copy of every file it changes. Whatever has no counterpart is reported with its
+It rewrites the imports of every Python file (``python_source``, a libcst transformation), the
+rollouts' dependencies (``dependencies``), and ``configs/eval/*.toml`` / ``configs/training/*.toml``
+into run configs (``run_config``); ``workspace`` plans all of it without writing, then applies it
+with a ``<file>.orig`` copy of every file it changes. Whatever has no counterpart is reported with its
 file:line (or key) and why, never dropped silently. See MIGRATING.md for the full map.
 
 >>> import pathlib, tempfile

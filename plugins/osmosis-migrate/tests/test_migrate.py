@@ -313,6 +313,19 @@ def test_a_folder_that_is_not_an_osmosis_ai_workspace_exits_1(tmp_path, osmosis_
     assert "not a folder" in r.stderr
 
 
+def test_libcst_is_imported_only_when_a_python_file_is_migrated(tmp_path):
+    """``osmosis --help`` loads the plugin and the package; libcst (about half a second) waits for a file."""
+    (tmp_path / "main.py").write_text("from osmosis_ai.rollout import AgentWorkflow\n")
+    script = (
+        "import sys, osmosis_migrate, osmosis_migrate.plugin, osmosis_migrate.migrate_cmd\n"
+        "assert 'libcst' not in sys.modules, 'libcst imported before any file was migrated'\n"
+        f"osmosis_migrate.plan_migration({str(tmp_path)!r})\n"
+        "assert 'libcst' in sys.modules\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
 def test_help_has_an_example(osmosis_exe, clean_env, tmp_path):
     r = osmosis(osmosis_exe, "migrate", "--help", cwd=tmp_path, env=clean_env)
     assert r.returncode == 0
@@ -460,6 +473,22 @@ def test_comments_and_odd_formatting_around_the_edits_survive():
         '''
     )
     assert migrate_python("x.py", new).new_text == new
+
+
+def test_a_block_whose_only_statement_was_a_dropped_import_still_parses():
+    source = (
+        "if True:\n"
+        "    from osmosis_ai.rollout.integrations.agents.openai_agents import OsmosisMemorySession\n"
+        "R.run(a, session=OsmosisMemorySession())\n"
+    )
+    assert migrate_python("x.py", source).new_text == "if True:\n    pass\nR.run(a)\n"
+
+
+def test_a_form_feed_between_functions_does_not_move_the_edits():
+    """Python counts lines at newlines only; str.splitlines also splits at a form feed."""
+    source = "from osmosis_ai.rollout import AgentWorkflowOutput\n\x0c\ndef f():\n    return AgentWorkflowOutput\n"
+    new = migrate_python("x.py", source).new_text
+    assert new == "from osmosis_core import RolloutSample\n\x0c\ndef f():\n    return RolloutSample\n"
 
 
 # -- a hostile workspace: FIFOs, unreadable and binary files, symlinks ---------------------------------
