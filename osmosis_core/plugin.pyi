@@ -32,6 +32,7 @@ from osmosis_core.http_session import aclose_http as aclose_http
 from osmosis_core.http_session import client_session as client_session
 from osmosis_core.http_session import http_request as http_request
 from osmosis_core.http_session import http_scope as http_scope
+from osmosis_core.http_session import proxy_options as proxy_options
 from osmosis_core.http_session import read_limited as read_limited
 from osmosis_core.lazy import attach_stub as attach_stub
 from osmosis_core.lifecycle import Rollout as Rollout
