@@ -12,6 +12,10 @@ without popping a trace and reads the gateway's RSS growth.
 
 The gateway runs on uvloop, as ``osmosis gateway`` does (``GATEWAY_BENCH_UVLOOP=0``: asyncio's loop).
 
+It also prints the stand-in's and the driver's CPU per call in the gateway phase (neither should
+be the bottleneck) and the machine's load: on a shared machine the CPU times are noisy, and
+``valgrind --tool=callgrind`` on the gateway child (instructions per call) is the steady measure.
+
 Targets: throughput with the gateway over without it >= 0.95; gateway CPU per call <= 0.3 ms.
 """
 
