@@ -12,6 +12,10 @@ without popping a trace and reads the gateway's RSS growth.
 
 The gateway runs on uvloop, as ``osmosis gateway`` does (``GATEWAY_BENCH_UVLOOP=0``: asyncio's loop).
 
+It also prints the stand-in's and the driver's CPU per call in the gateway phase (neither should
+be the bottleneck) and the machine's load: on a shared machine the CPU times are noisy, and
+``valgrind --tool=callgrind`` on the gateway child (instructions per call) is the steady measure.
+
 Targets: throughput with the gateway over without it >= 0.95; gateway CPU per call <= 0.3 ms.
 """
 
@@ -149,15 +153,18 @@ def main() -> None:
         direct: list[float] = []
         through: list[float] = []
         cpu: list[float] = []
+        others: list[tuple[float, float]] = []  # (stand-in, driver) CPU seconds of each phase through the gateway
+        assert stub.pid is not None
         next_id = 0
         for _ in range(args.repeat):
             direct.append(asyncio.run(phase([(direct_url, None)] * args.rollouts, args.concurrency, args.stream)))
             ids = [f"r{i}" for i in range(next_id, next_id + args.rollouts)]
             next_id += args.rollouts
             urls = [(f"{gateway_url}/rollouts/{i}/chat/completions", tokens[i]) for i in ids]
-            before = cpu_seconds(child.pid)
+            before, stub_before, driver_before = cpu_seconds(child.pid), cpu_seconds(stub.pid), time.process_time()
             through.append(asyncio.run(phase(urls, args.concurrency, args.stream)))
             cpu.append(cpu_seconds(child.pid) - before)
+            others.append((cpu_seconds(stub.pid) - stub_before, time.process_time() - driver_before))
         rss_before = rss_mb(child.pid)
         ids = [f"r{i}" for i in range(next_id, next_id + memory_rollouts)]
         urls = [(f"{gateway_url}/rollouts/{i}/chat/completions", tokens[i]) for i in ids]
@@ -177,6 +184,10 @@ def main() -> None:
     print(f"  throughput with / without: {best_direct / best_through:.3f}   (target >= 0.95)")
     per_call = min(cpu) / calls * 1000
     print(f"  gateway CPU per call: {per_call:.3f} ms   (target <= 0.3; per phase {[round(c, 2) for c in cpu]} s)")
+    stub_cpu, driver_cpu = others[cpu.index(min(cpu))]
+    print(f"  CPU per call in that phase: stand-in {stub_cpu / calls * 1000:.3f} ms, "
+          f"driver {driver_cpu / calls * 1000:.3f} ms (each its own process; {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f})")  # fmt: skip
     print(f"  gateway RSS for {args.memory_calls} captured calls: {rss_after - rss_before:.1f} MB "
           f"({rss_before:.0f} -> {rss_after:.0f} MB); complete traces held: {done['complete_traces']}")  # fmt: skip
 

@@ -16,8 +16,12 @@ length, the call's capture fails: the answer still goes to the rollout unchanged
 
 from __future__ import annotations
 
+import json
 from array import array
+from operator import attrgetter
 from typing import Any, Final, Literal
+
+import msgspec
 
 __all__ = ["ADAPTERS", "AdapterName", "CallCapture", "completion_events", "prepare_request"]
 
@@ -26,6 +30,33 @@ ADAPTERS: Final = ("vllm", "sglang", "openai")
 
 _TOKEN_ID_PREFIX: Final = "token_id:"
 _ID_AT: Final = len(_TOKEN_ID_PREFIX)
+_ID_TOKEN: Final = "token_id:{}".format
+
+
+class _Entry(msgspec.Struct, gc=False):
+    """One ``logprobs.content`` entry: only what the capture reads (``bytes``, ``top_logprobs`` are skipped)."""
+
+    token: str
+    logprob: float
+
+
+class _Logprobs(msgspec.Struct, gc=False):
+    content: list[_Entry] | None = None
+
+
+# An answer is read as its top-level fields' JSON text (msgspec.Raw) and only the fields the capture
+# needs are decoded, into the types it expects: the logprob entries' other fields are never made into
+# objects, and what the gateway takes out is dropped from the text without re-serialising the rest.
+# A document of any other shape is read by json into dicts (the general path, CallCapture.feed).
+_TOP: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_CHOICES: Final = msgspec.json.Decoder(list[dict[str, msgspec.Raw]] | None)
+_IDS: Final = msgspec.json.Decoder(list[int] | None)
+_LOGPROBS: Final = msgspec.json.Decoder(_Logprobs | None)
+_ANY: Final = msgspec.json.Decoder()
+_ENCODE: Final = msgspec.json.Encoder().encode
+_NULL: Final = msgspec.Raw(b"null")
+_LOGPROB: Final = attrgetter("logprob")
+_TOKEN: Final = attrgetter("token")
 
 
 class CallCapture:
@@ -38,7 +69,7 @@ class CallCapture:
         "content",
         "finish_reason",
         "gen_ids",
-        "logprob_ids",
+        "logprob_tokens",
         "logprobs",
         "problem",
         "prompt_ids",
@@ -58,8 +89,9 @@ class CallCapture:
         self.prompt_ids: list[int] | None = None
         self.gen_ids: list[int] | None = None
         self.logprobs: list[float] | None = None
-        self.logprob_ids: list[int] | None = None
-        """Generated ids read from ``"token_id:N"`` logprob tokens (None once one is not such)."""
+        self.logprob_tokens: list[Any] | None = None
+        """The logprob entries' tokens when they may be ``"token_id:N"`` strings (None once one is
+        missing); read as ids by :attr:`logprob_ids`."""
         self.problem: str | None = None
         self.role = "assistant"
         self.content: list[str] = []
@@ -69,6 +101,103 @@ class CallCapture:
         self.usage: dict[str, Any] | None = None
 
     # -- reading and stripping ---------------------------------------------------------------------
+
+    def feed_bytes(self, data: bytes, *, chunk: bool) -> bytes | None:
+        """:meth:`feed` for a document's JSON text; the text without what the gateway added when it
+        took something out (None: ``data`` goes on unchanged).
+
+        The fields the capture reads are decoded alone (msgspec); a document of another shape than
+        an OpenAI-compatible server sends is read whole by :meth:`feed`, with the same result.
+
+        :raises ValueError: ``data`` is not JSON.
+        """
+        try:
+            top = _TOP.decode(data)
+            usage = top.get("usage")
+            usage_doc = None if usage is None else _ANY.decode(usage)
+            prompt = top.get("prompt_token_ids")
+            prompt_ids = None if prompt is None else _IDS.decode(prompt)
+            raw_choices = top.get("choices")
+            choices = None if raw_choices is None else _CHOICES.decode(raw_choices)
+            parts = [self._choice_parts(choice, chunk) for choice in choices or ()]
+        except msgspec.DecodeError:  # not this shape (or not JSON): the general path decides
+            doc = json.loads(data)
+            return _ENCODE(doc) if self.feed(doc, chunk=chunk) else None
+        changed = False
+        if isinstance(usage_doc, dict):
+            self.usage = usage_doc
+        if prompt_ids is not None:
+            self._prompt(prompt_ids)
+        if self.strip_ids:
+            for key in ("prompt_token_ids", "prompt_logprobs"):
+                if key in top:
+                    del top[key]
+                    changed = True
+        if choices is None:
+            if not chunk:
+                self.fail("the answer has no choices")
+        else:
+            if len(choices) > 1:
+                self.fail(f"the answer has {len(choices)} choices; a trace holds one (n=1)")
+            for choice, part in zip(choices, parts, strict=True):
+                changed |= self._read_choice(choice, *part, chunk)
+            if changed:
+                top["choices"] = choices  # type: ignore[assignment]  # (encoded as the list it is)
+        return _ENCODE(top) if changed else None
+
+    @staticmethod
+    def _choice_parts(
+        choice: dict[str, msgspec.Raw], chunk: bool
+    ) -> tuple[list[int] | None, list[int] | None, _Logprobs | None, Any, Any]:
+        """One choice's fields the capture reads, decoded (before anything is recorded)."""
+        prompt = choice.get("prompt_token_ids")
+        ids = choice.get("token_ids")
+        logprobs = choice.get("logprobs")
+        reason = choice.get("finish_reason")
+        message = choice.get("delta" if chunk else "message")
+        return (
+            None if prompt is None else _IDS.decode(prompt),
+            None if ids is None else _IDS.decode(ids),
+            None if logprobs is None else _LOGPROBS.decode(logprobs),
+            None if reason is None else _ANY.decode(reason),
+            None if message is None else _ANY.decode(message),
+        )
+
+    def _read_choice(
+        self,
+        choice: dict[str, msgspec.Raw],
+        prompt: list[int] | None,
+        token_ids: list[int] | None,
+        logprobs: _Logprobs | None,
+        reason: Any,
+        message: Any,
+        chunk: bool,
+    ) -> bool:
+        """:meth:`_choice` for a choice read by :meth:`feed_bytes` (the same steps in the same order)."""
+        changed = False
+        if prompt is not None:
+            self._prompt(prompt)
+        if token_ids is not None:
+            if chunk and self.gen_ids is not None:
+                self.gen_ids.extend(token_ids)
+            else:
+                self.gen_ids = token_ids
+        if logprobs is not None and logprobs.content is not None:
+            entries = logprobs.content
+            self._add_logprobs(list(map(_LOGPROB, entries)), list(map(_TOKEN, entries)))
+        if self.strip_ids:
+            for key in ("token_ids", "prompt_token_ids"):
+                if key in choice:
+                    del choice[key]
+                    changed = True
+        if self.strip_logprobs and logprobs is not None:
+            choice["logprobs"] = _NULL
+            changed = True
+        if reason is not None:
+            self.finish_reason = str(reason)
+        if isinstance(message, dict):
+            self._message(message, chunk)
+        return changed
 
     def feed(self, doc: Any, *, chunk: bool) -> bool:
         """Read one answer document (a whole completion, or one stream chunk) and take out what the
@@ -143,25 +272,40 @@ class CallCapture:
     def _logprobs(self, entries: Any) -> None:
         if entries is None:
             return
-        try:  # one pass per field in comprehensions: the gateway's hottest loop
+        try:  # one pass per field in comprehensions
             values = [entry["logprob"] for entry in entries]
         except (TypeError, KeyError):
             self.fail("a logprobs entry has no logprob")
             return
+        try:
+            tokens: list[Any] | None = [entry["token"] for entry in entries]
+        except (TypeError, KeyError):
+            tokens = None
+        self._add_logprobs(values, tokens)
+
+    def _add_logprobs(self, values: list[Any], tokens: list[Any] | None) -> None:
         if self.logprobs is None:
             self.logprobs = values
-            self.logprob_ids = [] if self._as_ids else None
+            self.logprob_tokens = [] if self._as_ids else None
         else:
             self.logprobs.extend(values)
-        if self.logprob_ids is not None:
-            try:
-                ids = [int(entry["token"][_ID_AT:]) for entry in entries if entry["token"][:_ID_AT] == _TOKEN_ID_PREFIX]
-            except (TypeError, KeyError, ValueError):
-                ids = []
-            if len(ids) == len(values):
-                self.logprob_ids.extend(ids)
+        if self.logprob_tokens is not None:
+            if tokens is None:
+                self.logprob_tokens = None  # not ids after all: no second source
             else:
-                self.logprob_ids = None  # not ids after all: no second source
+                self.logprob_tokens.extend(tokens)
+
+    @property
+    def logprob_ids(self) -> list[int] | None:
+        """Generated ids read from ``"token_id:N"`` logprob tokens (None when one is not such)."""
+        tokens = self.logprob_tokens
+        if tokens is None:
+            return None
+        try:
+            ids = [int(token[_ID_AT:]) for token in tokens if token[:_ID_AT] == _TOKEN_ID_PREFIX]
+        except (TypeError, ValueError):
+            return None
+        return ids if len(ids) == len(tokens) else None
 
     def _message(self, message: dict[str, Any], chunk: bool) -> None:
         if isinstance(message.get("role"), str):
@@ -221,10 +365,16 @@ class CallCapture:
         if self.problem is not None:
             return None
         gen_ids = self.gen_ids
-        if self.logprob_ids is not None and self.logprobs:
-            if gen_ids is None:
-                gen_ids = self.logprob_ids  # vLLM before return_token_ids: the "token_id:N" strings
-            elif gen_ids != self.logprob_ids:
+        tokens = self.logprob_tokens
+        # the two sources agree when the tokens read "token_id:<id>" for the ids in order (checked
+        # in C); anything else is read id by id
+        if tokens is not None and self.logprobs and (gen_ids is None or tokens != list(map(_ID_TOKEN, gen_ids))):
+            logprob_ids = self.logprob_ids
+            if logprob_ids is None:
+                pass  # not ids: no second source
+            elif gen_ids is None:
+                gen_ids = logprob_ids  # vLLM before return_token_ids: the "token_id:N" strings
+            elif gen_ids != logprob_ids:
                 self.fail("token_ids and the logprob tokens name different ids")
                 return None
         if self.prompt_ids is None:

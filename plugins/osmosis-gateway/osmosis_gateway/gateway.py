@@ -36,8 +36,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, unquote
 
+import msgspec
+
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import clip, cut_response, drop_connection, http_request, read_limited, start_http_server
+from osmosis_core.plugin import (
+    client_session,
+    clip,
+    cut_response,
+    drop_connection,
+    proxy_options,
+    read_limited,
+    start_http_server,
+)
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, CallCapture, completion_events, prepare_request
 from osmosis_gateway.trace import RolloutTrace, TraceCall
 
@@ -58,8 +68,21 @@ _MAX_BODY: Final = 64 * 1024 * 1024
 _ERROR_CHARS: Final = 500
 
 
-def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+_dumps: Final = msgspec.json.Encoder().encode
+"""Compact JSON, UTF-8 (msgspec: a tenth of json's time on a completion)."""
+_decode: Final = msgspec.json.Decoder().decode
+
+
+def _loads(raw: bytes) -> tuple[Any, bool]:
+    """A JSON document and whether json read it: msgspec reads what an OpenAI client sends, and
+    json what msgspec refuses (NaN, integers over 64 bits), with json's error for what is no JSON.
+
+    :raises ValueError: not JSON.
+    """
+    try:
+        return _decode(raw), False
+    except msgspec.DecodeError:
+        return json.loads(raw), True
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -144,6 +167,7 @@ class PolicyGateway:
         self._slots: dict[str, _Slot] = {}
         self._secrets = (*upstream.secrets(), self.bearer)
         self._upstream_url = upstream.chat_completions_url
+        self._proxy: dict[str, Any] = {}
         self._upstream_headers = {"Content-Type": "application/json", **upstream.headers}
         if upstream.api_key:
             self._upstream_headers["Authorization"] = f"Bearer {upstream.api_key}"
@@ -203,6 +227,8 @@ class PolicyGateway:
         """Listen (inside the running event loop)."""
         if self._runner is not None:
             raise RuntimeError("the gateway is already running")
+        # the upstream is fixed: its proxy (HTTP(S)_PROXY, NO_PROXY) is worked out once, not per call
+        self._proxy = proxy_options(self._upstream_url) or {"proxy": None}
         self._runner, self._port = await start_http_server(
             self._handle, self._host, self._requested_port, max_body=_MAX_BODY
         )
@@ -339,7 +365,7 @@ class PolicyGateway:
         trace.calls.append(call)
         raw = await request.read()
         try:
-            body = json.loads(raw)
+            body, by_json = _loads(raw)
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 raise ValueError("expected a JSON object with a 'messages' array")
         except ValueError as exc:
@@ -356,8 +382,9 @@ class PolicyGateway:
         capture = prepare_request(body, self.adapter)  # (may ask for the whole answer instead of a stream)
         headers = dict(self._upstream_headers)
         headers[ROLLOUT_ID_HEADER] = rollout_id
+        data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() if by_json else _dumps(body)
         try:
-            async with http_request("POST", self._upstream_url, data=_dumps(body), headers=headers) as upstream:
+            async with client_session().post(self._upstream_url, data=data, headers=headers, **self._proxy) as upstream:
                 status = upstream.status
                 kind = upstream.headers.get("Content-Type", "")
                 if stream and status == 200 and kind.startswith("text/event-stream"):
@@ -397,13 +424,13 @@ class PolicyGateway:
             self._finish(trace, call, started, "upstream_error", message, status)
             return web.Response(status=status, body=content, content_type=content_type)
         try:
-            doc = json.loads(content)
+            stripped = capture.feed_bytes(content, chunk=False)
         except ValueError:
             problem = f"the upstream's answer ({content_type}, {len(content)} bytes) is not valid JSON"
             self._finish(trace, call, started, "capture_failed", problem, status)
             return web.Response(status=status, body=content, content_type=content_type)
-        if capture.feed(doc, chunk=False):
-            content = _dumps(doc)
+        if stripped is not None:
+            content = stripped
         self._complete(trace, call, capture, started, status)
         return web.Response(status=status, body=content, content_type=content_type)
 
@@ -422,7 +449,7 @@ class PolicyGateway:
         from aiohttp import web
 
         try:
-            doc = json.loads(content)
+            doc, _ = _loads(content)
             if not isinstance(doc, dict):
                 raise ValueError("not an object")
         except ValueError:
@@ -501,11 +528,11 @@ class PolicyGateway:
     def _event(self, capture: CallCapture, payload: bytes) -> bytes | None:
         """One event's data read into the capture; the rewritten line when the gateway took something out."""
         try:
-            doc = json.loads(payload)
+            stripped = capture.feed_bytes(payload, chunk=True)
         except ValueError:
             capture.fail("a stream event is not valid JSON")
             return None
-        return b"data: " + _dumps(doc) if capture.feed(doc, chunk=True) else None
+        return None if stripped is None else b"data: " + stripped
 
     def _complete(
         self, trace: RolloutTrace, call: TraceCall, capture: CallCapture, started: float, status: int

@@ -59,7 +59,7 @@ def _floats(value: Iterable[float] | None) -> array[float] | None:
     return array("d", value)
 
 
-@attrs.define(kw_only=True)
+@attrs.define(kw_only=True, on_setattr=attrs.setters.NO_OP)  # plain setattr: the gateway sets a dozen per call
 class TraceCall:
     """One model call of a rollout, in the order the calls started."""
 

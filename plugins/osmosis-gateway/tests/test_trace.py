@@ -196,3 +196,60 @@ def test_ids_that_are_not_integers_are_a_capture_failure_and_good_ones_are_store
     assert "not an integer" in capture.problem
     _, tokens = capture_of(completion([5], [entry("x")]), request={"logprobs": True})
     assert [t.typecode for t in tokens] == ["i", "i", "d"]  # 4 bytes an id, not a 36-byte int in a list
+
+
+def vllm_answer(**changes):
+    doc = completion([5, 6], [entry("token_id:5"), entry("token_id:6", -1.0)])
+    doc["choices"][0]["logprobs"]["content"][0]["bytes"] = [104, 105]
+    doc["choices"][0]["message"]["tool_calls"] = [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ]
+    doc |= {"id": "x", "usage": {"prompt_tokens": 2}, "prompt_logprobs": None, "kv_transfer_params": {"a": 1}}
+    for path, value in changes.items():
+        where = doc
+        *keys, last = path.split("__")
+        for key in keys:
+            where = where[int(key)] if isinstance(where, list) else where[key]
+        where[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},  # the shape a vLLM sends: read field by field
+        {"choices__0__prompt_token_ids": [1, 2]},  # (SGLang's place for them)
+        {"choices__0__prompt_token_ids": [9]},
+        {"choices__0__token_ids": [5.5, 6]},  # shapes the field reader refuses: read whole by json
+        {"choices__0__logprobs": [1]},
+        {"choices__0__logprobs__content__1__token": 6},
+        {"choices__0__logprobs__content__1__logprob": None},
+        {"choices__0__token_ids": [5, 7]},
+        {"choices__0__token_ids": None},
+        {"prompt_token_ids": "12"},
+        {"choices": None},
+        {"choices": [{"index": 0}, 3]},
+        {"choices__0__finish_reason": 3},
+    ],
+)
+@pytest.mark.parametrize("chunk", [False, True])
+def test_an_answer_read_from_its_bytes_gives_what_the_document_reader_gives(changes, chunk):
+    doc = vllm_answer(**changes)
+    if chunk:
+        for choice in doc.get("choices") or ():
+            if isinstance(choice, dict) and "message" in choice:
+                choice["delta"] = choice.pop("message")
+    raw = json.dumps(doc, indent=1).encode()  # (whitespace the field reader keeps)
+    by_doc = prepare_request({"messages": []}, "vllm")
+    changed = by_doc.feed(doc, chunk=chunk)
+    by_bytes = prepare_request({"messages": []}, "vllm")
+    stripped = by_bytes.feed_bytes(raw, chunk=chunk)
+    assert (stripped is not None) == changed
+    assert json.loads(stripped or raw) == doc  # the same fields taken out
+    results = [(c.tokens(), c.message(), c.finish_reason, c.usage, c.problem) for c in (by_doc, by_bytes)]
+    assert results[1] == results[0]
+
+
+def test_an_answer_that_is_no_json_is_refused_by_the_bytes_reader():
+    with pytest.raises(ValueError):
+        prepare_request({"messages": []}, "vllm").feed_bytes(b'{"choices": [', chunk=False)
