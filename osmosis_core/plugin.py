@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from osmosis_core._engine.http_session import http_request as http_request
     from osmosis_core._engine.http_session import http_scope as http_scope
     from osmosis_core._engine.http_session import on_close as on_close
+    from osmosis_core._engine.http_session import proxy_options as proxy_options
     from osmosis_core._engine.http_session import read_limited as read_limited
     from osmosis_core._engine.loader import apply_config_table as apply_config_table
     from osmosis_core._engine.loader import load_rollout as load_rollout
@@ -90,6 +91,7 @@ _public_getattr, __dir__, __all__ = lazy_loader.attach(
             "http_request",
             "http_scope",
             "on_close",
+            "proxy_options",
             "read_limited",
         ],
         "_engine.loader": ["apply_config_table", "load_rollout", "resolve_object"],
