@@ -251,5 +251,5 @@ def test_an_answer_read_from_its_bytes_gives_what_the_document_reader_gives(chan
 
 
 def test_an_answer_that_is_no_json_is_refused_by_the_bytes_reader():
-    with pytest.raises(ValueError):
+    with pytest.raises(json.JSONDecodeError):
         prepare_request({"messages": []}, "vllm").feed_bytes(b'{"choices": [', chunk=False)
