@@ -779,7 +779,7 @@ class _Migrator:
         where = self.positions[node]
         if where.end.line == where.start.line or isinstance(node.names, cst.ImportStar):
             return after, before, other
-        ends = [self.positions[a.asname.name if a.asname else a.name].end.line for a in node.names]  # type: ignore[union-attr]
+        ends = [self.positions[a.asname.name if a.asname else a.name].end.line for a in node.names]
         starts = [self.positions[a].start.line for a in node.names]
         lines = self.lines[where.start.line - 1 : where.end.line]
         try:
