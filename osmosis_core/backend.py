@@ -49,7 +49,8 @@ A whole backend plugin (``osmosis_core/testing/example_backend.py``, the README'
                     result = await run_workflow(s.workflow_class, s.workflow_config, request)
                 await rollout.report(result)
                 if not rollout.ended:  # the workflow succeeded and the row is graded
-                    assert s.grader_class is not None and result.sample is not None
+                    assert s.grader_class is not None
+                    assert result.sample is not None
                     await rollout.report(await run_grader(s.grader_class, s.grader_config, request, result.sample))
 
 
