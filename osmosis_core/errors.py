@@ -5,7 +5,7 @@ from __future__ import annotations
 import array
 import functools
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from osmosis_core.records import ErrorCategory, ErrorInfo
@@ -87,20 +87,22 @@ class BackendUnavailable(InfraError):
 _POLICY_MODULES = ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "aiohttp")
 
 
-def _is_policy_failure(exc: BaseException) -> bool:
-    """True for errors of HTTP clients and model SDKs (their module names tell, no import needed)."""
+def _chain(exc: BaseException, *, context: bool = False) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from (``__cause__``; with ``context``, else ``__context__``), each once."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, PolicyError):
-            return True
-        for klass in type(cur).__mro__:
-            module = klass.__module__.split(".", 1)[0]
-            if module in _POLICY_MODULES and klass.__name__ not in ("object", "Exception"):
-                return True
-        cur = cur.__cause__
-    return False
+        yield cur
+        cur = cur.__cause__ or (cur.__context__ if context else None)
+
+
+def _is_policy_failure(exc: BaseException) -> bool:
+    """True for errors of HTTP clients and model SDKs (their module names tell, no import needed)."""
+    return any(
+        isinstance(cur, PolicyError) or any(k.__module__.split(".", 1)[0] in _POLICY_MODULES for k in type(cur).__mro__)
+        for cur in _chain(exc)
+    )
 
 
 def classify_exception(exc: BaseException) -> ErrorCategory:
@@ -272,17 +274,6 @@ def clip(text: str, secrets: Iterable[str | None] = (), limit: int = 300) -> str
     return line if len(line) <= limit else line[: max(0, limit - 1)] + "…"
 
 
-def _policy_error_in(exc: BaseException) -> PolicyError | None:
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, PolicyError):
-            return cur
-        cur = cur.__cause__ or cur.__context__
-    return None
-
-
 def error_info(
     exc: BaseException, *, secrets: Iterable[str | None] = (), category: ErrorCategory | None = None
 ) -> ErrorInfo:
@@ -291,7 +282,7 @@ def error_info(
     When a framework wrapped a :class:`PolicyError`, the message is the policy error's own (it
     names the endpoint and the status).
     """
-    inner = _policy_error_in(exc)
+    inner = next((e for e in _chain(exc, context=True) if isinstance(e, PolicyError)), None)
     if inner is not None and category is None:
         exc, category = inner, ErrorCategory.POLICY_ERROR
     message = str(exc).strip() or type(exc).__name__

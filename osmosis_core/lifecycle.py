@@ -11,16 +11,8 @@ Ray actor); what happens around it is the same everywhere and lives here:
   a fresh instance with a config copy, the stage's timeout, the error category of what it raised,
   a failed workflow's partial sample, the grader's label and reward checks.
 
-A backend that runs rollouts on this event loop is a few lines (the example of the README and the
-contract suite, ``osmosis_core.testing.example_backend``)::
-
-    async def execute(self, request, on_workflow_complete, on_grader_complete=None):
-        async with Rollout(request, on_workflow_complete, on_grader_complete) as rollout, self.slots:
-            result = await run_workflow(self.setup.workflow_class, self.setup.workflow_config, request)
-            await rollout.report(result)
-            if result.ok and self.setup.grader_class is not None and request.grade:
-                await rollout.report(await run_grader(
-                    self.setup.grader_class, self.setup.grader_config, request, result.sample))
+A whole backend built on them is the example in :mod:`osmosis_core.backend` (the README's, and
+``osmosis_core.testing.example_backend``, which the contract suite runs).
 """
 
 from __future__ import annotations

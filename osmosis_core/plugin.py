@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import lazy_loader
 
-from osmosis_core.deprecation import moved_names, warn_deprecated
+from osmosis_core import deprecation as _deprecation
 
 if TYPE_CHECKING:
     from osmosis_core._engine.builtin import local_backend as local_backend
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from osmosis_core.templates import MULTIPLY_DATASET as MULTIPLY_DATASET
     from osmosis_core.templates import GraderSpec as GraderSpec
     from osmosis_core.templates import TemplateSpec as TemplateSpec
+    from osmosis_core.templates import multiply_template as multiply_template
     from osmosis_core.traces import TraceGateway as TraceGateway
     from osmosis_core.wire import policy_from_json as policy_from_json
     from osmosis_core.wire import policy_to_json as policy_to_json
@@ -114,7 +115,7 @@ _public_getattr, __dir__, __all__ = lazy_loader.attach(
         "lazy": ["attach_stub"],
         "lifecycle": ["Rollout", "run_grader", "run_workflow"],
         "policy": ["chat_completion_problem"],
-        "templates": ["GUIDES_ROOT", "GraderSpec", "MULTIPLY_DATASET", "TemplateSpec"],
+        "templates": ["GUIDES_ROOT", "GraderSpec", "MULTIPLY_DATASET", "TemplateSpec", "multiply_template"],
         "traces": ["TraceGateway"],
         "wire": [
             "policy_from_json",
@@ -161,7 +162,7 @@ def _plugin_getattr(name: str) -> Any:
         module, instead = _MOVED[name]
         where = instead if "." in instead else f"{module}.{name}"
         # stacklevel 4: past this function and moved_names' __getattr__, at the caller's line
-        warn_deprecated(f"osmosis_core.plugin.{name}", where, "0.2.0", stacklevel=4)
+        _deprecation.warn_deprecated(f"osmosis_core.plugin.{name}", where, "0.2.0", stacklevel=4)
         import importlib
 
         return getattr(importlib.import_module(module), name)
@@ -172,7 +173,7 @@ def _plugin_getattr(name: str) -> Any:
 
 # the openai client moved to the osmosis-openai distribution (CHANGELOG 0.2.0)
 _OPENAI_CLIENT = ("policy_error", "rollout_openai_client")
-__getattr__ = moved_names(
+__getattr__ = _deprecation.moved_names(
     __name__,
     {name: (f"osmosis_openai:{name}", "0.2.0", "osmosis-openai") for name in _OPENAI_CLIENT},
     fallback=_plugin_getattr,

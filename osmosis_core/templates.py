@@ -33,6 +33,7 @@ __all__ = [
     "TemplateSpec",
     "apply_template",
     "examples_root",
+    "multiply_template",
 ]
 
 _SKIP = ("__pycache__", "*.pyc", ".DS_Store", ".venv", "runs")
@@ -113,6 +114,27 @@ class TemplateSpec:
                 if regex.fullmatch(rel.as_posix()):
                     found.add(rel)
         return sorted(found)
+
+
+def multiply_template(
+    name: str, root: Path, description: str, *, extra_files: Mapping[str, Path] | None = None
+) -> TemplateSpec:
+    """A template of the multiply examples: ``root``'s files with the guides (:data:`GUIDES_ROOT`), the
+    shared dataset at ``data/multiply.jsonl`` and ``configs/eval/<name>.toml`` as the next step.
+
+    >>> spec = multiply_template("multiply-mine", Path("template"), "My multiply agent.")
+    >>> spec.next_steps
+    'osmosis run configs/eval/multiply-mine.toml --stub-policy'
+    """
+    return TemplateSpec(
+        name,
+        root,
+        description=description,
+        next_steps=f"osmosis run configs/eval/{name}.toml --stub-policy",
+        layers=(GUIDES_ROOT,),
+        variables={"dataset": "data/multiply.jsonl"},
+        extra_files={"data/multiply.jsonl": MULTIPLY_DATASET, **(extra_files or {})},
+    )
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:

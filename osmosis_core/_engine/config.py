@@ -1,44 +1,6 @@
 """The TOML run config of ``osmosis run``, read with attrs + cattrs; every problem names its key path.
 
-A complete config (``configs/eval/multiply-plain.toml``)::
-
-    [rollout]
-    path = "rollouts/multiply-plain"     # the rollout's folder, put on sys.path
-    entrypoint = "main.py"               # the module defining the workflow and grader
-    # workflow = "MultiplyWorkflow"      # optional: a class in the entrypoint, or "pkg.mod:Class"
-    # grader = "MultiplyGrader"          # optional: a class, "pkg.mod:Class", a registered name, or "none"
-
-    [rollout.workflow_config]            # fields of the workflow's config_type
-    max_turns = 6
-
-    [dataset]
-    path = "rollouts/multiply-plain/data/multiply.jsonl"
-    limit = 100
-
-    [policy]
-    base_url = "http://127.0.0.1:8000/v1"
-    model = "Qwen/Qwen3-8B"
-    api_key_env = "OPENAI_API_KEY"       # the key is read from this variable, never stored
-    max_response_mb = 64                 # a larger response body is a policy_error
-
-    [run]
-    backend = "local"
-    concurrency = 8
-    workers = 1                          # processes for CPU-bound agent frameworks (local backend)
-    n_samples = 1
-    agent_timeout_sec = 300
-    grader_timeout_sec = 60
-    pass_threshold = 1.0
-    max_failure_rate = 0.2               # exit 1 above it (always when every rollout failed)
-    require_labels = false               # true: a row without ground_truth fails instead of running ungraded
-    output = "runs/multiply-plain"
-
-    [backend.harbor]                     # the chosen backend's own table (a plugin's; local takes none)
-    n_concurrent = 8
-
-    [traces]                             # record each model call's tokens (osmosis-gateway); also --traces
-    adapter = "vllm"                     # vllm, sglang or openai (text only)
-
+The keys, with a complete example, are in the README ("The run config"; ``configs/eval/multiply-plain.toml``).
 Relative paths are resolved against the workspace root: the folder holding ``configs/`` when the
 file sits in ``configs/<kind>/``, else the config file's own folder.
 """

@@ -20,27 +20,15 @@ The session:
 Send requests with :func:`http_request`: it adds the proxy that ``HTTP_PROXY`` / ``HTTPS_PROXY`` /
 ``NO_PROXY`` name for the URL's host, worked out once per host. (aiohttp's own ``trust_env`` reads
 the environment and ``~/.netrc`` again in a thread for every request: two thread hops, a third of
-the client's CPU at a hundred concurrent calls, ``bench/http_transport.py``.)::
-
-    async with http_request("POST", url, json=body, headers=headers) as response:
-        data = await response.json()
+the client's CPU at a hundred concurrent calls, ``bench/http_transport.py``.)
 
 **Closing.** The clients of a loop live until :func:`aclose_http` is awaited on that loop. Whoever
 runs a loop closes them before the loop ends, with ``async with http_scope():`` around the loop's
 work or by awaiting :func:`aclose_http` last. Every loop osmosis runs does (``osmosis run``, the
 worker processes, the runner inside a Harbor trial, :func:`osmosis_core.testing.run_rollout_sync`,
-the rollout server's shutdown), and so does the local backend's ``aclose()``. In your own program::
-
-    import asyncio
-    from osmosis_core._engine.http_session import http_scope
-
-    async def main():
-        async with http_scope():
-            await backend.execute(request, on_workflow_complete, on_grader_complete)
-
-    asyncio.run(main())
-
-A module that keeps its own per-loop client registers how to close it with :func:`on_close`.
+the rollout server's shutdown), and so does the local backend's ``aclose()``; in your own
+program, :func:`http_scope`. A module that keeps its own per-loop client registers how to close
+it with :func:`on_close`.
 """
 
 from __future__ import annotations
@@ -206,7 +194,14 @@ async def aclose_http() -> None:
 
 @asynccontextmanager
 async def http_scope() -> AsyncIterator[None]:
-    """``async with http_scope():``: the loop's HTTP clients are closed when the block ends."""
+    """``async with http_scope():``: the loop's HTTP clients are closed when the block ends::
+
+    from osmosis_core.plugin import http_scope
+
+    async def main():
+        async with http_scope():
+            await backend.execute(request, on_workflow_complete, on_grader_complete)
+    """
     try:
         yield
     finally:

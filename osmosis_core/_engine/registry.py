@@ -22,7 +22,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -90,6 +90,8 @@ _KINDS: dict[str, tuple[str, str]] = {
     "osmosis_register_graders": ("graders", "osmosis_core.templates:GraderSpec"),
 }
 """Register hook -> (what ``provides`` calls its records, the record class it must return)."""
+_HOOK_OF = {kind[:-1]: hook for hook, (kind, _) in _KINDS.items()}
+"""``backend`` / ``template`` / ``grader`` -> its register hook."""
 
 
 def _check_records(hook_name: str, items: Any) -> list[Any]:
@@ -180,7 +182,7 @@ class PluginRegistry:
             if ep.name in self._disabled or (self._only is not None and ep.name not in self._only):
                 info = self._record(ep.name, dist, version, ep.value, "disabled")
             else:
-                info = self._load(ep.name, ep.value, dist, version, _loader(ep), False)
+                info = self._load(ep.name, ep.value, dist, version, ep.load, False)
             seen[ep.name] = info
 
     def _load(
@@ -253,9 +255,8 @@ class PluginRegistry:
         return info if info is not None else PluginInfo(str(self.pm.get_name(plugin)), "?", "?", "?", "active")
 
     def _collect(self, hook_name: str) -> dict[str, list[_Provided[Any]]]:
-        if hook_name in self._cache:
-            return self._cache[hook_name]  # type: ignore[no-any-return]
-        self._validate()
+        if hook_name not in self._cache:
+            self._validate()
         return self._cache[hook_name]  # type: ignore[no-any-return]
 
     def _validate(self) -> None:
@@ -325,17 +326,13 @@ class PluginRegistry:
             )
         return providers[0].item
 
-    def _all(self, hook_name: str, kind: str) -> list[Any]:
+    def _all(self, hook_name: str) -> list[Any]:
         return [ps[0].item for _, ps in sorted(self._collect(hook_name).items())]
 
     def conflicts(self) -> list[str]:
         """One line per name claimed by more than one plugin."""
         lines = []
-        for hook_name, kind in (
-            ("osmosis_register_backends", "backend"),
-            ("osmosis_register_templates", "template"),
-            ("osmosis_register_graders", "grader"),
-        ):
+        for kind, hook_name in _HOOK_OF.items():
             for name, providers in sorted(self._collect(hook_name).items()):
                 if len(providers) > 1:
                     who = ", ".join(f"{p.plugin.name} ({p.plugin.distribution})" for p in providers)
@@ -348,15 +345,12 @@ class PluginRegistry:
 
     def provider_of(self, kind: str, name: str) -> PluginInfo | None:
         """The plugin that registered the ``kind`` (``backend``, ``template``, ``grader``) called ``name``."""
-        hook = {"backend": "osmosis_register_backends", "template": "osmosis_register_templates"}.get(
-            kind, "osmosis_register_graders"
-        )
-        providers = self._collect(hook).get(_normalise(name))
+        providers = self._collect(_HOOK_OF.get(kind, "osmosis_register_graders")).get(_normalise(name))
         return providers[0].plugin if providers else None
 
     def backends(self) -> list[BackendSpec]:
         """Every registered backend spec (first provider of each name)."""
-        return self._all("osmosis_register_backends", "backend")
+        return self._all("osmosis_register_backends")
 
     def template(self, name: str) -> TemplateSpec:
         """The template spec called ``name``."""
@@ -364,7 +358,7 @@ class PluginRegistry:
 
     def templates(self) -> list[TemplateSpec]:
         """Every registered template spec."""
-        return self._all("osmosis_register_templates", "template")
+        return self._all("osmosis_register_templates")
 
     def grader(self, name: str) -> GraderSpec:
         """The grader spec called ``name``."""
@@ -372,7 +366,7 @@ class PluginRegistry:
 
     def graders(self) -> list[GraderSpec]:
         """Every registered grader spec."""
-        return self._all("osmosis_register_graders", "grader")
+        return self._all("osmosis_register_graders")
 
     def add_commands(self, cli: click.Group) -> None:
         """Let every plugin add its commands; a plugin that fails here is reported and skipped.
@@ -442,10 +436,6 @@ _FIRST_PARTY: dict[tuple[str, str], str] = {
 def first_party_hint(kind: str, name: str) -> str | None:
     """The first-party distribution that provides the ``kind`` called ``name`` (to say what to install)."""
     return _FIRST_PARTY.get((kind, _normalise(name)))
-
-
-def _loader(ep: EntryPoint) -> Callable[[], object]:
-    return ep.load
 
 
 def _normalise(name: str) -> str:

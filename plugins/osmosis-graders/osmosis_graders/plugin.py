@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from osmosis_core.plugin import GUIDES_ROOT, MULTIPLY_DATASET, GraderSpec, TemplateSpec, hookimpl
+from osmosis_core.plugin import MULTIPLY_DATASET, GraderSpec, TemplateSpec, hookimpl, multiply_template
 
 __all__ = ["GRADERS", "TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_graders", "osmosis_register_templates"]
 
@@ -47,16 +47,10 @@ def osmosis_register_graders() -> list[GraderSpec]:
 @hookimpl
 def osmosis_register_templates() -> list[TemplateSpec]:
     return [
-        TemplateSpec(
+        multiply_template(
             TEMPLATE_NAME,
             TEMPLATE_ROOT,
-            description="The multiply agent graded by name: weighted = 0.1 format (regex) + 0.9 exact-match.",
-            next_steps=f"osmosis run configs/eval/{TEMPLATE_NAME}.toml --stub-policy",
-            layers=(GUIDES_ROOT,),
-            variables={"dataset": "data/multiply.jsonl"},
-            extra_files={
-                "data/multiply.jsonl": MULTIPLY_DATASET,
-                f"rollouts/{TEMPLATE_NAME}/main.py": MULTIPLY_ROLLOUT / "main.py",
-            },
+            "The multiply agent graded by name: weighted = 0.1 format (regex) + 0.9 exact-match.",
+            extra_files={f"rollouts/{TEMPLATE_NAME}/main.py": MULTIPLY_ROLLOUT / "main.py"},
         )
     ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from osmosis_core import BackendSpec, TemplateSpec, hookimpl
-from osmosis_core.plugin import GUIDES_ROOT, MULTIPLY_DATASET
+from osmosis_core.plugin import multiply_template
 
 __all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_backends", "osmosis_register_templates"]
 
@@ -33,13 +33,9 @@ def osmosis_register_backends() -> list[BackendSpec]:
 @hookimpl
 def osmosis_register_templates() -> list[TemplateSpec]:
     return [
-        TemplateSpec(
+        multiply_template(
             TEMPLATE_NAME,
             TEMPLATE_ROOT,
-            description="A Strands multiply agent, each rollout in an isolated Harbor trial (no Docker needed).",
-            next_steps=f"osmosis run configs/eval/{TEMPLATE_NAME}.toml --stub-policy",
-            layers=(GUIDES_ROOT,),
-            variables={"dataset": "data/multiply.jsonl"},
-            extra_files={"data/multiply.jsonl": MULTIPLY_DATASET},
+            "A Strands multiply agent, each rollout in an isolated Harbor trial (no Docker needed).",
         )
     ]

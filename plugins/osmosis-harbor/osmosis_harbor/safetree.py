@@ -167,13 +167,7 @@ class SafeTree:
                 raise PermissionError(f"refusing to copy {'/'.join(parts)} out: not a regular file")
             target = Path(target)
             target.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                if target.is_symlink():
-                    target.unlink()
-            with open(target, "wb") as out:
-                while block := os.read(src, _CHUNK):
-                    out.write(block)
-            os.chmod(target, st.st_mode & 0o777)
+            _copy_out(src, st.st_mode, target)
         finally:
             os.close(src)
 
@@ -195,14 +189,8 @@ class SafeTree:
                         src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
                     except OSError:
                         continue
-                    dest = target_dir / rel / name
                     try:
-                        if dest.is_symlink():
-                            dest.unlink()
-                        with open(dest, "wb") as out:
-                            while block := os.read(src, _CHUNK):
-                                out.write(block)
-                        os.chmod(dest, st.st_mode & 0o777)
+                        _copy_out(src, st.st_mode, target_dir / rel / name)
                     finally:
                         os.close(src)
 
@@ -229,3 +217,15 @@ class SafeTree:
 def _check_part(part: str) -> None:
     if not part or part in (".", "..") or "/" in part or "\0" in part:
         raise ValueError(f"bad path component {part!r}")
+
+
+def _copy_out(src: int, mode: int, target: Path) -> None:
+    """Write the open file ``src`` to the host path ``target`` with ``mode``'s permission bits; a
+    symlink at ``target`` is replaced, not followed."""
+    with contextlib.suppress(FileNotFoundError):
+        if target.is_symlink():
+            target.unlink()
+    with open(target, "wb") as out:
+        while block := os.read(src, _CHUNK):
+            out.write(block)
+    os.chmod(target, mode & 0o777)

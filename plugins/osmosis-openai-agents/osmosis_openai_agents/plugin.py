@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from osmosis_core import TemplateSpec, hookimpl
-from osmosis_core.plugin import GUIDES_ROOT, MULTIPLY_DATASET
+from osmosis_core.plugin import multiply_template
 
 __all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_templates"]
 
@@ -21,13 +21,9 @@ TEMPLATE_ROOT = Path(__file__).resolve().parent / "template"
 @hookimpl
 def osmosis_register_templates() -> list[TemplateSpec]:
     return [
-        TemplateSpec(
+        multiply_template(
             TEMPLATE_NAME,
             TEMPLATE_ROOT,
-            description="A tool-calling multiply agent on the OpenAI Agents SDK (OsmosisAgent + Runner.run).",
-            next_steps=f"osmosis run configs/eval/{TEMPLATE_NAME}.toml --stub-policy",
-            layers=(GUIDES_ROOT,),
-            variables={"dataset": "data/multiply.jsonl"},
-            extra_files={"data/multiply.jsonl": MULTIPLY_DATASET},
+            "A tool-calling multiply agent on the OpenAI Agents SDK (OsmosisAgent + Runner.run).",
         )
     ]
