@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import lazy_loader
 
-from osmosis_core.deprecation import moved_names, warn_deprecated
+from osmosis_core import deprecation as _deprecation
 
 if TYPE_CHECKING:
     from osmosis_core._engine.builtin import local_backend as local_backend
@@ -167,7 +167,7 @@ def _plugin_getattr(name: str) -> Any:
         module, instead = _MOVED[name]
         where = instead if "." in instead else f"{module}.{name}"
         # stacklevel 4: past this function and moved_names' __getattr__, at the caller's line
-        warn_deprecated(f"osmosis_core.plugin.{name}", where, "0.2.0", stacklevel=4)
+        _deprecation.warn_deprecated(f"osmosis_core.plugin.{name}", where, "0.2.0", stacklevel=4)
         import importlib
 
         return getattr(importlib.import_module(module), name)
@@ -178,7 +178,7 @@ def _plugin_getattr(name: str) -> Any:
 
 # the openai client moved to the osmosis-openai distribution (CHANGELOG 0.2.0)
 _OPENAI_CLIENT = ("policy_error", "rollout_openai_client")
-__getattr__ = moved_names(
+__getattr__ = _deprecation.moved_names(
     __name__,
     {name: (f"osmosis_openai:{name}", "0.2.0", "osmosis-openai") for name in _OPENAI_CLIENT},
     fallback=_plugin_getattr,
