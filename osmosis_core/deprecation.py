@@ -61,7 +61,7 @@ def moved_names(
     the new name are the same object). When the new home is in another distribution, the warning
     says ``pip install <distribution>``, and so does the ImportError when it is not installed.
     Any other name goes to ``fallback`` (a package's own lazy ``__getattr__``, as
-    :func:`osmosis_core.lazy.attach_stub` returns it), or is an AttributeError.
+    ``lazy_loader.attach`` returns it), or is an AttributeError.
     """
 
     def __getattr__(name: str) -> Any:

@@ -1,24 +1,18 @@
-"""Lazy public names for a package: each name is written once, in the package's ``.pyi`` stub.
+"""Deprecated since 0.2.0: 0.1's lazy-export helpers, kept working (with a warning) for one release.
 
-The stub next to the package's ``__init__.py`` lists the public names as ``from MODULE import NAME
-as NAME`` lines: type checkers and IDEs read it, and :func:`attach_stub` reads the same lines to
-import each name's module on first use, and derives ``__all__`` from them. So ``import osmosis_core``
-(and the ``osmosis`` CLI, and a plugin's entry module) stays light, and a name cannot be exported
-in one place and forgotten in another. It is SPEC 1 of the Scientific Python project
-(``lazy_loader.attach_stub``), which accepts only relative imports; this one takes absolute ones
-too, so a package can re-export names that live outside it (``osmosis_core.plugin``)::
+A package now loads its public names with ``lazy_loader.attach`` and imports the same names under
+``if TYPE_CHECKING:``, so type checkers and "go to definition" land in the real code (no ``.pyi``
+stub); ``osmosis_core.testing.check_lazy_exports`` checks the two lists agree::
 
     # my_plugin/__init__.py
-    from osmosis_core.lazy import attach_stub
+    from typing import TYPE_CHECKING
 
-    __version__ = "0.1.0"
-    __getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+    import lazy_loader
 
-    # my_plugin/__init__.pyi
-    from my_plugin.agent import MyAgent as MyAgent
-    from my_plugin.config import MyConfig as MyConfig
+    if TYPE_CHECKING:
+        from my_plugin.agent import MyAgent as MyAgent
 
-    __version__: str
+    __getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={"agent": ["MyAgent"]})
 """
 
 from __future__ import annotations
@@ -26,46 +20,43 @@ from __future__ import annotations
 import ast
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["attach_stub", "stub_exports"]
+from osmosis_core.deprecation import warn_deprecated
+
+__all__: list[str] = []
+
+_INSTEAD = "lazy_loader.attach(__name__, submod_attrs=...) with the names imported under TYPE_CHECKING"
 
 
-def lazy_exports(
-    package: str, exports: dict[str, str], public: list[str]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """Deprecated since 0.2.0: write the names once in a ``.pyi`` stub and use :func:`attach_stub`.
-
-    The module-level ``__getattr__`` and ``__dir__`` of ``package`` for ``exports`` (public name
-    -> the module that defines it), as 0.1 documented it.
-    """
-    from osmosis_core.deprecation import warn_deprecated
-
-    warn_deprecated("osmosis_core.lazy.lazy_exports", "osmosis_core.lazy.attach_stub", "0.2.0")
-
+def _getattr(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(module), name)
-        setattr(sys.modules[package], name, value)
+        setattr(sys.modules[package], name, value)  # cached: the next access is a plain attribute
         return value
 
-    def __dir__() -> list[str]:
-        return sorted(public)
-
-    return __getattr__, __dir__
+    return __getattr__
 
 
-def stub_exports(stub: Path | str, package: str) -> dict[str, str]:
-    """Public name -> the module that defines it, from the ``from M import N as N`` lines of ``stub``.
+def lazy_exports(
+    package: str, exports: dict[str, str], public: list[str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """Deprecated since 0.2.0: use ``lazy_loader.attach``.
 
-    Relative imports resolve against ``package``.
-    :raises ValueError: a line the loader cannot follow (``import *``, a renamed import).
+    The module-level ``__getattr__`` and ``__dir__`` of ``package`` for ``exports`` (public name
+    -> the module that defines it), as 0.1 documented it.
     """
-    tree = ast.parse(Path(stub).read_text(encoding="utf-8"), filename=str(stub))
+    warn_deprecated("osmosis_core.lazy.lazy_exports", _INSTEAD, "0.2.0")
+    return _getattr(package, exports), lambda: sorted(public)
+
+
+def _stub_exports(stub: Path, package: str) -> dict[str, str]:
+    tree = ast.parse(stub.read_text(encoding="utf-8"), filename=str(stub))
     exports: dict[str, str] = {}
     for node in tree.body:
         if not isinstance(node, ast.ImportFrom):
@@ -81,25 +72,31 @@ def stub_exports(stub: Path | str, package: str) -> dict[str, str]:
     return exports
 
 
+def stub_exports(stub: Path | str, package: str) -> dict[str, str]:
+    """Deprecated since 0.2.0: public name -> the module that defines it, from the
+    ``from M import N as N`` lines of a ``.pyi`` stub (relative imports resolve against ``package``).
+
+    :raises ValueError: a line the loader cannot follow (``import *``, a renamed import).
+    """
+    warn_deprecated("osmosis_core.lazy.stub_exports", _INSTEAD, "0.2.0")
+    return _stub_exports(Path(stub), package)
+
+
 def attach_stub(package: str, init_file: str) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
-    """The module-level ``__getattr__``, ``__dir__`` and ``__all__`` of ``package`` from its ``.pyi`` stub.
+    """Deprecated since 0.2.0: use ``lazy_loader.attach`` (see this module's docstring).
+
+    The module-level ``__getattr__``, ``__dir__`` and ``__all__`` of ``package`` from the
+    ``from M import N as N`` lines of its ``.pyi`` stub, as 0.1 documented it.
 
     :param package: the package's ``__name__``.
     :param init_file: its ``__file__`` (the stub is the same path with ``.pyi``).
     """
-    exports = stub_exports(Path(init_file).with_suffix(".pyi"), package)
+    warn_deprecated("osmosis_core.plugin.attach_stub / osmosis_core.lazy.attach_stub", _INSTEAD, "0.2.0")
+    exports = _stub_exports(Path(init_file).with_suffix(".pyi"), package)
     public = sorted(exports)
-
-    def __getattr__(name: str) -> Any:
-        module = exports.get(name)
-        if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        setattr(sys.modules[package], name, value)  # cached: the next access is a plain attribute
-        return value
 
     def __dir__() -> list[str]:
         module = vars(sys.modules[package])
         return sorted({*public, *(name for name in module if name == "__version__" or not name.startswith("_"))})
 
-    return __getattr__, __dir__, public
+    return _getattr(package, exports), __dir__, public

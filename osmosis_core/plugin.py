@@ -10,6 +10,12 @@ A complete backend plugin is the example in :mod:`osmosis_core.backend` (the sam
 README's and ``osmosis_core/testing/example_backend.py``).
 
 Check it with the backend contract suite (``osmosis_core.testing.BackendContract``).
+
+A plugin whose package should import fast (the ``osmosis`` CLI loads every plugin's entry module)
+loads its public names on first use with ``lazy_loader.attach`` and imports the same names under
+``if TYPE_CHECKING:`` for type checkers, as the first-party plugins do;
+``osmosis_core.testing.check_lazy_exports`` checks the two lists agree. (0.1's ``attach_stub`` and
+its ``.pyi`` stub still work, with a warning, for this release.)
 """
 
 from typing import TYPE_CHECKING, Any
@@ -58,7 +64,6 @@ if TYPE_CHECKING:
     from osmosis_core.errors import redact as redact
     from osmosis_core.errors import redact_data as redact_data
     from osmosis_core.hookspecs import hookimpl as hookimpl
-    from osmosis_core.lazy import attach_stub as attach_stub
     from osmosis_core.lifecycle import Rollout as Rollout
     from osmosis_core.lifecycle import run_grader as run_grader
     from osmosis_core.lifecycle import run_workflow as run_workflow
@@ -112,7 +117,6 @@ _public_getattr, __dir__, __all__ = lazy_loader.attach(
         "deprecation": ["OsmosisDeprecationWarning", "moved_names", "warn_deprecated"],
         "errors": ["BackendUnavailable", "clip", "error_info", "redact", "redact_data"],
         "hookspecs": ["hookimpl"],
-        "lazy": ["attach_stub"],
         "lifecycle": ["Rollout", "run_grader", "run_workflow"],
         "policy": ["chat_completion_problem"],
         "templates": ["GUIDES_ROOT", "GraderSpec", "MULTIPLY_DATASET", "TemplateSpec", "multiply_template"],
@@ -158,6 +162,10 @@ _MOVED: dict[str, tuple[str, str]] = {
 
 
 def _plugin_getattr(name: str) -> Any:
+    if name == "attach_stub":  # deprecated (CHANGELOG 0.2.0): it warns when called
+        from osmosis_core.lazy import attach_stub
+
+        return attach_stub
     if name in _MOVED:
         module, instead = _MOVED[name]
         where = instead if "." in instead else f"{module}.{name}"

@@ -101,6 +101,59 @@ def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
         assert value is getattr(importlib.import_module(new_home), name)
 
 
+STUB_PACKAGE = """\
+from {home} import attach_stub
+
+__version__ = "0.1.0"
+__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+"""
+
+
+@pytest.mark.parametrize("home", ["osmosis_core.plugin", "osmosis_core.lazy"])
+def test_a_package_on_0_1s_attach_stub_still_loads_lazily_and_warns_once_at_its_own_line(tmp_path, monkeypatch, home):
+    import importlib
+    import sys
+
+    package = tmp_path / "stub_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(STUB_PACKAGE.format(home=home))
+    (package / "__init__.pyi").write_text("from stub_pkg.parts import Part as Part\n\n__version__: str\n")
+    (package / "parts.py").write_text("class Part:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("stub_pkg")]:
+        monkeypatch.delitem(sys.modules, name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stub_pkg = importlib.import_module("stub_pkg")
+    assert [w.category for w in caught] == [OsmosisDeprecationWarning]
+    assert "attach_stub is deprecated since osmosis 0.2.0" in str(caught[0].message)
+    assert "use lazy_loader.attach(" in str(caught[0].message)
+    assert caught[0].filename == str(package / "__init__.py")
+    assert "stub_pkg.parts" not in sys.modules
+    assert stub_pkg.__all__ == ["Part"]
+    assert stub_pkg.Part is importlib.import_module("stub_pkg.parts").Part
+    assert {"Part", "__version__"} <= set(dir(stub_pkg))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        stub_pkg.nope  # noqa: B018
+
+
+def test_attach_stub_is_no_longer_in_the_plugin_api_but_still_there():
+    import osmosis_core.plugin
+    from osmosis_core.lazy import attach_stub
+
+    assert "attach_stub" not in osmosis_core.plugin.__all__
+    assert osmosis_core.plugin.attach_stub is attach_stub
+
+
+def test_stub_exports_warns_and_reads_the_stub(tmp_path):
+    from osmosis_core.lazy import stub_exports
+
+    stub = tmp_path / "pkg.pyi"
+    stub.write_text("from .mod import A as A\nfrom json import dumps as dumps\n")
+    with pytest.warns(OsmosisDeprecationWarning, match="stub_exports is deprecated"):
+        assert stub_exports(stub, "pkg") == {"A": "pkg.mod", "dumps": "json"}
+
+
 def test_an_unknown_name_is_still_an_attribute_error():
     import osmosis_core.plugin
     import osmosis_core.results
@@ -114,6 +167,7 @@ def test_an_unknown_name_is_still_an_attribute_error():
 def test_every_deprecation_is_in_the_changelog():
     changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
     names = ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire")
+    names += ("osmosis_core.plugin.attach_stub", "osmosis_core.lazy.stub_exports")
     moved = ("osmosis_core.runner", "osmosis_core.plugins", "config_options", "build_backend", "RunLock")
     for name in (*names, *moved, "osmosis_core.plugin.rollout_openai_client", "osmosis_core.plugin.policy_error"):
         assert name in changelog, name

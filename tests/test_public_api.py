@@ -4,9 +4,9 @@ everything else is private to the core, and import-linter fails a plugin that im
 
 from __future__ import annotations
 
-import ast
 import importlib
 import pkgutil
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,37 +16,11 @@ from pathlib import Path
 import pytest
 
 import osmosis_core
+from osmosis_core.testing import check_lazy_exports
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = {"osmosis_core.plugin", "osmosis_core.frontend", "osmosis_core.testing"}
 PLUGIN_CONTRACT = "Plugins use the public API only"
-
-
-def _lazy_names(module_name: str) -> tuple[dict[str, str], dict[str, str]]:
-    """(name -> module) from the ``if TYPE_CHECKING:`` imports, and from the ``lazy_loader.attach`` table."""
-    module = importlib.import_module(module_name)
-    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
-    typed: dict[str, str] = {}
-    lazy: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            for imp in node.body:
-                assert isinstance(imp, ast.ImportFrom)
-                assert imp.module
-                for alias in imp.names:
-                    if alias.asname == alias.name:  # `import X as X`: a re-export (else for annotations only)
-                        typed[alias.name] = imp.module
-        if (
-            isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Call)
-            and "attach" in ast.unparse(node.value.func)
-        ):
-            package = (
-                ast.literal_eval(node.value.args[0]) if isinstance(node.value.args[0], ast.Constant) else module_name
-            )
-            table = ast.literal_eval(next(k.value for k in node.value.keywords if k.arg == "submod_attrs"))
-            lazy.update({name: f"{package}.{sub}" for sub, names in table.items() for name in names})
-    return typed, lazy
 
 
 @pytest.mark.parametrize(
@@ -55,17 +29,42 @@ def _lazy_names(module_name: str) -> tuple[dict[str, str], dict[str, str]]:
         ("osmosis_core", set()),
         ("osmosis_core.plugin", set()),
         ("osmosis_core.frontend", {"LoadedRun", "RunFiles", "load_run"}),
+        ("osmosis_core.testing", set()),
     ],
 )
 def test_what_type_checkers_read_is_what_the_lazy_loader_hands_out(module_name, own):
-    typed, lazy = _lazy_names(module_name)
-    assert typed
-    assert typed == lazy
-    module = importlib.import_module(module_name)
-    assert module.__all__ == sorted({*typed, *own})
-    assert set(module.__all__) <= set(dir(module))
-    for name, home in typed.items():
-        assert getattr(module, name) is getattr(importlib.import_module(home), name), (module_name, name)
+    """Each plugin checks its own package the same way (its tests run with only the core installed)."""
+    check_lazy_exports(module_name, own=own)
+
+
+def test_the_check_fails_a_name_missing_from_either_list(tmp_path, monkeypatch):
+    package = tmp_path / "lazy_pkg"
+    package.mkdir()
+    (package / "mod.py").write_text("A = 1\nB = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    init = """\
+from typing import TYPE_CHECKING
+
+import lazy_loader
+
+if TYPE_CHECKING:
+    from lazy_pkg.mod import A as A
+{extra}
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={{"mod": [{names}]}})
+"""
+    for extra, names, message in [
+        ("    from lazy_pkg.mod import B as B", '"A"', "only under TYPE_CHECKING: ['B']"),
+        ("", '"A", "B"', "only in lazy_loader.attach: ['B']"),
+    ]:
+        (package / "__init__.py").write_text(init.format(extra=extra, names=names))
+        for name in [m for m in sys.modules if m.startswith("lazy_pkg")]:
+            monkeypatch.delitem(sys.modules, name)
+        importlib.invalidate_caches()
+        with pytest.raises(AssertionError, match=re.escape(message)):
+            check_lazy_exports("lazy_pkg")
+    (package / "__init__.py").write_text(init.format(extra="", names='"A"'))
+    monkeypatch.delitem(sys.modules, "lazy_pkg")
+    check_lazy_exports("lazy_pkg")
 
 
 def test_the_plugin_api_exports_no_engine_machinery():

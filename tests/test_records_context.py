@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from pathlib import Path
 
 import anyio
 import pytest
@@ -146,19 +145,3 @@ def test_last_text_flattens_content_parts():
     s.chat_messages = [{"role": "assistant", "content": "chat"}]
     assert s.last_text() == "chat"
     assert ErrorInfo(ErrorCategory.TIMEOUT, "x").category.value == "timeout"
-
-
-def test_the_testing_package_names_are_written_once_and_all_resolve():
-    """``osmosis_core.testing``'s public names come from its .pyi stub alone (what type checkers
-    read), and every one of them imports (``osmosis_core`` and ``osmosis_core.plugin``:
-    tests/test_public_api.py)."""
-    import osmosis_core.testing
-    from osmosis_core.lazy import stub_exports
-
-    for module in (osmosis_core.testing,):
-        stub = Path(module.__file__).with_suffix(".pyi")
-        table = stub_exports(stub, module.__name__)
-        assert module.__all__ == sorted(table)
-        for name in table:
-            assert getattr(module, name) is not None, (module.__name__, name)
-        assert set(module.__all__) <= set(dir(module))

@@ -15,7 +15,45 @@ Names are imported lazily: ``import osmosis_gateway`` imports no aiohttp.
 'X-Osmosis-Policy-Version'
 """
 
-from osmosis_core.plugin import attach_stub
+from typing import TYPE_CHECKING
+
+import lazy_loader
 
 __version__ = "0.1.0"
-__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+
+if TYPE_CHECKING:
+    from osmosis_gateway.adapters import ADAPTERS as ADAPTERS
+    from osmosis_gateway.adapters import AdapterName as AdapterName
+    from osmosis_gateway.atif import trace_to_atif as trace_to_atif
+    from osmosis_gateway.gateway import POLICY_VERSION_FIELD as POLICY_VERSION_FIELD
+    from osmosis_gateway.gateway import POLICY_VERSION_HEADER as POLICY_VERSION_HEADER
+    from osmosis_gateway.gateway import PolicyGateway as PolicyGateway
+    from osmosis_gateway.settings import TracesSettings as TracesSettings
+    from osmosis_gateway.trace import RolloutTrace as RolloutTrace
+    from osmosis_gateway.trace import TraceCall as TraceCall
+    from osmosis_gateway.trace import TrainerView as TrainerView
+    from osmosis_gateway.trace import TrainingSequence as TrainingSequence
+    from osmosis_gateway.trace import comparable_trace as comparable_trace
+    from osmosis_gateway.trace import read_traces as read_traces
+    from osmosis_gateway.trace import trace_from_json as trace_from_json
+    from osmosis_gateway.trace import trainer_view as trainer_view
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "adapters": ["ADAPTERS", "AdapterName"],
+        "atif": ["trace_to_atif"],
+        "gateway": ["POLICY_VERSION_FIELD", "POLICY_VERSION_HEADER", "PolicyGateway"],
+        "settings": ["TracesSettings"],
+        "trace": [
+            "RolloutTrace",
+            "TraceCall",
+            "TrainerView",
+            "TrainingSequence",
+            "comparable_trace",
+            "read_traces",
+            "trace_from_json",
+            "trainer_view",
+        ],
+    },
+)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from osmosis_core.testing import check_lazy_exports
+
 OSMOSIS = str(Path(sys.executable).parent / "osmosis")
 
 
@@ -33,3 +35,7 @@ def test_without_the_plugin_the_cli_says_what_to_install(clean_env):
     r = subprocess.run([OSMOSIS, "gateway", "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2
     assert "pip install osmosis-gateway" in r.stderr
+
+
+def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
+    check_lazy_exports("osmosis_gateway")

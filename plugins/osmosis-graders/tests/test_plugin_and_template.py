@@ -16,7 +16,7 @@ import pytest
 
 from osmosis_core import Grader, GraderConfig
 from osmosis_core.plugin import MULTIPLY_DATASET, get_registry
-from osmosis_core.testing import run_guide_commands
+from osmosis_core.testing import check_lazy_exports, run_guide_commands
 from osmosis_graders.plugin import GRADERS
 
 TEMPLATE = "multiply-graders"
@@ -162,3 +162,7 @@ def test_a_run_whose_grader_fails_reports_the_category_and_keeps_going(workspace
     results = [json.loads(line) for line in (workspace / "out-math/results.jsonl").read_text().splitlines()]
     assert [r["error"]["category"] for r in results] == ["validation_error", "validation_error"], proc.stderr
     assert "math: no answer in the label" in results[0]["error"]["message"]
+
+
+def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
+    check_lazy_exports("osmosis_graders")

@@ -15,7 +15,35 @@ Harbor, nor litellm with it.
 'template'
 """
 
-from osmosis_core.plugin import attach_stub
+from typing import TYPE_CHECKING
+
+import lazy_loader
 
 __version__ = "0.1.0"
-__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+
+if TYPE_CHECKING:
+    from osmosis_harbor.agent import OsmosisWorkflowAgent as OsmosisWorkflowAgent
+    from osmosis_harbor.backend import HarborBackend as HarborBackend
+    from osmosis_harbor.bwrap import BubblewrapMissing as BubblewrapMissing
+    from osmosis_harbor.bwrap import Sandbox as Sandbox
+    from osmosis_harbor.config import EnvironmentSection as EnvironmentSection
+    from osmosis_harbor.config import HarborBackendConfig as HarborBackendConfig
+    from osmosis_harbor.config import SandboxSection as SandboxSection
+    from osmosis_harbor.sandbox import BubblewrapEnvironment as BubblewrapEnvironment
+    from osmosis_harbor.tasks import DEFAULT_TASK_DIR as DEFAULT_TASK_DIR
+    from osmosis_harbor.tasks import dataset_rows as dataset_rows
+    from osmosis_harbor.tasks import write_dataset as write_dataset
+    from osmosis_harbor.verifier import OsmosisGraderVerifier as OsmosisGraderVerifier
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "agent": ["OsmosisWorkflowAgent"],
+        "backend": ["HarborBackend"],
+        "bwrap": ["BubblewrapMissing", "Sandbox"],
+        "config": ["EnvironmentSection", "HarborBackendConfig", "SandboxSection"],
+        "sandbox": ["BubblewrapEnvironment"],
+        "tasks": ["DEFAULT_TASK_DIR", "dataset_rows", "write_dataset"],
+        "verifier": ["OsmosisGraderVerifier"],
+    },
+)

@@ -11,6 +11,7 @@ from harbor_helpers import PROBE_DIR, TASKS_DIR, load, osmosis
 
 from osmosis_core import ConfigError, OsmosisError
 from osmosis_core.plugin import structure_table
+from osmosis_core.testing import check_lazy_exports
 
 
 def test_entry_module_imports_neither_harbor_nor_litellm():
@@ -172,3 +173,7 @@ def test_trial_result_files_hold_no_run_of_eight_characters_of_a_secret(tmp_path
     text = path.read_text()
     assert not [s[i : i + 8] for s in (key, header) for i in range(len(s) - 7) if s[i : i + 8] in text], text
     assert json.loads(text)["error"]["message"] == f"Incorrect API key provided: *******{key[-4:]}"
+
+
+def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
+    check_lazy_exports("osmosis_harbor")

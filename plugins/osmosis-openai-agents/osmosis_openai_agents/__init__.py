@@ -23,7 +23,20 @@ Importing this package (or its ``plugin`` module) does not import the Agents SDK
 below load it on first use.
 """
 
-from osmosis_core.plugin import attach_stub
+from typing import TYPE_CHECKING
+
+import lazy_loader
 
 __version__ = "0.1.0"
-__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+
+if TYPE_CHECKING:
+    from osmosis_openai_agents.integration import OsmosisAgent as OsmosisAgent
+    from osmosis_openai_agents.integration import OsmosisRolloutModel as OsmosisRolloutModel
+    from osmosis_openai_agents.integration import ToolCallWithoutIdError as ToolCallWithoutIdError
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "integration": ["OsmosisAgent", "OsmosisRolloutModel", "ToolCallWithoutIdError"],
+    },
+)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from osmosis_core.testing import check_lazy_exports
+
 OSMOSIS = Path(sys.executable).parent / "osmosis"
 TEMPLATE = "multiply-local-openai"
 
@@ -101,3 +103,7 @@ def test_the_applied_templates_guides_name_commands_that_work(tmp_path):
         in commands
     )
     assert len(run_guide_commands(tmp_path)) == len(commands)
+
+
+def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
+    check_lazy_exports("osmosis_openai_agents")

@@ -12,7 +12,26 @@ Names are imported lazily: ``import osmosis_ray`` does not import Ray (``RayBack
 'local'
 """
 
-from osmosis_core.plugin import attach_stub
+from typing import TYPE_CHECKING
+
+import lazy_loader
 
 __version__ = "0.1.0"
-__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+
+if TYPE_CHECKING:
+    from osmosis_ray.actor import RolloutActor as RolloutActor
+    from osmosis_ray.backend import RayBackend as RayBackend
+    from osmosis_ray.config import LocalClusterSection as LocalClusterSection
+    from osmosis_ray.config import RayBackendConfig as RayBackendConfig
+    from osmosis_ray.shipping import declared_requirements as declared_requirements
+    from osmosis_ray.shipping import missing_requirements as missing_requirements
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "actor": ["RolloutActor"],
+        "backend": ["RayBackend"],
+        "config": ["LocalClusterSection", "RayBackendConfig"],
+        "shipping": ["declared_requirements", "missing_requirements"],
+    },
+)

@@ -11,6 +11,7 @@ from ray_helpers import FAULTS, osmosis, write_dataset
 
 from osmosis_core import ConfigError
 from osmosis_core.plugin import structure_table
+from osmosis_core.testing import check_lazy_exports
 from osmosis_ray import RayBackendConfig, declared_requirements, missing_requirements
 
 
@@ -101,3 +102,7 @@ def test_loopback_urls_are_recognised():
 
     assert all(is_loopback_url(u) for u in ("http://127.0.0.1:1/v1", "http://localhost:8000/v1", "http://[::1]:9/v1"))
     assert not any(is_loopback_url(u) for u in ("http://10.0.0.5:8000/v1", "https://api.openai.com/v1"))
+
+
+def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
+    check_lazy_exports("osmosis_ray")

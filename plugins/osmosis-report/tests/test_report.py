@@ -11,7 +11,7 @@ import time
 import pytest
 from report_helpers import clean_env, make_run, osmosis_exe, scripted
 
-from osmosis_core.testing import ScriptedPolicyServer
+from osmosis_core.testing import ScriptedPolicyServer, check_lazy_exports
 from osmosis_report.load import load_run
 from osmosis_report.render import build_report
 
@@ -223,3 +223,7 @@ def _drive_the_server(serve, policy, folder, while_running):
         assert serve.poll() is None
     serve.send_signal(signal.SIGTERM)
     serve.communicate(timeout=60)
+
+
+def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
+    check_lazy_exports("osmosis_report")

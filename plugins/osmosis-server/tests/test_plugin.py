@@ -8,6 +8,8 @@ import sys
 
 from server_helpers import osmosis_exe
 
+from osmosis_core.testing import check_lazy_exports
+
 
 def test_the_plugin_is_discovered_and_adds_serve():
     plugins = subprocess.run([osmosis_exe(), "plugins", "--json"], capture_output=True, text=True, check=True)
@@ -33,11 +35,8 @@ def test_importing_the_package_and_its_entry_module_stays_light():
     assert out.stdout.strip() == "[]"
 
 
-def test_every_public_name_resolves():
-    import osmosis_server
-
-    for name in osmosis_server.__all__:
-        assert getattr(osmosis_server, name) is not None, name
+def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
+    check_lazy_exports("osmosis_server")
 
 
 def test_the_docstring_examples_run():

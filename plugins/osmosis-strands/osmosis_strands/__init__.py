@@ -22,7 +22,23 @@ Public names are imported lazily: importing this package (or its plugin module, 
 ``osmosis`` CLI loads) does not import Strands; the first use of a Strands-backed name does.
 """
 
-from osmosis_core.plugin import attach_stub
+from typing import TYPE_CHECKING
+
+import lazy_loader
 
 __version__ = "0.1.0"
-__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+
+if TYPE_CHECKING:
+    from osmosis_strands.agent import OsmosisStrandsAgent as OsmosisStrandsAgent
+    from osmosis_strands.errors import MalformedToolCall as MalformedToolCall
+    from osmosis_strands.errors import TurnLimitExceeded as TurnLimitExceeded
+    from osmosis_strands.model import OsmosisRolloutModel as OsmosisRolloutModel
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "agent": ["OsmosisStrandsAgent"],
+        "errors": ["MalformedToolCall", "TurnLimitExceeded"],
+        "model": ["OsmosisRolloutModel"],
+    },
+)

@@ -17,7 +17,7 @@ import pytest
 
 from osmosis_core._engine.registry import PluginRegistry
 from osmosis_core.templates import apply_template
-from osmosis_core.testing import run_guide_commands
+from osmosis_core.testing import check_lazy_exports, run_guide_commands
 
 OSMOSIS = Path(sys.executable).parent / "osmosis"
 TEMPLATE = "multiply-local-strands"
@@ -183,3 +183,7 @@ def test_the_template_registered_in_process_is_the_shipped_folder(tmp_path):
     spec = registry.template(TEMPLATE)
     written = {p.as_posix() for p in apply_template(spec, tmp_path)}
     assert written >= TEMPLATE_FILES
+
+
+def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
+    check_lazy_exports("osmosis_strands")

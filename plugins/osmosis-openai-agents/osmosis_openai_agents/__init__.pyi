@@ -1,5 +1,0 @@
-from osmosis_openai_agents.integration import OsmosisAgent as OsmosisAgent
-from osmosis_openai_agents.integration import OsmosisRolloutModel as OsmosisRolloutModel
-from osmosis_openai_agents.integration import ToolCallWithoutIdError as ToolCallWithoutIdError
-
-__version__: str

@@ -1,6 +1,0 @@
-from osmosis_strands.agent import OsmosisStrandsAgent as OsmosisStrandsAgent
-from osmosis_strands.errors import MalformedToolCall as MalformedToolCall
-from osmosis_strands.errors import TurnLimitExceeded as TurnLimitExceeded
-from osmosis_strands.model import OsmosisRolloutModel as OsmosisRolloutModel
-
-__version__: str
