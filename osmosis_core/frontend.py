@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import lazy_loader
+from osmosis_core import _reexport
 
 if TYPE_CHECKING:
     from osmosis_core._engine.config import RunConfig as RunConfig
@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # for the annotations below
     from osmosis_core.records import ExecutionResult
 
 # imported on first use, so a command module that imports this one keeps `osmosis --help` fast
-_getattr, _dir, _lazy = lazy_loader.attach(
+_getattr, _dir, _lazy = _reexport.attach(
     "osmosis_core",
     submod_attrs={
         "_engine.config": ["RunConfig"],
@@ -87,6 +87,7 @@ _getattr, _dir, _lazy = lazy_loader.attach(
         "traces": ["TRACES", "make_trace_gateway", "traces_enabled"],
         "wire": ["result_line"],
     },
+    into=__name__,
 )
 __all__ = sorted([*_lazy, "LoadedRun", "RunFiles", "load_run"])
 

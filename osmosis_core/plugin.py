@@ -20,8 +20,7 @@ its ``.pyi`` stub still work, with a warning, for this release.)
 
 from typing import TYPE_CHECKING, Any
 
-import lazy_loader
-
+from osmosis_core import _reexport
 from osmosis_core import deprecation as _deprecation
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ if TYPE_CHECKING:
     from osmosis_core.wire import sample_to_json as sample_to_json
 
 # the names live in modules of the osmosis_core package, imported on first use
-_public_getattr, __dir__, __all__ = lazy_loader.attach(
+_public_getattr, __dir__, __all__ = _reexport.attach(
     "osmosis_core",
     submod_attrs={
         "_engine.builtin": ["local_backend"],
@@ -130,6 +129,7 @@ _public_getattr, __dir__, __all__ = lazy_loader.attach(
             "sample_to_json",
         ],
     },
+    into=__name__,
 )
 
 # 0.1's names for a frontend's tools (CHANGELOG 0.2.0): each warns and still works

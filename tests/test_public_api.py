@@ -74,6 +74,21 @@ def test_the_plugin_api_exports_no_engine_machinery():
         assert name not in osmosis_core.plugin.__all__
 
 
+def test_a_name_used_through_plugin_or_frontend_stays_off_the_author_surface():
+    """Using ``osmosis_core.plugin.load_rollout`` (or a frontend name) does not put it on
+    ``osmosis_core``: the rollout author's surface is the same whatever ran before."""
+    code = (
+        "import osmosis_core, osmosis_core.plugin as p, osmosis_core.frontend as f\n"
+        "p.load_rollout, p.get_registry, f.read_dataset, f.make_console\n"
+        "names = ('load_rollout', 'get_registry', 'read_dataset', 'make_console')\n"
+        "leaked = [n for n in names if n in vars(osmosis_core)]\n"
+        "assert not leaked, leaked\n"
+        "assert 'load_rollout' in vars(p)  # cached where it was asked for\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
 def _contracts() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
 
