@@ -926,7 +926,17 @@ class RolloutService:
             raise Unreadable(f"rollout {rollout_id} is recorded, but its line cannot be read back: {exc}") from None
 
     def _read_back(self, known: Known) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        return self.folder.read_line(known), self.folder.read_trace(known)
+        """The recorded result line, and its trace when that can still be read: a ``traces.jsonl``
+        deleted, rotated or edited since costs the trace (``null``, logged), never the result."""
+        line = self.folder.read_line(known)
+        try:
+            trace = self.folder.read_trace(known)
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "rollout %s: its recorded trace cannot be read back (%s); answered without it", known.rollout_id, exc
+            )
+            trace = None
+        return line, trace
 
     # -- cancel ----------------------------------------------------------------------------------
 

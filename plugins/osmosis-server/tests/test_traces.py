@@ -244,3 +244,12 @@ def test_a_restarted_server_returns_a_recorded_result_with_its_trace(tmp_path):
             assert new.trace == old.trace, flags  # the same trace, read back from traces.jsonl
         assert after[2].ok
         assert after[2].trace is None
+    # traces.jsonl deleted (it is the large file): the results still read back, without their traces
+    (tmp_path / "run" / "traces.jsonl").unlink()
+    served = start("--traces", log="no-traces-file")
+    try:
+        lost = run(functools.partial(read_back, served.url, traced))
+    finally:
+        served.kill()
+    assert [r.ok for r in lost] == [True, True]
+    assert [r.trace for r in lost] == [None, None]
