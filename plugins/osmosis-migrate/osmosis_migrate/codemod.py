@@ -90,20 +90,22 @@ def migrate_module(rel: str, text: str, *, entrypoint: bool = False, decorate_co
     """Migrate one file's text (see :func:`osmosis_migrate.python_source.migrate_python`)."""
     references = "osmosis_ai" in text
     try:
+        ast.parse(text)  # what Python compiles: libcst also parses some files Python refuses (a bad \N{...})
         module = cst.parse_module(text)
-    except cst.ParserSyntaxError as exc:
-        problem = _syntax_error(rel, text, exc)
+    except (SyntaxError, ValueError, cst.ParserSyntaxError) as exc:
+        problem = _syntax_error(rel, exc)
         return PythonMigration(text, [], [problem] if references else [], PythonAnalysis(), references)
     return _Migrator(rel, text, module, entrypoint=entrypoint, decorate_configs=decorate_configs).run()
 
 
-def _syntax_error(rel: str, text: str, exc: cst.ParserSyntaxError) -> Finding:
+def _syntax_error(rel: str, exc: SyntaxError | ValueError | cst.ParserSyntaxError) -> Finding:
     """The finding for a file that does not parse, worded as Python's own parser words it."""
-    line, message = exc.raw_line, exc.message
-    try:
-        ast.parse(text)
-    except SyntaxError as error:
-        line, message = error.lineno or line, error.msg
+    if isinstance(exc, cst.ParserSyntaxError):
+        line, message = exc.raw_line, exc.message
+    elif isinstance(exc, SyntaxError):
+        line, message = exc.lineno or 1, exc.msg
+    else:  # a NUL byte
+        line, message = 1, str(exc)
     return Finding(rel, line, "syntax error", f"cannot parse ({message}); fix it and migrate again")
 
 

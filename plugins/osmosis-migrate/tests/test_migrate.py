@@ -579,3 +579,18 @@ def test_reading_checks_the_open_file_not_the_name(tmp_path):
     (tmp_path / "link.py").symlink_to(fifo)
     with pytest.raises(_Unreadable, match="symlink"):
         _read_text(tmp_path / "link.py")
+
+
+@pytest.mark.parametrize(
+    ("source", "line"),
+    [
+        ('from osmosis_ai import Grader\nx = "\\N{NOPE}"\n', 2),  # libcst parses it, Python does not compile it
+        ("from osmosis_ai import Grader\ndef f(:\n", 2),
+        ("from osmosis_ai import Grader\nx = 1\0\n", 1),
+    ],
+)
+def test_a_file_python_cannot_compile_is_a_syntax_error_finding_not_a_crash(source, line):
+    migration = migrate_python("bad.py", source)
+    assert migration.new_text == source  # left as it is
+    [finding] = migration.unmapped
+    assert (finding.path, finding.line, finding.subject) == ("bad.py", line, "syntax error"), finding
