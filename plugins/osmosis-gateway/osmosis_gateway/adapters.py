@@ -121,8 +121,8 @@ class CallCapture:
             choices = None if raw_choices is None else _CHOICES.decode(raw_choices)
             parts = [self._choice_parts(choice, chunk) for choice in choices or ()]
         except msgspec.DecodeError:  # not this shape (or not JSON): the general path decides
-            doc = json.loads(data)
-            return _ENCODE(doc) if self.feed(doc, chunk=chunk) else None
+            doc = json.loads(data)  # (json keeps a NaN or Infinity as it came; msgspec would write null)
+            return json.dumps(doc, ensure_ascii=False).encode() if self.feed(doc, chunk=chunk) else None
         changed = False
         if isinstance(usage_doc, dict):
             self.usage = usage_doc

@@ -141,8 +141,15 @@ def _is_optional_array(type_: Any) -> bool:
     return len(args) == 2 and type(None) in args and any(_is_array(a) for a in args)
 
 
-_converter.register_unstructure_hook_func(_is_array, lambda value: value.tolist())
-_converter.register_unstructure_hook_func(_is_optional_array, lambda value: None if value is None else value.tolist())
+def _to_list(value: Any) -> list[Any] | None:
+    """An array's values as a list; also a plain list a caller set (setting a field does not convert)."""
+    if value is None:
+        return None
+    return value.tolist() if isinstance(value, array) else list(value)
+
+
+_converter.register_unstructure_hook_func(_is_array, _to_list)
+_converter.register_unstructure_hook_func(_is_optional_array, _to_list)
 _converter.register_structure_hook_func(
     _is_array, lambda value, type_: array("d" if typing.get_args(type_) == (float,) else "i", value)
 )

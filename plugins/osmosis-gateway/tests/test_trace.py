@@ -85,6 +85,27 @@ def test_json_round_trip():
     assert trace_from_json({**data, "row_index": 3}) == trace
 
 
+def test_a_plain_list_set_on_a_call_serialises_like_an_array():
+    """Setting a token field does not convert it (the gateway sets a dozen fields per call); a
+    trainer that patches a trace with plain lists still gets its JSON."""
+    trace = RolloutTrace("r", calls=[call(0, [1], [2])])
+    trace.calls[0].logprobs = [-0.5]
+    trace.calls[0].completion_token_ids = [7]
+    data = trace.to_json()
+    assert data["calls"][0]["logprobs"] == [-0.5]
+    assert data["calls"][0]["completion_token_ids"] == [7]
+
+
+def test_an_answer_with_a_nan_keeps_it_when_the_additions_are_stripped():
+    """An answer the fast reader does not take (a NaN) is stripped through json, which writes the
+    NaN back as it came (msgspec would have written null)."""
+    capture = prepare_request({"messages": []}, "vllm")
+    raw = json.dumps(completion(token_ids=[5], entries=[("token_id:5", -0.1)]) | {"score": float("nan")}).encode()
+    stripped = capture.feed_bytes(raw, chunk=False)
+    assert stripped is not None
+    assert b"NaN" in stripped
+
+
 def capture_of(doc, *, stream=False, request=None):
     body = {"messages": [], **(request or {})}
     capture = prepare_request(body, "vllm")
