@@ -30,7 +30,10 @@ does (``url``: an OpenAI-compatible endpoint, e.g. ``osmosis_core.testing.Script
 
         async def main():
             async with http_scope():  # the loop's owner closes its HTTP clients
-                await backend.execute(request, keep, keep)
+                try:
+                    await backend.execute(request, keep, keep)
+                finally:
+                    await backend.aclose()  # a backend's workers, actors, sandboxes go with it
 
         anyio.run(main)
         files.write_result(0, 0, finished[-1])

@@ -5,7 +5,7 @@
 ...     return [*ctx.prompt, reply]
 
 It posts to the active rollout's endpoint with the rollout id header and the bearer key, over
-the running loop's shared aiohttp session (:func:`osmosis_core._engine.http_session.http_request`),
+the running loop's shared aiohttp session (:func:`osmosis_core.plugin.http_request`),
 never more than once per call. Any failure (unreachable, 4xx/5xx, a malformed answer, a body
 over the endpoint's ``max_response_bytes``) raises :class:`PolicyError`, which the backend
 reports as ``policy_error``; the key and header values never appear in the message.
