@@ -226,3 +226,18 @@ def test_the_openai_client_names_forward_to_osmosis_openai_naming_what_to_instal
     assert name not in osmosis_core.plugin.__all__
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         osmosis_core.plugin.nope  # noqa: B018
+
+
+def test_the_openai_client_module_says_what_to_install_when_osmosis_openai_is_missing(monkeypatch):
+    """0.1's ``osmosis_core.openai_client`` names come from osmosis-openai; without it (the core
+    session has only the core) the ImportError says what to install."""
+    import sys
+
+    import osmosis_core.openai_client as old
+
+    monkeypatch.setitem(sys.modules, "osmosis_openai", None)  # as if not installed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ImportError, match="pip install osmosis-openai"):
+            _ = old.rollout_openai_client
+    assert "use osmosis_openai.rollout_openai_client (pip install osmosis-openai)" in str(caught[0].message)
