@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import lazy_loader
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from osmosis_core._engine.config import structure_table as structure_table

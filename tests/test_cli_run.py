@@ -297,7 +297,7 @@ def test_validate_checks_everything_and_warns_on_a_declared_missing_dependency(w
     main.write_text(main.read_text() + "\nimport some_declared_pkg\n")
     pyproject = workspace / "rollouts" / "multiply-plain" / "pyproject.toml"
     pyproject.write_text(
-        pyproject.read_text().replace('"osmosis-core>=0.1"', '"osmosis-core>=0.1", "some-declared-pkg"')
+        pyproject.read_text().replace('"osmosis-core>=0.2"', '"osmosis-core>=0.2", "some-declared-pkg"')
     )
     r = osmosis(osmosis_exe, "validate", "configs/eval/multiply-plain.toml", cwd=workspace, env=clean_env)
     assert r.returncode == 0

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import lazy_loader
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from osmosis_gateway.adapters import ADAPTERS as ADAPTERS

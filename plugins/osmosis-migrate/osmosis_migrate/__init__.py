@@ -23,6 +23,6 @@ file:line (or key) and why, never dropped silently. See MIGRATING.md for the ful
 from osmosis_migrate.records import FileChange, Finding, MigrateError, MigrationPlan
 from osmosis_migrate.workspace import apply_migration, plan_migration
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["FileChange", "Finding", "MigrateError", "MigrationPlan", "apply_migration", "plan_migration"]

@@ -7,7 +7,7 @@
 >>> new, notes, unmapped = migrate_pyproject("p/pyproject.toml", text)
 >>> print(new, end="")
 [project]
-dependencies = ["osmosis-core>=0.1", "osmosis-server>=0.1", "osmosis-strands>=0.1"]
+dependencies = ["osmosis-core>=0.2", "osmosis-server>=0.2", "osmosis-strands>=0.2"]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from osmosis_migrate.records import Finding
 
 __all__ = ["OSMOSIS_FLOOR", "migrate_pyproject", "migrate_requirements", "replacement_requirements"]
 
-OSMOSIS_FLOOR = ">=0.1"
+OSMOSIS_FLOOR = ">=0.2"
 """The version floor written for osmosis-core and its plugins (the one the starter templates use)."""
 
 _ORDER = (

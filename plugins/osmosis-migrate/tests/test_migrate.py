@@ -98,7 +98,7 @@ def test_diff_mode_shows_the_diff_and_what_it_cannot_map_and_changes_nothing(ref
     out = r.stdout
     assert "--- a/rollouts/my-rollout/main.py\n+++ b/rollouts/my-rollout/main.py" in out
     assert "-from osmosis_ai.rollout import (\n+from osmosis_core import (" in out
-    assert '-    "osmosis-ai[server,strands]>=0.3.1,<0.4",\n+    "osmosis-core>=0.1",' in out
+    assert '-    "osmosis-ai[server,strands]>=0.3.1,<0.4",\n+    "osmosis-core>=0.2",' in out
     assert "+[rollout]\n" in out
     assert "-[experiment]\n" in out
     assert "--- /dev/null\n+++ b/rollouts/multiply-harbor-strands/multiply_harbor_task/tests/test.sh" in out

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import lazy_loader
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from osmosis_openai_agents.integration import OsmosisAgent as OsmosisAgent

@@ -19,5 +19,5 @@ Importing this package does not import ``openai``; the first client does.
 
 from osmosis_openai.client import fast_client_class, policy_error, rollout_openai_client
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["fast_client_class", "policy_error", "rollout_openai_client"]
