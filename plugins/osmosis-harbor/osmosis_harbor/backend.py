@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import importlib
 import os
 import re
 import secrets
@@ -111,6 +112,21 @@ _GR = ExecutionStage.GRADER
 _SOURCE = "[backend.harbor]"
 _TRIAL_CODE = "/osmosis/code"
 _TRIAL_LIB = "/osmosis/lib"
+
+
+_TRIAL_PACKAGES = ("osmosis_core", "osmosis_harbor", "lazy_loader")
+"""The packages a trial's runner imports that the plugin uploads to a Harbor (non-bwrap) environment:
+osmosis's own and its pure-Python dependencies an image would not have (the image brings ``attrs``,
+``cattrs`` and ``anyio``, README)."""
+
+
+def _trial_lib_uploads(lib: str) -> dict[str, str]:
+    """The host folders of ``_TRIAL_PACKAGES``, by their path under ``lib`` in the trial."""
+    uploads = {}
+    for name in _TRIAL_PACKAGES:
+        module = importlib.import_module(name)
+        uploads[f"{lib}/{name}"] = str(Path(str(module.__file__)).parent)
+    return uploads
 
 
 def _find(path: str | None, anchors: list[Path]) -> Path | None:
@@ -435,13 +451,7 @@ class HarborBackend(ExecutionBackend):
     def _uploads(self) -> dict[str, str]:
         if self._bwrap:
             return {}
-        import osmosis_core
-        import osmosis_harbor
-
-        uploads = {
-            f"{_TRIAL_LIB}/osmosis_core": str(Path(osmosis_core.__file__).parent),
-            f"{_TRIAL_LIB}/osmosis_harbor": str(Path(osmosis_harbor.__file__).parent),
-        }
+        uploads = _trial_lib_uploads(_TRIAL_LIB)
         if self.code_dir is not None:
             uploads[_TRIAL_CODE] = str(self.code_dir)
         return uploads
