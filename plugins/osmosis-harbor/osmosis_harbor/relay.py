@@ -2,12 +2,15 @@
 
 A trial of a task with ``network_mode = "no-network"`` runs in its own network namespace, which
 has nothing but its own loopback: no host loopback, no outside address, no DNS. To reach its
-policy (with ``osmosis run --traces``, the policy gateway; else the ``[policy]`` itself) it gets:
+policy (always through a policy gateway: :mod:`osmosis_harbor.gateways`) it gets:
 
 * on the host, in the osmosis process, a :class:`HostRelay` for that trial alone: a unix socket in
   a private temporary folder (``0700``; the socket is the sandbox's root's, ``0600``) whose every
-  connection is relayed, byte for byte, to the policy's one address, an ``http://`` endpoint on the
-  host's loopback (:func:`loopback_address`). Nothing else of the host is behind it;
+  connection is relayed, byte for byte, to one address, the gateway's ``http://`` endpoint on the
+  host's loopback (:func:`loopback_address`). Nothing else of the host is behind it. At most
+  ``max_connections`` (32) of a trial are accepted at once; more wait unread in the backlog, so a
+  trial holds a bounded share of the osmosis process's descriptors and no buffer; a connection idle
+  both ways for ``idle_timeout`` is cut;
 * that socket bound read-only into the sandbox at :data:`POLICY_SOCKET` (a mount point the trial
   cannot remove or replace);
 * inside the sandbox, before the workflow starts, a forwarder (:func:`start_sandbox_forwarder`: a
@@ -16,12 +19,16 @@ policy (with ``osmosis run --traces``, the policy gateway; else the ``[policy]``
   the socket. The workflow's policy ``base_url`` points there (:func:`via_port`), path and token
   unchanged.
 
-The relay does not read what crosses it: the gateway authorizes every call with the rollout's own
-token, which is all a trial holds, so a trial can write only its own trace (another rollout id is
-refused with 403, the gateway's own routes with 401/403). Nothing here outlives the trial: the
-forwarder dies with the runner (and its sandbox's PID namespace), the host relay is closed when the
-trial's environment stops and is part of the osmosis process, so it dies with it, even on
-``kill -9``.
+The relay does not read what crosses it (a byte relay cannot filter a keep-alive HTTP stream), so
+what is behind it must be safe to hand a trial whole: never the policy server itself (vLLM and
+SGLang serve admin routes next to chat), always the gateway. It serves one rollout's chat and
+models routes and authorizes every call with that rollout's own token, which is all a trial holds
+(the policy's key stays in the osmosis process), so a trial can write only its own trace (another
+rollout id is refused with 403, the gateway's own routes with 401/403, anything else is a 404).
+
+Nothing here outlives the trial: the forwarder dies with the runner (and its sandbox's PID
+namespace), the host relay is closed when the trial's environment stops and is part of the osmosis
+process, so it dies with it, even on ``kill -9``.
 
 >>> loopback_address("http://127.0.0.1:8000/v1/rollouts/r-1")
 ('127.0.0.1', 8000)
