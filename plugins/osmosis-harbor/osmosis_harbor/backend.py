@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import importlib
 import os
 import re
 import secrets
@@ -89,6 +90,7 @@ from osmosis_core.plugin import Rollout  # noqa: E402
 from osmosis_harbor.agent import AGENT_IMPORT_PATH  # noqa: E402
 from osmosis_harbor.bwrap import check_bwrap, find_bwrap, python_paths  # noqa: E402
 from osmosis_harbor.config import HarborBackendConfig  # noqa: E402
+from osmosis_harbor.gateways import GatewayMissing, PolicyGateways  # noqa: E402
 from osmosis_harbor.outcomes import NO_REWARD_ERRORS, failure, grader_file_result, pick_reward, trial_error  # noqa: E402
 from osmosis_harbor.relay import loopback_address  # noqa: E402
 from osmosis_harbor.tasks import (  # noqa: E402
@@ -111,6 +113,21 @@ _GR = ExecutionStage.GRADER
 _SOURCE = "[backend.harbor]"
 _TRIAL_CODE = "/osmosis/code"
 _TRIAL_LIB = "/osmosis/lib"
+
+
+_TRIAL_PACKAGES = ("osmosis_core", "osmosis_harbor", "lazy_loader")
+"""The packages a trial's runner imports that the plugin uploads to a Harbor (non-bwrap) environment:
+osmosis's own and its pure-Python dependencies an image would not have (the image brings ``attrs``,
+``cattrs`` and ``anyio``, README)."""
+
+
+def _trial_lib_uploads(lib: str) -> dict[str, str]:
+    """The host folders of ``_TRIAL_PACKAGES``, by their path under ``lib`` in the trial."""
+    uploads = {}
+    for name in _TRIAL_PACKAGES:
+        module = importlib.import_module(name)
+        uploads[f"{lib}/{name}"] = str(Path(str(module.__file__)).parent)
+    return uploads
 
 
 def _find(path: str | None, anchors: list[Path]) -> Path | None:
@@ -197,19 +214,19 @@ def _with_reference_names(
     return attrs.evolve(config, **changes) if changes else config
 
 
-def _no_network_policy(base_url: str, bwrap: bool) -> str:
-    """Why a trial of a ``no-network`` task cannot reach its policy."""
+def _no_network_policy(base_url: str, *, no_gateway: bool = False) -> str:
+    """Why a trial of a ``no-network`` task cannot reach its policy: Harbor's own environment, or no
+    policy gateway to put in front of it (:mod:`osmosis_harbor.gateways`)."""
     where = urlsplit(base_url).netloc
-    if not bwrap:
+    if not no_gateway:
         return (
             f"the task has network_mode = 'no-network', so its trials cannot reach the policy at {where}: in "
             "this environment no-network trials have no path to it; give the task network_mode = 'public'"
         )
     return (
-        f"the task has network_mode = 'no-network', so its trials cannot reach the policy at {where}: a "
-        "no-network trial reaches only a plain http policy on this machine's loopback (with --traces, the "
-        "policy gateway), through its own socket; serve the policy there, run with --traces, or give the task "
-        "network_mode = 'public'"
+        f"the task has network_mode = 'no-network', so its trials reach the policy at {where} only through a "
+        "policy gateway (it serves them the chat routes alone, not the policy server's other routes), and no "
+        "plugin provides one: pip install osmosis-gateway, or give the task network_mode = 'public'"
     )
 
 
@@ -342,6 +359,7 @@ class HarborBackend(ExecutionBackend):
             self._queue = TrialQueue(n_concurrent=self._limit, retry_config=retry)
         self._queue.add_hook(TrialEvent.START, self._on_trial_start)
         self._by_trial: dict[str, Ticket] = {}
+        self._gateways = PolicyGateways()
         try:
             self._workflow_blob = dump_object(self.workflow_config, self.code_dir)
             self._grader_blob = (
@@ -405,6 +423,7 @@ class HarborBackend(ExecutionBackend):
         }
 
     async def aclose(self) -> None:
+        await self._gateways.aclose()
         if self._own_trials_dir:
             with contextlib.suppress(OSError):
                 self.trials_dir.rmdir()  # only when every trial was removed
@@ -435,20 +454,14 @@ class HarborBackend(ExecutionBackend):
     def _uploads(self) -> dict[str, str]:
         if self._bwrap:
             return {}
-        import osmosis_core
-        import osmosis_harbor
-
-        uploads = {
-            f"{_TRIAL_LIB}/osmosis_core": str(Path(osmosis_core.__file__).parent),
-            f"{_TRIAL_LIB}/osmosis_harbor": str(Path(osmosis_harbor.__file__).parent),
-        }
+        uploads = _trial_lib_uploads(_TRIAL_LIB)
         if self.code_dir is not None:
             uploads[_TRIAL_CODE] = str(self.code_dir)
         return uploads
 
     def _environment_config(self, policy_relay: tuple[str, int] | None = None) -> EnvironmentConfig:
-        """The trial's environment; ``policy_relay``: the policy's loopback address, relayed into a
-        no-network bwrap trial (:mod:`osmosis_harbor.relay`)."""
+        """The trial's environment; ``policy_relay``: the loopback address of its policy gateway,
+        relayed into a no-network bwrap trial (:mod:`osmosis_harbor.relay`)."""
         if self._harbor_environment is not None:
             return self._harbor_environment.model_copy(deep=True)
         env = self.config.environment
@@ -523,6 +536,7 @@ class HarborBackend(ExecutionBackend):
         rollout = Rollout(request, on_workflow_complete, on_grader_complete, grades=self.grades_request(request))
         ticket: Ticket | None = None
         trial_task: asyncio.Future[Any] | None = None
+        gateway_opened = False
         try:
             async with rollout:
                 try:
@@ -548,8 +562,16 @@ class HarborBackend(ExecutionBackend):
                     grader_config_object=self.grader_config,
                     no_network=task_has_no_network(task_dir),
                 )
-                if ticket.no_network and self._bwrap:  # its one path to the policy, when there can be one
-                    ticket.policy_relay = loopback_address(request.policy.base_url)
+                if ticket.no_network and self._bwrap:  # its one path to the policy: a gateway, through its socket
+                    try:
+                        policy = await self._gateways.open(request.policy, request.rollout_id)
+                    except GatewayMissing:
+                        problem = _no_network_policy(request.policy.base_url, no_gateway=True)
+                        await rollout.report(failure(request.rollout_id, _WF, ErrorCategory.POLICY_ERROR, problem))
+                        return
+                    gateway_opened = True
+                    ticket.request = attrs.evolve(request, policy=policy)
+                    ticket.policy_relay = loopback_address(policy.base_url)
                 TICKETS[ticket.id] = ticket
                 self._by_trial[trial_name] = ticket
                 rollout.detail = f" (trial kept: {ticket.trial_dir})"
@@ -569,6 +591,9 @@ class HarborBackend(ExecutionBackend):
             if ticket is not None:
                 TICKETS.pop(ticket.id, None)
                 self._by_trial.pop(ticket.trial_dir.name, None)
+            if gateway_opened:
+                with anyio.CancelScope(shield=True):
+                    await self._gateways.close(request.policy, request.rollout_id)
             self._done += 1
 
     async def _run_trial(
@@ -630,7 +655,7 @@ class HarborBackend(ExecutionBackend):
             if result.error.category is ErrorCategory.TIMEOUT and limit:
                 message = f"the workflow ran past its {limit:g} s timeout"
             elif result.error.category is ErrorCategory.POLICY_ERROR and ticket.no_network and not ticket.policy_relay:
-                message = f"{message}; {_no_network_policy(ticket.request.policy.base_url, self._bwrap)}"
+                message = f"{message}; {_no_network_policy(ticket.request.policy.base_url)}"
             return failure(
                 rid,
                 _WF,

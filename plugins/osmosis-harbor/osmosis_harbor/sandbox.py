@@ -19,8 +19,8 @@ Constructor keywords (``EnvironmentConfig.kwargs``, ``--ek key=value``):
 * ``hide_paths`` / ``expose_paths``: more host paths to hide / to show read-only (a list, or one
   comma-separated string from the command line);
 * ``bwrap``: the bubblewrap executable;
-* ``policy_relay``: the policy's loopback ``host:port`` (the ``harbor`` backend passes it for a
-  ``no-network`` task): the trial's commands get a unix socket relayed to it, at
+* ``policy_relay``: a loopback ``host:port`` (the ``harbor`` backend passes its policy gateway's for
+  a ``no-network`` task): the trial's commands get a unix socket relayed to it, at
   :data:`~osmosis_harbor.relay.POLICY_SOCKET` (:mod:`osmosis_harbor.relay`), and nothing else.
 
 **The verifier's phase.** Harbor starts verifying by uploading the task's tests to ``/tests``. From

@@ -69,7 +69,8 @@ class Ticket:
     no_network: bool = False
     """The task runs with ``network_mode = "no-network"`` (the network and the host are out of reach)."""
     policy_relay: tuple[str, int] | None = None
-    """The policy's loopback address, relayed into the no-network trial (None: it has no path to it)."""
+    """The loopback address of the rollout's policy gateway, relayed into the no-network trial (None: it
+    has no path to its policy); ``request.policy`` is then the rollout's endpoint on that gateway."""
     workflow_result: ExecutionResult | None = None
     grader_result: ExecutionResult | None = None
     workflow_done: asyncio.Event = attrs.field(factory=asyncio.Event)

@@ -7,6 +7,8 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -124,8 +126,9 @@ def test_a_trial_is_not_the_hosts_root_and_cannot_change_kernel_settings(probe, 
 
 
 def test_a_no_network_task_reaches_its_policy_and_nothing_else(probe, tmp_path):
-    """Traces off: the trial's socket relays to the plain policy on the host's loopback, its one path out.
-    The policy's own port, the host's loopback, the outside and DNS stay out of reach."""
+    """Traces off: the trial's socket leads to a policy gateway the backend started in front of the
+    policy, its one path out. The policy server's other routes (here its /v1/models; on vLLM or SGLang
+    their admin routes), its own port, the host's loopback, the outside and DNS stay out of reach."""
     from osmosis_harbor import HarborBackend, HarborBackendConfig
 
     config = HarborBackendConfig(task_dir=str(TASKS_DIR / "nonet"))
@@ -145,13 +148,15 @@ def test_a_no_network_task_reaches_its_policy_and_nothing_else(probe, tmp_path):
                         {"chat": "What is 2 times 3?"},
                         {"policy_url": None},
                         {"shell": "rm -f /run/osmosis/policy.sock; ls -l /run/osmosis"},
+                        {"get": "/v1/models"},
                     ],
                 )
             ],
         )
         calls, port = list(server.requests), server.port
+        gateways = getattr(backend, "_gateways", None)
     assert out.final.status.value == "success", out.final.error
-    loopback, outside, dns, _, answer, url, unmovable = _seen(out)[1:]
+    loopback, outside, dns, _, answer, url, unmovable, other_route = _seen(out)[1:]
     assert loopback.startswith("error: ConnectionRefusedError")  # the host's 127.0.0.1 is not this one
     assert "Network is unreachable" in outside
     assert dns.startswith("error: gaierror")
@@ -162,6 +167,10 @@ def test_a_no_network_task_reaches_its_policy_and_nothing_else(probe, tmp_path):
     assert len(calls) == 1
     assert calls[0].status == 200
     assert "policy.sock" in unmovable  # a mount point: the trial cannot take its path away
+    assert other_route == 404  # the gateway's answer: the policy server never saw it
+    assert gateways is not None
+    assert gateways.open_count == 0  # stopped with its last rollout
+    assert "/rollouts/offline" in url  # the rollout's own route on the gateway
     assert list(tmp_path.glob("harbor-trials/*")) == []  # the trial and its relay are gone
 
 
@@ -331,17 +340,31 @@ keep_successful_trials = true
     assert oct(trials.stat().st_mode & 0o777) == "0o700"
 
 
-def test_a_no_network_trial_whose_policy_cannot_be_relayed_fails_saying_why(probe, tmp_path):
-    """A policy that is not plain http on this machine's loopback (here an outside address) has no path
-    into a no-network trial: the rollout is a policy_error naming the reason and the ways out."""
-    from osmosis_harbor import HarborBackend, HarborBackendConfig
-
-    config = HarborBackendConfig(task_dir=str(TASKS_DIR / "nonet"))
-    backend = HarborBackend(probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir=tmp_path)
-    [out] = run_all(backend, [request("remote", "http://192.0.2.7:8000/v1", probe=[{"chat": "hi"}])])
-    assert out.final.status.value == "failure"
-    assert out.final.error.category.value == "policy_error"
-    message = out.final.error.message
-    assert "network_mode = 'no-network', so its trials cannot reach the policy at 192.0.2.7:8000" in message
-    assert "a plain http policy on this machine's loopback" in message
-    assert "--traces" in message
+def test_without_a_policy_gateway_a_no_network_trial_fails_saying_why(tmp_path):
+    """The policy server itself is never relayed (its other routes would come with it): without a
+    gateway plugin, a no-network rollout is a policy_error naming what to install. The run is a fresh
+    process in which osmosis_gateway cannot be imported (as when it is not installed)."""
+    code = f"""
+import sys
+class NoGateway:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "osmosis_gateway":
+            raise ModuleNotFoundError("No module named 'osmosis_gateway'", name=name)
+sys.meta_path.insert(0, NoGateway())
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from harbor_helpers import PROBE_DIR, TASKS_DIR, load, request, run_all
+from osmosis_harbor import HarborBackend, HarborBackendConfig
+probe = load(PROBE_DIR, "probe_rollout.py")
+config = HarborBackendConfig(task_dir=str(TASKS_DIR / "nonet"))
+backend = HarborBackend(probe.workflow_class, config=config, rollout_dir=probe.rollout_dir, run_dir={str(tmp_path)!r})
+[out] = run_all(backend, [request("offline", "http://127.0.0.1:9/v1", probe=[{{"chat": "hi"}}])])
+print(out.final.error.category.value)
+print(out.final.error.message)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    category, message = done.stdout.strip().split("\n", 1)
+    assert category == "policy_error"
+    assert "network_mode = 'no-network', so its trials reach the policy at 127.0.0.1:9 only through a policy" in message
+    assert "pip install osmosis-gateway" in message
+    assert list(tmp_path.glob("harbor-trials/*")) == []  # no trial was started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -177,3 +178,35 @@ def test_trial_result_files_hold_no_run_of_eight_characters_of_a_secret(tmp_path
 
 def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
     check_lazy_exports("osmosis_harbor")
+
+
+def test_the_packages_uploaded_to_a_docker_trial_are_all_its_runner_imports_beyond_the_image(tmp_path):
+    """A Harbor (non-bwrap) image brings Python with attrs, cattrs and anyio; everything else the
+    runner imports (osmosis's packages, lazy_loader) must be in the upload set."""
+    from osmosis_harbor.backend import _trial_lib_uploads
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for target, source in _trial_lib_uploads(str(lib)).items():
+        os.symlink(source, target)
+    not_in_image = ["lazy_loader", "pluggy", "click", "tomlkit", "rich", "aiohttp", "osmosis_core", "osmosis_harbor"]
+    code = f"""
+import importlib.machinery, sys
+lib = {str(lib)!r}
+class OnlyUploaded:
+    def find_spec(self, name, path=None, target=None):
+        if name in {not_in_image!r}:
+            found = importlib.machinery.PathFinder.find_spec(name, [lib])
+            if found is None:
+                raise ModuleNotFoundError(f"{{name}} is not uploaded", name=name)
+            return found
+        return None
+sys.meta_path.insert(0, OnlyUploaded())
+sys.path[:0] = [lib]
+from osmosis_core import ExecutionRequest, PolicyEndpoint
+from osmosis_core.plugin import aclose_http, result_from_json, result_to_json, run_grader, run_workflow
+import osmosis_harbor.grading, osmosis_harbor.in_trial, osmosis_harbor.relay, osmosis_harbor.wire
+print("imported")
+"""
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "imported", out.stderr

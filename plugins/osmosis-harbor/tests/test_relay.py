@@ -46,11 +46,24 @@ def test_calls_and_streams_cross_the_relay_and_it_leaves_nothing(tmp_path):
     assert not socket.parent.exists()  # closed: the socket and its folder are gone
 
 
-def test_a_killed_processs_socket_folder_is_removed_by_the_next_relay():
+def test_a_relay_folder_is_swept_only_when_no_process_holds_its_lock():
+    """The owner's flock decides, not its pid: a live owner in another PID namespace (or behind a reused
+    pid) keeps its folder; one that was killed leaves a lock anyone can take."""
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = Path(tempfile.mkdtemp(prefix=f"osmosis-relay-{int(dead.stdout)}-"))
-    alive = Path(tempfile.mkdtemp(prefix=f"osmosis-relay-{os.getppid()}-"))
+    held = Path(tempfile.mkdtemp(prefix=f"osmosis-relay-{int(dead.stdout)}-"))
+    for folder in (stale, held):
+        (folder / "owner.lock").touch()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); sys.stdin.read()", str(held / "owner.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        for folder in (stale, held):
+            os.utime(folder, (1, 1))  # old enough to be swept
         relay = HostRelay(("127.0.0.1", 9))
 
         async def main() -> None:
@@ -59,10 +72,12 @@ def test_a_killed_processs_socket_folder_is_removed_by_the_next_relay():
 
         anyio.run(main)
         assert not stale.exists()
-        assert alive.exists()
+        assert held.exists()
     finally:
-        for folder in (stale, alive):
+        holder.communicate("")
+        for folder in (stale, held):
             if folder.exists():
+                (folder / "owner.lock").unlink()
                 folder.rmdir()
 
 
@@ -103,27 +118,53 @@ def test_a_closed_path_answers_a_502_that_says_which_end_is_gone(tmp_path):
     assert "gone.sock" in gone.text
 
 
-def test_a_trial_cannot_hold_more_connections_than_its_share():
+def test_past_its_share_a_trial_waits_in_the_backlog_and_holds_nothing_of_the_host():
     with ScriptedPolicyServer() as server:
 
-        async def main() -> tuple[list[bytes], bytes]:
+        async def main() -> tuple[int, list[bytes]]:
             relay = HostRelay(loopback_address(server.url), max_connections=2)
             socket = await relay.start()
             try:
                 held = [await anyio.connect_unix(socket) for _ in range(2)]
-                for stream in held:  # each reached the policy (its /health answers)
-                    await stream.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-                answers = [await stream.receive() for stream in held]
-                async with await anyio.connect_unix(socket) as extra:
-                    await extra.send(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-                    refused = b"".join([chunk async for chunk in extra])
+                waiting = [await anyio.connect_unix(socket) for _ in range(2)]  # in the backlog
+                for stream in waiting:  # a request past the share is not read: nothing is buffered for it
+                    await stream.send(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                await anyio.sleep(0.3)
+                accepted = relay.open_connections
                 for stream in held:
+                    await stream.aclose()
+                answers = [await stream.receive() for stream in waiting]  # served once there is room
+                for stream in waiting:
                     await stream.aclose()
             finally:
                 await relay.aclose()
-            return answers, refused
+            return accepted, answers
 
-        answers, refused = anyio.run(main)
+        accepted, answers = anyio.run(main)
+    assert accepted == 2
     assert all(a.startswith(b"HTTP/1.1 200") for a in answers)
-    assert refused.startswith(b"HTTP/1.1 502")
-    assert b"2 connections to its policy open already" in refused
+
+
+def test_a_connection_quiet_both_ways_for_the_idle_timeout_is_cut():
+    with ScriptedPolicyServer() as server:
+
+        async def main() -> tuple[bytes, float, int]:
+            relay = HostRelay(loopback_address(server.url), idle_timeout=0.3)
+            socket = await relay.start()
+            try:
+                async with await anyio.connect_unix(socket) as stream:
+                    await stream.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                    answer = await stream.receive()
+                    started = anyio.current_time()
+                    with anyio.fail_after(5):
+                        rest = b"".join([chunk async for chunk in stream])
+                    quiet = anyio.current_time() - started
+                await anyio.sleep(0.05)
+                return answer + rest, quiet, relay.open_connections
+            finally:
+                await relay.aclose()
+
+        answer, quiet, left = anyio.run(main)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert 0.2 < quiet < 3
+    assert left == 0

@@ -50,6 +50,23 @@ def _chat_as(policy: Any, rollout_id: str, with_token: bool) -> int:
         return exc.code
 
 
+def _get(policy: Any, path: str) -> int:
+    """The HTTP status of a GET of ``path`` on the policy's host (another route than its chat), with its token."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(policy.base_url)
+    call = urllib.request.Request(
+        f"{parts.scheme}://{parts.netloc}{path}", headers={"Authorization": f"Bearer {policy.api_key}"}
+    )
+    try:
+        with urllib.request.urlopen(call, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def _writable(tops: list[str]) -> list[str]:
     """Every path under ``tops`` this process may write (checked with access(2): nothing is written)."""
     found = []
@@ -131,6 +148,8 @@ class ProbeWorkflow(AgentWorkflow):
                 seen.append(reply.get("content"))
             elif kind == "chat_as":  # [rollout id, with its own token]: a call to another rollout's trace
                 seen.append(_try(lambda a=arg: _chat_as(ctx.policy, a[0], a[1])))
+            elif kind == "get":  # another route of whatever serves the policy's URL
+                seen.append(_try(lambda a=arg: _get(ctx.policy, a)))
             elif kind == "policy_url":
                 seen.append(ctx.policy.base_url)
             elif kind == "raise":
