@@ -40,6 +40,7 @@ import msgspec
 
 from osmosis_core import PolicyEndpoint
 from osmosis_core.plugin import (
+    ResponseTooLarge,
     client_session,
     clip,
     cut_response,
@@ -83,6 +84,45 @@ def _loads(raw: bytes) -> tuple[Any, bool]:
         return _decode(raw), False
     except msgspec.DecodeError:
         return json.loads(raw), True
+
+
+_REQUEST: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_READ_FIELDS: Final = (
+    "model",
+    "stream",
+    "stream_options",
+    "n",
+    "return_token_ids",
+    "logprobs",
+    "return_tokens_as_token_ids",
+    POLICY_VERSION_FIELD,
+)
+"""The request fields the gateway reads (the adapters' too); the rest (``messages``, ``tools``) stays JSON text."""
+_LIST_START: Final = ord("[")
+
+
+def _read_request(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """A chat-completions request and whether json read it. msgspec reads its fields as JSON text
+    and decodes only :data:`_READ_FIELDS` (the messages go on, and into the trace, as the text they
+    are); json reads what msgspec refuses, whole.
+
+    :raises ValueError: not JSON, not an object, or no ``messages`` array.
+    """
+    try:
+        body: dict[str, Any] = _REQUEST.decode(raw)
+    except msgspec.DecodeError:
+        body, by_json = _loads(raw)
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            raise ValueError("expected a JSON object with a 'messages' array") from None
+        return body, by_json
+    messages = body.get("messages")
+    if messages is None or memoryview(messages)[0] != _LIST_START:
+        raise ValueError("expected a JSON object with a 'messages' array")
+    for key in _READ_FIELDS:
+        value = body.get(key)
+        if value is not None:
+            body[key] = _decode(value)
+    return body, False
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -352,8 +392,6 @@ class PolicyGateway:
     async def _chat(self, request: web.BaseRequest, rollout_id: str) -> web.StreamResponse:
         from aiohttp import ClientConnectorError, ClientError
 
-        from osmosis_core.plugin import ResponseTooLarge
-
         slot, refused = self._authorize(request, rollout_id)
         if refused is not None:
             return refused
@@ -365,16 +403,15 @@ class PolicyGateway:
         trace.calls.append(call)
         raw = await request.read()
         try:
-            body, by_json = _loads(raw)
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                raise ValueError("expected a JSON object with a 'messages' array")
+            body, by_json = _read_request(raw)
         except ValueError as exc:
             self._finish(trace, call, started, "bad_request", f"not a chat-completions request: {exc}", 400)
             return _error(400, f"not a chat-completions request: {exc}")
         version = body.pop(POLICY_VERSION_FIELD, None)
         version = request.headers.get(POLICY_VERSION_HEADER) or version or slot.policy_version or self.policy_version
         call.policy_version = None if version is None else str(version)
-        call.request = {k: v for k, v in body.items() if k not in ("model", "stream")}
+        sent = {k: v for k, v in body.items() if k not in ("model", "stream")}
+        call.request = sent if by_json else _dumps(sent)  # (JSON text, read when the trace is)
         call.model = body.get("model") if isinstance(body.get("model"), str) else None
         call.stream = stream = body.get("stream") is True
         options = body.get("stream_options")

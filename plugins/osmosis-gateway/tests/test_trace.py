@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import cattrs
 import pytest
 from gateway_helpers import MULTIPLY_TOOL, QUESTION, post, run, stack
 
@@ -83,6 +84,21 @@ def test_json_round_trip():
     data = json.loads(json.dumps(trace.to_json()))
     assert data["complete"] is True
     assert trace_from_json({**data, "row_index": 3}) == trace
+
+
+def test_a_request_held_as_json_text_reads_compares_and_round_trips_as_the_dict():
+    sent = {"messages": [{"role": "user", "content": "caf\u00e9"}], "tools": [], "temperature": 0.5}
+    held = TraceCall(call_id="c0", index=0, request=json.dumps(sent).encode())
+    plain = TraceCall(call_id="c0", index=0, request=sent)
+    assert held == plain
+    assert RolloutTrace("r", calls=[held]).to_json() == RolloutTrace("r", calls=[plain]).to_json()
+    assert RolloutTrace("r", calls=[held]).to_json()["calls"][0]["request"] == sent
+    assert trace_from_json(RolloutTrace("r", calls=[held]).to_json()).calls[0].request == sent
+    held.request["messages"].append({"role": "tool", "content": "84"})  # read once, then a dict like any other
+    assert len(held.request["messages"]) == 2
+    with pytest.raises(cattrs.errors.ClassValidationError) as refused:
+        trace_from_json({"rollout_id": "r", "calls": [{"call_id": "c0", "index": 0, "request": ["no"]}]})
+    assert "request must be a JSON object, got list" in str(refused.value.exceptions[0].exceptions[0].exceptions[0])
 
 
 def capture_of(doc, *, stream=False, request=None):
