@@ -348,16 +348,16 @@ class PolicyGateway:
         if token is None:
             return None, _error(401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="osmosis-gateway"'})
         slot = self._slots.get(rollout_id)
+        if slot is not None and _same(token, slot.token):  # the rollout's own token (the usual case)
+            header = request.headers.get(ROLLOUT_ID_HEADER)
+            if header is not None and header != rollout_id:
+                return None, _error(403, f"the {ROLLOUT_ID_HEADER} header names another rollout than the path")
+            return slot, None
         if _same(token, self.bearer):
             if slot is None:
                 return None, _error(404, f"rollout {rollout_id!r} is not open on this gateway")
             return slot, None
-        if slot is None or not _same(token, slot.token):
-            return None, _error(403, f"this token does not open rollout {rollout_id!r}")
-        header = request.headers.get(ROLLOUT_ID_HEADER)
-        if header is not None and header != rollout_id:
-            return None, _error(403, f"the {ROLLOUT_ID_HEADER} header names another rollout than the path")
-        return slot, None
+        return None, _error(403, f"this token does not open rollout {rollout_id!r}")
 
     def _models(self, request: web.BaseRequest, rollout_id: str) -> web.Response:
         _, refused = self._authorize(request, rollout_id)
@@ -403,8 +403,6 @@ class PolicyGateway:
     # -- the model call ----------------------------------------------------------------------------
 
     async def _chat(self, request: web.BaseRequest, rollout_id: str) -> web.StreamResponse:
-        from aiohttp import ClientConnectorError, ClientError
-
         slot, refused = self._authorize(request, rollout_id)
         if refused is not None:
             return refused
@@ -430,11 +428,13 @@ class PolicyGateway:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         capture = prepare_request(body, self.adapter)  # (may ask for the whole answer instead of a stream)
-        headers = dict(self._upstream_headers)
-        headers[ROLLOUT_ID_HEADER] = rollout_id
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() if by_json else _dumps(body)
         if self._whole is not None and body.get("stream") is not True:
             return await self._chat_whole(request, trace, call, capture, started, data, rollout_id, include_usage)
+        from aiohttp import ClientConnectorError, ClientError
+
+        headers = dict(self._upstream_headers)
+        headers[ROLLOUT_ID_HEADER] = rollout_id
         try:
             async with client_session().post(self._upstream_url, data=data, headers=headers, **self._proxy) as upstream:
                 status = upstream.status
