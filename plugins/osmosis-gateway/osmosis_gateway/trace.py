@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import attrs
 import cattrs
+import msgspec
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 __all__ = [
     "CallStatus",
@@ -59,6 +61,20 @@ def _floats(value: Iterable[float] | None) -> array[float] | None:
     return array("d", value)
 
 
+def _request_key(value: dict[str, Any] | bytes) -> dict[str, Any]:
+    """A request as a dict, whether held as one or as its JSON text."""
+    if isinstance(value, bytes):
+        decoded: dict[str, Any] = msgspec.json.decode(value)
+        return decoded
+    return value
+
+
+def _request_dict(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"a call's request must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 @attrs.define(kw_only=True, on_setattr=attrs.setters.NO_OP)  # plain setattr: the gateway sets a dozen per call
 class TraceCall:
     """One model call of a rollout, in the order the calls started."""
@@ -76,9 +92,8 @@ class TraceCall:
     latency_sec: float = 0.0
     model: str | None = None
     policy_version: str | None = None
-    request: dict[str, Any] = attrs.field(factory=dict)
-    """What the rollout sent: ``messages``, ``tools`` and the sampling parameters (as sent, before the
-    gateway added its token fields)."""
+    _request: dict[str, Any] | bytes = attrs.field(factory=dict, alias="request", eq=_request_key, repr=False)
+    """:attr:`request`, or its JSON text as the gateway keeps it (a fifth of the memory of the dicts)."""
     response: dict[str, Any] | None = None
     """The assistant message the rollout received (content, tool calls)."""
     finish_reason: str | None = None
@@ -89,6 +104,19 @@ class TraceCall:
     completion_token_ids: array[int] | None = attrs.field(default=None, converter=_ids)
     logprobs: array[float] | None = attrs.field(default=None, converter=_floats)
     """One log-probability per completion token (``array("d")``)."""
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """What the rollout sent: ``messages``, ``tools`` and the sampling parameters (as sent, before the
+        gateway added its token fields). The gateway holds it as JSON text until it is first read."""
+        value = self._request
+        if isinstance(value, bytes):
+            value = self._request = _request_key(value)
+        return value
+
+    @request.setter
+    def request(self, value: dict[str, Any] | bytes) -> None:
+        self._request = value
 
     @property
     def captured(self) -> bool:
@@ -152,6 +180,27 @@ _converter.register_unstructure_hook_func(_is_array, _to_list)
 _converter.register_unstructure_hook_func(_is_optional_array, _to_list)
 _converter.register_structure_hook_func(
     _is_array, lambda value, type_: array("d" if typing.get_args(type_) == (float,) else "i", value)
+)
+
+# TraceCall.request is kept as ``_request`` (a dict, or its JSON text): its JSON form is "request", a dict
+_converter.register_unstructure_hook(
+    TraceCall,
+    make_dict_unstructure_fn(
+        TraceCall,
+        _converter,
+        _request=override(
+            rename="request",
+            unstruct_hook=lambda value: (
+                _request_key(value) if isinstance(value, bytes) else _converter.unstructure(value, dict[str, Any])
+            ),
+        ),
+    ),
+)
+_converter.register_structure_hook(
+    TraceCall,
+    make_dict_structure_fn(
+        TraceCall, _converter, _request=override(rename="request", struct_hook=lambda value, _: _request_dict(value))
+    ),
 )
 
 

@@ -78,6 +78,7 @@ def test_two_turns_captured_exactly_and_stripped_from_the_answer(stream):
     assert list(last.completion_token_ids) == [i for _, i in generated]
     assert list(last.logprobs) == [logprob_of(n, i) for n, (_, i) in enumerate(generated)]
     assert first.policy_version == last.policy_version == "v7"
+    assert isinstance(last._request, bytes)  # held as the JSON text it came as until read
     assert first.request["messages"] == QUESTION
     assert "return_token_ids" not in first.request
     view = trainer_view(trace)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import cattrs
 import pytest
 from gateway_helpers import MULTIPLY_TOOL, QUESTION, post, run, stack
 
@@ -104,6 +105,21 @@ def test_an_answer_with_a_nan_keeps_it_when_the_additions_are_stripped():
     stripped = capture.feed_bytes(raw, chunk=False)
     assert stripped is not None
     assert b"NaN" in stripped
+
+
+def test_a_request_held_as_json_text_reads_compares_and_round_trips_as_the_dict():
+    sent = {"messages": [{"role": "user", "content": "caf\u00e9"}], "tools": [], "temperature": 0.5}
+    held = TraceCall(call_id="c0", index=0, request=json.dumps(sent).encode())
+    plain = TraceCall(call_id="c0", index=0, request=sent)
+    assert held == plain
+    assert RolloutTrace("r", calls=[held]).to_json() == RolloutTrace("r", calls=[plain]).to_json()
+    assert RolloutTrace("r", calls=[held]).to_json()["calls"][0]["request"] == sent
+    assert trace_from_json(RolloutTrace("r", calls=[held]).to_json()).calls[0].request == sent
+    held.request["messages"].append({"role": "tool", "content": "84"})  # read once, then a dict like any other
+    assert len(held.request["messages"]) == 2
+    with pytest.raises(cattrs.errors.ClassValidationError) as refused:
+        trace_from_json({"rollout_id": "r", "calls": [{"call_id": "c0", "index": 0, "request": ["no"]}]})
+    assert "request must be a JSON object, got list" in str(refused.value.exceptions[0].exceptions[0].exceptions[0])
 
 
 def capture_of(doc, *, stream=False, request=None):
