@@ -49,7 +49,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
 
-from osmosis_core import ExecutionBackend
+from osmosis_core import ExecutionBackend, PolicyEndpoint
 from osmosis_server.auth import LIVEZ, BearerAuth, generate_token
 from osmosis_server.protocol import LEASE_HEADER, BadRequest, dumps, parse_cancel, parse_submit
 from osmosis_server.run_folder import RunFolder
@@ -64,6 +64,7 @@ from osmosis_server.service import (
     Unavailable,
     UnknownRollout,
     Unreadable,
+    policy_defaults,
 )
 from osmosis_server.settings import DEFAULT_TOKEN_ENV, ServerSettings
 
@@ -159,15 +160,13 @@ def create_app(
     run_folder: RunFolder | None = None,
     token: str | None = None,
     auth: bool = True,
-    model: str = "default",
-    api_key: str | None = None,
-    headers: dict[str, str] | None = None,
-    max_response_bytes: int | None = None,
+    policy: PolicyEndpoint | None = None,
     agent_timeout_sec: float | None = None,
     grader_timeout_sec: float | None = None,
     configure_logging: bool = True,
     handle_signals: bool = True,
     traces: dict[str, Any] | None = None,
+    **deprecated: Any,
 ) -> Starlette:
     """The rollout server for ``backend``, as an ASGI app.
 
@@ -179,9 +178,10 @@ def create_app(
         ``OSMOSIS_SERVER_TOKEN``) names, else a generated one, written to ``<run folder>/server-token``
         (mode 0600) at startup.
     :param auth: ``False`` turns the token off: the app then serves loopback connections only.
-    :param model: the model name sent to the policy when a request names none.
-    :param api_key: the policy key when a request gives no ``llm_api_key``.
-    :param headers: extra headers for every policy call.
+    :param policy: the defaults of every request's policy (``[policy]``: the model when a request
+        names none, the key when it gives no ``llm_api_key``, extra headers, the response limit); a
+        request's ``chat_completions_url`` is its ``base_url``. (0.1's ``model``, ``api_key``,
+        ``headers``, ``max_response_bytes`` keywords still work, with a deprecation warning.)
     :param agent_timeout_sec: the workflow timeout when a request gives none (None: no limit).
     :param grader_timeout_sec: the grader timeout when a request gives none.
     :param traces: the ``[traces]`` table, traces on: each result carries the rollout's ``trace``
@@ -224,10 +224,7 @@ def create_app(
         backend,
         settings,
         run_folder,
-        model=model,
-        api_key=api_key,
-        headers=headers,
-        max_response_bytes=max_response_bytes,
+        policy=policy_defaults(policy, deprecated, "create_app"),
         agent_timeout_sec=agent_timeout_sec,
         grader_timeout_sec=grader_timeout_sec,
         traces=traces,

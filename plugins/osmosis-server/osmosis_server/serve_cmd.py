@@ -203,10 +203,13 @@ def serve(
             run_folder=folder,
             token=token,
             auth=not no_auth,
-            model=config.policy.model,
-            api_key=api_key,
-            headers=dict(config.policy.headers),
-            max_response_bytes=config.policy.max_response_bytes,
+            policy=PolicyEndpoint(
+                config.policy.base_url or "",  # each request's chat_completions_url takes its place
+                config.policy.model,
+                api_key,
+                dict(config.policy.headers),
+                config.policy.max_response_bytes,
+            ),
             agent_timeout_sec=config.run.agent_timeout_sec,
             grader_timeout_sec=config.run.grader_timeout_sec,
             configure_logging=False,

@@ -53,7 +53,7 @@ from osmosis_core import (
     PolicyEndpoint,
     RolloutSample,
 )
-from osmosis_core.plugin import clip, error_info
+from osmosis_core.plugin import clip, error_info, warn_deprecated
 from osmosis_server.ledger import Known
 from osmosis_server.protocol import (
     CancelBody,
@@ -79,6 +79,7 @@ __all__ = [
     "Unavailable",
     "UnknownRollout",
     "Unreadable",
+    "policy_defaults",
 ]
 
 log = logging.getLogger("osmosis_server")
@@ -239,15 +240,39 @@ def _index(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+_DEPRECATED_POLICY_KEYWORDS = ("model", "api_key", "headers", "max_response_bytes")
+
+
+def policy_defaults(policy: PolicyEndpoint | None, deprecated: Mapping[str, Any], where: str) -> PolicyEndpoint:
+    """The server's default policy: ``policy``, or one built from 0.1's keywords (with a warning).
+
+    :raises TypeError: an unknown keyword, or both ``policy`` and 0.1's keywords.
+    """
+    unknown = sorted(set(deprecated) - set(_DEPRECATED_POLICY_KEYWORDS))
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword arguments {unknown}")
+    if not deprecated:
+        return policy if policy is not None else PolicyEndpoint("", "default")
+    if policy is not None:
+        raise TypeError(f"{where}(): give policy=PolicyEndpoint(...) or 0.1's {sorted(deprecated)}, not both")
+    names = ", ".join(sorted(deprecated))
+    # stacklevel 4: past this function and the constructor that called it, at the caller's line
+    warn_deprecated(f"{where}({names}=...)", f"{where}(policy=PolicyEndpoint(...))", "0.2.0", stacklevel=4)
+    given = {k: v for k, v in deprecated.items() if v is not None}
+    return PolicyEndpoint("", given.pop("model", "default"), headers=dict(given.pop("headers", {})), **given)
+
+
 class RolloutService:
     """Runs the rollouts a server admits on ``backend``.
 
     :param backend: any :class:`~osmosis_core.ExecutionBackend`; the service closes it in :meth:`close`.
     :param settings: queue bound, lease, retention, grace, poll wait.
     :param run_folder: where every finished rollout is recorded (opened by :meth:`start`).
-    :param model: the model name sent to the policy when a request names none.
-    :param api_key: the policy key used when a request gives no ``llm_api_key``.
-    :param headers: extra headers for every policy call (their values are secrets).
+    :param policy: the defaults of every request's policy (``[policy]``): the model when a request
+        names none, the key when it gives no ``llm_api_key``, the extra headers (secrets) and the
+        response limit; each request's ``chat_completions_url`` takes the place of its ``base_url``.
+        (0.1's ``model``, ``api_key``, ``headers`` and ``max_response_bytes`` keywords still work,
+        with a deprecation warning.)
     :param agent_timeout_sec: the workflow timeout when a request gives none (None: no limit).
     :param grader_timeout_sec: the grader timeout when a request gives none.
     :param traces: the ``[traces]`` table (traces on): each rollout's model calls go through a policy
@@ -263,14 +288,13 @@ class RolloutService:
         settings: ServerSettings,
         run_folder: RunFolder,
         *,
-        model: str = "default",
-        api_key: str | None = None,
-        headers: dict[str, str] | None = None,
-        max_response_bytes: int | None = None,
+        policy: PolicyEndpoint | None = None,
         agent_timeout_sec: float | None = None,
         grader_timeout_sec: float | None = None,
         traces: Mapping[str, Any] | None = None,
+        **deprecated: Any,
     ) -> None:
+        self.policy = policy_defaults(policy, deprecated, "RolloutService")
         self.backend = backend
         self.traces = dict(traces) if traces is not None else None
         self._gateways: dict[tuple[Any, ...], Any] = {}
@@ -278,12 +302,6 @@ class RolloutService:
         self._gateway_lock = asyncio.Lock()
         self.settings = settings
         self.folder = run_folder
-        self.model = model
-        self.api_key = api_key
-        self.headers = dict(headers or {})
-        self._policy_extra: dict[str, Any] = {}
-        if max_response_bytes is not None:
-            self._policy_extra["max_response_bytes"] = max_response_bytes
         self.agent_timeout_sec = agent_timeout_sec
         self.grader_timeout_sec = grader_timeout_sec
         self.pusher = Pusher()
@@ -307,7 +325,7 @@ class RolloutService:
         self.started = False
         self.closed = False
         self.counts: collections.Counter[str] = collections.Counter()
-        self._server_secrets = tuple(v for v in (api_key, *self.headers.values()) if v)
+        self._server_secrets = self.policy.secrets()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -465,12 +483,13 @@ class RolloutService:
             self.counts["refused_full"] += 1
             raise QueueFull
         entry = Rollout(body.rollout_id, digest)
+        defaults = self.policy  # the request's URL in place of its base_url, its model and key if given
         policy = PolicyEndpoint(
             body.chat_completions_url,
-            body.model or self.model,
-            body.llm_api_key or self.api_key,
-            self.headers,
-            **self._policy_extra,
+            body.model or defaults.model,
+            body.llm_api_key or defaults.api_key,
+            defaults.headers,
+            defaults.max_response_bytes,
         )
         metadata: dict[str, Any] = body.metadata or {}
         entry.request = ExecutionRequest(
