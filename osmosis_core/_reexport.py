@@ -24,6 +24,16 @@ def attach(
     home = {name: f"{package}.{sub}" for sub, names in submod_attrs.items() for name in names}
     names = sorted(home)
 
+    def __dir__() -> list[str]:
+        return list(names)
+
+    return getattr_from(into, home), __dir__, list(names)
+
+
+def getattr_from(into: str, home: Mapping[str, str]) -> Callable[[str], Any]:
+    """The ``__getattr__`` of module ``into`` for ``home`` (name -> the module that defines it):
+    each name imported on first use and cached on ``into``."""
+
     def __getattr__(name: str) -> Any:
         try:
             module = home[name]
@@ -33,7 +43,4 @@ def attach(
         sys.modules[into].__dict__[name] = value  # later uses skip __getattr__
         return value
 
-    def __dir__() -> list[str]:
-        return list(names)
-
-    return __getattr__, __dir__, list(names)
+    return __getattr__

@@ -78,7 +78,7 @@ if TYPE_CHECKING:  # for the annotations below
     from osmosis_core.records import ExecutionResult
 
 # imported on first use, so a command module that imports this one keeps `osmosis --help` fast
-_getattr, _dir, _lazy = _reexport.attach(
+__getattr__, _dir, _lazy = _reexport.attach(
     "osmosis_core",
     submod_attrs={
         "_engine.config": ["RunConfig"],
@@ -93,12 +93,6 @@ _getattr, _dir, _lazy = _reexport.attach(
     into=__name__,
 )
 __all__ = sorted([*_lazy, "LoadedRun", "RunFiles", "load_run"])
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _lazy:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _getattr(name)
 
 
 def __dir__() -> list[str]:

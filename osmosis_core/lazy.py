@@ -18,29 +18,17 @@ stub); ``osmosis_core.testing.check_lazy_exports`` checks the two lists agree::
 from __future__ import annotations
 
 import ast
-import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from osmosis_core._reexport import getattr_from
 from osmosis_core.deprecation import warn_deprecated
 
 __all__: list[str] = []
 
 _INSTEAD = "lazy_loader.attach(__name__, submod_attrs=...) with the names imported under TYPE_CHECKING"
-
-
-def _getattr(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
-    def __getattr__(name: str) -> Any:
-        module = exports.get(name)
-        if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        setattr(sys.modules[package], name, value)  # cached: the next access is a plain attribute
-        return value
-
-    return __getattr__
 
 
 def lazy_exports(
@@ -52,7 +40,7 @@ def lazy_exports(
     -> the module that defines it), as 0.1 documented it.
     """
     warn_deprecated("osmosis_core.lazy.lazy_exports", _INSTEAD, "0.2.0")
-    return _getattr(package, exports), lambda: sorted(public)
+    return getattr_from(package, exports), lambda: sorted(public)
 
 
 def _stub_exports(stub: Path, package: str) -> dict[str, str]:
@@ -99,4 +87,4 @@ def attach_stub(package: str, init_file: str) -> tuple[Callable[[str], Any], Cal
         module = vars(sys.modules[package])
         return sorted({*public, *(name for name in module if name == "__version__" or not name.startswith("_"))})
 
-    return _getattr(package, exports), __dir__, public
+    return getattr_from(package, exports), __dir__, public

@@ -174,8 +174,6 @@ def _plugin_getattr(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(module), name)
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return _public_getattr(name)
 
 
