@@ -232,14 +232,9 @@ async def run_workflow(
         ctx = AgentWorkflowContext(prompt, workflow.config, rollout.metadata, rollout)
         with rollout:
             output = await (workflow.run(ctx) if timeout is None else _within(timeout, workflow.run, ctx))
-            # a returned history or sample needs no await (the coroutine is for a sample source)
-            sample = (
-                output
-                if type(output) is RolloutSample
-                else RolloutSample(messages=output)
-                if type(output) is list
-                else await _collect_sample(output, rollout)
-            )
+            sample = _returned_sample(output)
+            if sample is None:  # only a sample source is awaited (a returned history needs no coroutine)
+                sample = await _source_sample(rollout)
     except BaseException as exc:
         if not _own_failure(exc):
             raise  # the run cancels this rollout (or the process is going down)
@@ -345,22 +340,28 @@ async def _partial_sample(rollout: RolloutContext) -> RolloutSample | None:
     return sample if isinstance(sample, RolloutSample) else None
 
 
-async def _collect_sample(output: object, rollout: RolloutContext) -> RolloutSample:
+def _returned_sample(output: object) -> RolloutSample | None:
+    """The sample a workflow returned (its history, or a RolloutSample); None when it returned None
+    (its sample source has the sample)."""
     if isinstance(output, RolloutSample):
         return output
     if isinstance(output, list):
         return RolloutSample(messages=output)
     if output is None:
-        sample = await rollout.get_sample()
-        if sample is None:
-            raise ValueError(
-                "the workflow returned None and registered no sample source; return the message "
-                "history (a list), a RolloutSample, or use an agent integration that registers one"
-            )
-        if not isinstance(sample, RolloutSample):
-            raise TypeError(f"the sample source returned {type(sample).__name__}, not a RolloutSample")
-        return sample
+        return None
     raise TypeError(
         f"AgentWorkflow.run returned {type(output).__name__}; return a list of messages, "
         "a RolloutSample, or None after registering a sample source"
     )
+
+
+async def _source_sample(rollout: RolloutContext) -> RolloutSample:
+    sample = await rollout.get_sample()
+    if sample is None:
+        raise ValueError(
+            "the workflow returned None and registered no sample source; return the message "
+            "history (a list), a RolloutSample, or use an agent integration that registers one"
+        )
+    if not isinstance(sample, RolloutSample):
+        raise TypeError(f"the sample source returned {type(sample).__name__}, not a RolloutSample")
+    return sample

@@ -178,9 +178,7 @@ class LocalBackend(ExecutionBackend):
         # that comes meanwhile is raised at the stage's first await instead of here
         slots = self._workflow_slots
         try:
-            try:
-                slots.acquire_nowait()
-            except anyio.WouldBlock:
+            if not _took(slots):
                 await slots.acquire()
             try:
                 self._queued -= 1
@@ -199,9 +197,7 @@ class LocalBackend(ExecutionBackend):
             assert self.grader_class is not None
             assert result.sample is not None
             slots = self._grader_slots
-            try:
-                slots.acquire_nowait()
-            except anyio.WouldBlock:
+            if not _took(slots):
                 await slots.acquire()
             self._grading += 1
             try:
@@ -219,3 +215,12 @@ class LocalBackend(ExecutionBackend):
             if queued:
                 self._queued -= 1
             self._done += 1
+
+
+def _took(slots: anyio.Semaphore) -> bool:
+    """Take a free slot without awaiting; False when none is free (then ``await slots.acquire()``)."""
+    try:
+        slots.acquire_nowait()
+    except anyio.WouldBlock:
+        return False
+    return True
