@@ -58,6 +58,7 @@ class RunFolder:
         self._files: RunFiles | None = None
         self.ledger = Ledger(self.path)
         self._results = str(self.path / RESULTS)
+        self._traces_file = str(self.path / TRACES)
         self._end = 0
         self._traces_end = 0
         self.written = 0
@@ -231,7 +232,7 @@ class RunFolder:
             raise RuntimeError("the run folder is not open")
         start = self._traces_end
         self._files.write_trace(row, sample_index, rollout_id, trace, secrets)
-        self._traces_end = os.stat(self.traces_path).st_size
+        self._traces_end = os.stat(self._traces_file).st_size  # (as for results: a str)
         return start
 
     def flush(self) -> None:
