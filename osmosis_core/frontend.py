@@ -99,9 +99,6 @@ def __dir__() -> list[str]:
     return sorted({*__all__, *globals()})
 
 
-RESULTS = "results.jsonl"
-
-
 class LoadedRun:
     """A config's rollout, loaded once, and what a frontend does with it (see :func:`load_run`)."""
 
@@ -149,10 +146,12 @@ class RunFiles:
     """
 
     def __init__(self, folder: Path | str, *, secrets: Iterable[str | None] = ()) -> None:
+        from osmosis_core._engine.run_lock import RunLock
+        from osmosis_core._engine.runner import RESULTS
+
         self.path = Path(folder)
         self.results_path = self.path / RESULTS
         self.secrets = tuple(s for s in secrets if s and len(s) >= 4)
-        from osmosis_core._engine.run_lock import RunLock
 
         self._lock = RunLock(self.path)
         self._results: ResultWriter | None = None
