@@ -77,7 +77,7 @@ _decode: Final = msgspec.json.Decoder().decode
 
 def _loads(raw: bytes) -> tuple[Any, bool]:
     """A JSON document and whether json read it: msgspec reads what an OpenAI client sends, and
-    json what msgspec refuses (NaN, integers over 64 bits), with json's error for what is no JSON.
+    json what msgspec refuses (NaN, Infinity), with json's error for what is no JSON.
 
     :raises ValueError: not JSON.
     """
@@ -111,8 +111,8 @@ def _read_request(raw: bytes) -> tuple[dict[str, Any], bool]:
     """
     try:
         body: dict[str, Any] = _REQUEST.decode(raw)
-    except msgspec.DecodeError:
-        body, by_json = _loads(raw)
+    except msgspec.DecodeError:  # not an object of JSON fields, or JSON msgspec refuses: json decides
+        body, by_json = json.loads(raw), True
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             raise ValueError("expected a JSON object with a 'messages' array") from None
         return body, by_json
@@ -272,12 +272,12 @@ class PolicyGateway:
         # the upstream is fixed: its proxy (HTTP(S)_PROXY, NO_PROXY) is worked out once, not per call
         proxy = proxy_options(self._upstream_url)
         self._proxy = proxy or {"proxy": None}
-        if not proxy and WholeAnswerClient.usable(self._upstream_url):
+        if not proxy:
             # whole answers from a plain-http upstream: a lean client (a third of the CPU per call)
             limit = self.upstream.max_response_bytes
             try:
                 self._whole = WholeAnswerClient(self._upstream_url, self._upstream_headers, limit)
-            except ValueError:  # a header it cannot write as it is (not latin-1): aiohttp's client decides
+            except ValueError:  # not plain http, or a header it cannot write (not latin-1): aiohttp's client
                 self._whole = None
         self._runner, self._port = await start_http_server(
             self._handle, self._host, self._requested_port, max_body=_MAX_BODY

@@ -28,14 +28,12 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from osmosis_core.plugin import ResponseTooLarge
+from osmosis_core.plugin import DEFAULT_MAX_RESPONSE_BYTES, KEEPALIVE_SEC, ResponseTooLarge
 
 __all__ = ["UpstreamUnreachable", "WholeAnswerClient"]
 
 CONNECT_TIMEOUT_SEC: Final = 30.0
 READ_TIMEOUT_SEC: Final = 600.0
-KEEPALIVE_SEC: Final = 4.0
-"""An idle connection older than this is not reused (uvicorn closes its idle ones after 5 s)."""
 _UNSAFE: Final = frozenset("\r\n\0")
 
 
@@ -144,7 +142,7 @@ class WholeAnswerClient:
     :param max_bytes: a larger answer is :class:`~osmosis_core.plugin.ResponseTooLarge`.
     """
 
-    def __init__(self, url: str, headers: dict[str, str], max_bytes: int = 1 << 26) -> None:
+    def __init__(self, url: str, headers: dict[str, str], max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"a plain http:// URL is needed, got {url!r}")
@@ -162,11 +160,6 @@ class WholeAnswerClient:
             raise ValueError("a header holds a line break")
         self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
         self._idle: list[_Connection] = []
-
-    @staticmethod
-    def usable(url: str) -> bool:
-        """Whether ``url`` is one this client serves (plain http)."""
-        return url.startswith("http://")
 
     def request_head(self, rollout_id: str) -> bytes:
         """The request line and headers, up to the body's length."""

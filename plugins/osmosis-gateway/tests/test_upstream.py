@@ -128,7 +128,7 @@ def test_refusals_unreachable_too_large_cut_and_a_line_break_in_an_id():
         dead = WholeAnswerClient("http://127.0.0.1:9/v1", {})
         with pytest.raises(UpstreamUnreachable, match=r"cannot connect to 127\.0\.0\.1:9"):
             await dead.post("r", b"{}")
-        cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"  # promised 100 bytes, sent 1
+        cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"  # promised 100 bytes, sends 18
         server, port, _, _ = await serve(lambda n, _: ok(b"x" * 2000) if n == 1 else cut + b"Connection: close")
         small = WholeAnswerClient(f"http://127.0.0.1:{port}/v1", {}, max_bytes=1000)
         try:
