@@ -41,17 +41,20 @@ osmosis_server.protocol.BadRequest: expected an array of message objects, got an
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 import re
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Final, NewType
+from typing import TYPE_CHECKING, Any, Final, NewType
 
 import attrs
-import cattrs
 
 from osmosis_core import ErrorCategory, ExecutionResult, ExecutionStatus
+
+if TYPE_CHECKING:
+    import cattrs
 
 __all__ = [
     "LEASE_HEADER",
@@ -298,7 +301,6 @@ def _prefix(value: Any, _type: Any) -> str:
     return value
 
 
-_NULL: Final = {"type": "null"}
 _VALUE_TYPES: Final[dict[Any, tuple[Callable[[Any, Any], Any], dict[str, Any]]]] = {
     RolloutId: (_rollout_id, {"type": "string", "minLength": 1, "maxLength": MAX_ID_BYTES}),
     HttpUrl: (_url, {"type": "string", "format": "uri"}),
@@ -325,6 +327,8 @@ def _or_null(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 def _converter(detailed: bool) -> cattrs.Converter:
     """A converter of request bodies (unknown keys are ignored, as the reference does); a
     ``detailed`` one reports every problem with its path, the other stops at the first (faster)."""
+    import cattrs
+
     converter = cattrs.Converter(detailed_validation=detailed)
     for type_, (hook, _) in _VALUE_TYPES.items():
         converter.register_structure_hook(type_, hook)
@@ -343,8 +347,11 @@ def _converter(detailed: bool) -> cattrs.Converter:
     return converter
 
 
-_fast: Final = _converter(detailed=False)
-_detailed: Final = _converter(detailed=True)
+@functools.cache
+def _converters() -> tuple[cattrs.Converter, cattrs.Converter]:
+    """The fast and the detailed converter, built for the first body a server checks (the client,
+    which imports this module for its records, never loads cattrs)."""
+    return _converter(detailed=False), _converter(detailed=True)
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -444,12 +451,15 @@ def _structure[T](raw: bytes, type_: type[T]) -> T:
     data = loads(raw)
     if type(data) is not dict:
         raise BadRequest(f"expected a JSON object, got {_kind(data)} @ $")
+    fast, detailed = _converters()
     try:
-        return _fast.structure(data, type_)
+        return fast.structure(data, type_)
     except (ValueError, TypeError, KeyError):  # a bad body: structured again, to name every problem's place
         pass
+    import cattrs
+
     try:
-        return _detailed.structure(data, type_)
+        return detailed.structure(data, type_)
     except cattrs.ClassValidationError as exc:
         raise BadRequest("; ".join(cattrs.transform_error(exc, path="$", format_exception=_problem))) from None
 

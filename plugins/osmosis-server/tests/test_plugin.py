@@ -27,8 +27,9 @@ def test_the_plugin_is_discovered_and_adds_serve():
 def test_importing_the_package_and_its_entry_module_stays_light():
     code = (
         "import sys, osmosis_server, osmosis_server.plugin; "
-        "osmosis_server.ServerSettings; osmosis_server.RolloutRequest; "
-        "heavy = [m for m in ('starlette', 'uvicorn', 'aiohttp') if m in sys.modules]; "
+        "osmosis_server.ServerSettings; osmosis_server.RolloutRequest; osmosis_server.RolloutStatus; "
+        "import osmosis_server.client; "
+        "heavy = [m for m in ('starlette', 'uvicorn', 'aiohttp', 'cattrs') if m in sys.modules]; "
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
