@@ -53,6 +53,7 @@ from osmosis_core import _reexport
 
 if TYPE_CHECKING:
     from osmosis_core._engine.config import RunConfig as RunConfig
+    from osmosis_core._engine.config import policy_endpoint as policy_endpoint
     from osmosis_core._engine.dataset import DatasetRow as DatasetRow
     from osmosis_core._engine.dataset import fingerprint as fingerprint
     from osmosis_core._engine.dataset import read_dataset as read_dataset
@@ -81,7 +82,7 @@ if TYPE_CHECKING:  # for the annotations below
 __getattr__, _dir, _lazy = _reexport.attach(
     "osmosis_core",
     submod_attrs={
-        "_engine.config": ["RunConfig"],
+        "_engine.config": ["RunConfig", "policy_endpoint"],
         "_engine.dataset": ["DatasetRow", "fingerprint", "read_dataset"],
         "_engine.http_session": ["http_scope"],
         "_engine.loader": ["LoadedRollout"],

@@ -18,7 +18,7 @@ import cattrs
 from cattrs.errors import BaseValidationError, CattrsError, ForbiddenExtraKeysError
 
 from osmosis_core.errors import ConfigError
-from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
+from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES, PolicyEndpoint
 from osmosis_core.wire import register_strict_scalars
 
 __all__ = [
@@ -302,3 +302,18 @@ def api_key_from_env(config: RunConfig) -> str | None:
             [f"the environment variable {var} is not set @ $.policy.api_key_env"],
         )
     return value
+
+
+def policy_endpoint(config: RunConfig, base_url: str | None = None) -> PolicyEndpoint:
+    """The config's ``[policy]`` as a :class:`~osmosis_core.PolicyEndpoint` (its key read from the
+    variable ``api_key_env`` names), at ``base_url`` when given.
+
+    :raises ConfigError: the key's variable is named but not set.
+    """
+    return PolicyEndpoint(
+        config.policy.base_url or "" if base_url is None else base_url,
+        config.policy.model,
+        api_key_from_env(config),
+        dict(config.policy.headers),
+        max_response_bytes=config.policy.max_response_bytes,
+    )

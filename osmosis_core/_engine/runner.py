@@ -27,7 +27,7 @@ import anyio
 import attrs
 
 from osmosis_core import __version__
-from osmosis_core._engine.config import RunConfig, api_key_from_env, structure_table
+from osmosis_core._engine.config import RunConfig, policy_endpoint, structure_table
 from osmosis_core._engine.dataset import DatasetRow, fingerprint, read_dataset
 from osmosis_core._engine.loader import LoadedRollout, load_rollout
 from osmosis_core._engine.registry import PluginRegistry, get_registry
@@ -247,13 +247,7 @@ def prepare_run(
                 source,
                 ["no policy endpoint: set policy.base_url (or --policy-url), or use --stub-policy @ $.policy.base_url"],
             )
-        policy = PolicyEndpoint(
-            config.policy.base_url,
-            config.policy.model,
-            api_key_from_env(config),
-            dict(config.policy.headers),
-            max_response_bytes=config.policy.max_response_bytes,
-        )
+        policy = policy_endpoint(config)
     gateway = None
     if traces_enabled(config.traces):  # (the plugin checks the [traces] table before anything is written)
         gateway = make_trace_gateway(policy, config.traces, source=source, registry=registry)

@@ -109,7 +109,7 @@ def serve(
     import attrs
 
     from osmosis_core import ConfigError, OsmosisError, PolicyEndpoint
-    from osmosis_core.frontend import load_run, make_console, make_trace_gateway, traces_enabled
+    from osmosis_core.frontend import load_run, make_console, make_trace_gateway, policy_endpoint, traces_enabled
     from osmosis_core.plugin import structure_table
     from osmosis_server.auth import is_loopback
     from osmosis_server.run_folder import RunFolder
@@ -154,13 +154,8 @@ def serve(
         token = os.environ.get(variable) or None
         if token is None and settings.token_env:
             raise ConfigError(source, [f"the environment variable {variable} is not set @ $.server.token_env"])
-    api_key = None
-    if config.policy.api_key_env:
-        api_key = os.environ.get(config.policy.api_key_env) or None
-        if api_key is None:
-            raise ConfigError(
-                source, [f"the environment variable {config.policy.api_key_env} is not set @ $.policy.api_key_env"]
-            )
+    # the [policy] defaults of every request (each request's chat_completions_url is its base_url)
+    policy = policy_endpoint(config)
 
     _logging(log_level)
     console = make_console()
@@ -181,7 +176,7 @@ def serve(
             "host": settings.host,
             "port": settings.port,
         },
-        secrets=[token, api_key, *config.policy.headers.values()],
+        secrets=[token, *policy.secrets()],
     )
     from osmosis_server.serving import bind
 
@@ -203,13 +198,7 @@ def serve(
             run_folder=folder,
             token=token,
             auth=not no_auth,
-            policy=PolicyEndpoint(
-                config.policy.base_url or "",  # each request's chat_completions_url takes its place
-                config.policy.model,
-                api_key,
-                dict(config.policy.headers),
-                config.policy.max_response_bytes,
-            ),
+            policy=policy,
             agent_timeout_sec=config.run.agent_timeout_sec,
             grader_timeout_sec=config.run.grader_timeout_sec,
             configure_logging=False,
