@@ -8,6 +8,7 @@ with a ``<file>.orig`` copy of every file it changes. Whatever has no counterpar
 file:line (or key) and why, never dropped silently. See MIGRATING.md for the full map.
 
 >>> import pathlib, tempfile
+>>> from osmosis_migrate import apply_migration, plan_migration
 >>> ws = pathlib.Path(tempfile.mkdtemp())
 >>> (ws / "rollouts" / "echo").mkdir(parents=True)
 >>> _ = (ws / "rollouts" / "echo" / "main.py").write_text("from osmosis_ai.rollout import AgentWorkflowOutput\\n")
@@ -20,9 +21,25 @@ file:line (or key) and why, never dropped silently. See MIGRATING.md for the ful
 ()
 """
 
-from osmosis_migrate.records import FileChange, Finding, MigrateError, MigrationPlan
-from osmosis_migrate.workspace import apply_migration, plan_migration
+from typing import TYPE_CHECKING
+
+import lazy_loader
 
 __version__ = "0.2.0"
 
-__all__ = ["FileChange", "Finding", "MigrateError", "MigrationPlan", "apply_migration", "plan_migration"]
+if TYPE_CHECKING:
+    from osmosis_migrate.records import FileChange as FileChange
+    from osmosis_migrate.records import Finding as Finding
+    from osmosis_migrate.records import MigrateError as MigrateError
+    from osmosis_migrate.records import MigrationPlan as MigrationPlan
+    from osmosis_migrate.workspace import apply_migration as apply_migration
+    from osmosis_migrate.workspace import plan_migration as plan_migration
+
+# imported on first use: the package is loaded by the plugin's entry module on every `osmosis` start
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "records": ["FileChange", "Finding", "MigrateError", "MigrationPlan"],
+        "workspace": ["apply_migration", "plan_migration"],
+    },
+)
