@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from osmosis_core.cli.common import resolve_config as resolve_config
     from osmosis_core.traces import TRACES as TRACES
     from osmosis_core.traces import make_trace_gateway as make_trace_gateway
+    from osmosis_core.traces import trace_from_line as trace_from_line
     from osmosis_core.traces import traces_enabled as traces_enabled
     from osmosis_core.wire import result_line as result_line
 
@@ -88,7 +89,7 @@ __getattr__, _dir, _lazy = _reexport.attach(
         "_engine.loader": ["LoadedRollout"],
         "_engine.results": ["ResultStats", "Summary", "latest_records", "percentile", "summary_fields"],
         "cli.common": ["config_options", "make_console", "resolve_config"],
-        "traces": ["TRACES", "make_trace_gateway", "traces_enabled"],
+        "traces": ["TRACES", "make_trace_gateway", "trace_from_line", "traces_enabled"],
         "wire": ["result_line"],
     },
     into=__name__,

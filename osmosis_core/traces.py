@@ -33,6 +33,7 @@ __all__ = [
     "RunTraces",
     "TraceGateway",
     "make_trace_gateway",
+    "trace_from_line",
     "trace_line",
     "traces_enabled",
 ]
@@ -102,6 +103,11 @@ def trace_line(rollout_id: str, row_index: int, sample_index: int, trace: Mappin
     data.pop("rollout_id", None)
     line.update(data)
     return line
+
+
+def trace_from_line(line: Mapping[str, Any]) -> dict[str, Any]:
+    """The trace a ``traces.jsonl`` line holds, as a result carries it (:func:`trace_line`'s inverse)."""
+    return {key: value for key, value in line.items() if key not in ("row_index", "sample_index")}
 
 
 class RunTraces:

@@ -46,3 +46,13 @@ def test_a_plugin_provides_the_gateway_through_the_hook():
     policy = PolicyEndpoint("http://127.0.0.1:9/v1", "m")
     assert make_trace_gateway(policy, {"adapter": "sglang"}, source="run.toml", registry=registry) == "the gateway"
     assert seen == {"upstream": policy, "settings": {"adapter": "sglang"}, "source": "run.toml"}
+
+
+def test_a_trace_line_reads_back_as_the_trace_it_was_written_from():
+    from osmosis_core.frontend import trace_from_line
+    from osmosis_core.traces import trace_line
+
+    trace = {"rollout_id": "r-1", "complete": False, "incomplete_reason": "cut", "calls": [{"call_id": "c0"}]}
+    line = trace_line("r-1", 3, 1, trace)
+    assert (line["row_index"], line["sample_index"]) == (3, 1)
+    assert trace_from_line(line) == trace

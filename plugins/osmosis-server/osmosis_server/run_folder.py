@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from osmosis_core import ExecutionResult, OsmosisError
-from osmosis_core.frontend import TRACES, RunFiles
+from osmosis_core.frontend import TRACES, RunFiles, trace_from_line
 from osmosis_server.ledger import Known, Ledger
 
 __all__ = ["RESULTS", "RUN_META", "TOKEN_FILE", "TRACES", "RunFolder"]
@@ -257,10 +257,7 @@ class RunFolder:
         """
         if known.trace_offset is None:
             return None
-        line = _line_at(self.traces_path, known.trace_offset, known.rollout_id)
-        line.pop("row_index", None)  # the inverse of trace_line: the trace's own JSON form
-        line.pop("sample_index", None)
-        return line
+        return trace_from_line(_line_at(self.traces_path, known.trace_offset, known.rollout_id))
 
     def close(self) -> None:
         """Flush the results to disk and release the folder (idempotent)."""
