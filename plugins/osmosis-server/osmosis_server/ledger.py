@@ -214,7 +214,7 @@ class Ledger:
 
     # -- open: catch up with the log and results.jsonl ---------------------------------------------
 
-    def open(self, results: Path, traces: Path | None = None) -> tuple[int, int]:
+    def open(self, results: Path, traces: Path) -> tuple[int, int]:
         """Open (or create) the ledger and fold in what the log, ``results`` and ``traces`` hold past
         what the index saw; return the sizes of ``results`` and ``traces`` (a last line cut short removed).
 
@@ -256,11 +256,11 @@ class Ledger:
         seen = self._meta(key)
         return seen if isinstance(seen, int) and 0 <= seen <= size else 0  # a file replaced: from its start
 
-    def _catch_up(self, results: Path, traces: Path | None) -> tuple[int, int]:
+    def _catch_up(self, results: Path, traces: Path) -> tuple[int, int]:
         db = self.db
         log_size = cut_partial_tail(self.log_path)
         size = cut_partial_tail(results)
-        traces_size = 0 if traces is None else cut_partial_tail(traces)
+        traces_size = cut_partial_tail(traces)
         with db:
             key = self._meta("lease_key")
             if not isinstance(key, bytes) or len(key) < 32:
@@ -286,11 +286,11 @@ class Ledger:
                 db.execute(_MARK, (rollout_id, row, sample_index, at, str(line.get("status"))))
             if not isinstance(next_row, int):  # a folder without a ledger yet: rows continue after its lines
                 self.next_row = max(self.next_row, lines)
-            if traces is not None:  # after the results: a trace line notes where it is on its id's row
-                for at, line in _lines(traces, self._since("traces_end", traces_size), traces_size):
-                    rollout_id = line.get("rollout_id")
-                    if isinstance(rollout_id, str):
-                        db.execute(_TRACED, (at, rollout_id))
+            # after the results: a trace line notes where it is on its id's row
+            for at, line in _lines(traces, self._since("traces_end", traces_size), traces_size):
+                rollout_id = line.get("rollout_id")
+                if isinstance(rollout_id, str):
+                    db.execute(_TRACED, (at, rollout_id))
             self._log_end, self.results_end, self.traces_end = log_size, size, traces_size
             self._checkpoint()
         total = db.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
@@ -347,13 +347,12 @@ class Ledger:
         self._log_end += written
         self._hold(known)
 
-    def recorded(self, known: Known, end: int, traces_end: int | None = None) -> None:
+    def recorded(self, known: Known, end: int, traces_end: int) -> None:
         """Note a recorded rollout (``known.offset``: where its line starts in results.jsonl, which
-        is now ``end`` bytes long; ``traces_end``: traces.jsonl's size, when its trace was written);
+        is now ``end`` bytes long; ``traces_end``: traces.jsonl's size, its trace's line included if it has one);
         the index follows with the next batch."""
         self.results_end = end
-        if traces_end is not None:
-            self.traces_end = traces_end
+        self.traces_end = traces_end
         self._hold(known)
 
     def _hold(self, known: Known) -> None:

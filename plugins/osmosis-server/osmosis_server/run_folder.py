@@ -217,7 +217,7 @@ class RunFolder:
             lease_expired,
             trace_offset,
         )
-        self.ledger.recorded(known, self._end, None if trace_offset is None else self._traces_end)
+        self.ledger.recorded(known, self._end, self._traces_end)
         return start
 
     def record_trace(
