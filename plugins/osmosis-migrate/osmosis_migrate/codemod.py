@@ -2,7 +2,8 @@
 
 The module is parsed once into libcst's concrete syntax tree; libcst's metadata providers answer the
 questions the migration asks (``ScopeProvider``: which names use an import, which names are bound;
-``ParentNodeProvider``: where a node sits; ``PositionProvider``: the line of each finding). The
+``PositionProvider``: the line of each finding; where a node sits is noted in the one walk that
+reads the tree, not by ``ParentNodeProvider``, which walks it again). The
 analysis records, per node of that tree, how it changes; one ``CSTTransformer`` pass applies the
 changes and ``Module.code`` prints the result, so every byte the migration does not touch is kept.
 
@@ -79,7 +80,6 @@ _HARBOR_NOT_CARRIED = {
 }
 
 _Import = cst.Import | cst.ImportFrom
-_Function = cst.FunctionDef
 _Position = tuple[int, int]
 """A place in the original text: (1-based line, column)."""
 _Change = Callable[[cst.CSTNode, Any], Any]
@@ -497,7 +497,7 @@ class _Migrator:
             self._read_backend_call(report=bool(self.imports))
         changed = self.changes or self.dropped or self.expanded or self.inserts or self.appended
         text = self.wrapper.module.visit(_Apply(self)).code if changed else self.text
-        line_of = _line_map(self.lines, _split_lines(text))
+        line_of = _line_map(self.lines, _split_lines(text)) if changed else _same_line
 
         def finding(item: tuple[_Position, str, str]) -> Finding:
             (line, _column), subject, why = item
@@ -1468,6 +1468,11 @@ def _split_lines(text: str) -> list[str]:
 
 
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def _same_line(line: int) -> int:
+    """An unchanged file's line map."""
+    return line
 
 
 def _line_map(old: list[str], new: list[str]) -> Callable[[int], int]:
