@@ -80,11 +80,9 @@ async def serve_gateway(upstream: str, ids: int) -> None:
     from osmosis_core.plugin import aclose_http
     from osmosis_gateway import PolicyGateway
 
-    gateway = PolicyGateway(PolicyEndpoint(upstream, "osmosis-stub"), adapter="vllm")
+    lean = os.environ.get("GATEWAY_BENCH_CLIENT") != "aiohttp"  # aiohttp: whole answers as streams go
+    gateway = PolicyGateway(PolicyEndpoint(upstream, "osmosis-stub"), adapter="vllm", lean_client=lean)
     await gateway.start()
-    if os.environ.get("GATEWAY_BENCH_CLIENT") == "aiohttp" and gateway._whole is not None:
-        gateway._whole.close()  # whole answers through aiohttp's client too, as streams go
-        gateway._whole = None
     tokens = {f"r{i}": gateway.open_rollout(f"r{i}").api_key for i in range(ids)}
     gc.freeze()
     print(json.dumps({"url": gateway.url, "tokens": tokens}), flush=True)

@@ -247,11 +247,12 @@ def test_a_rollout_that_asks_for_logprobs_itself_still_gets_them():
         (Fault("html"), False, 200, "capture_failed"),
     ],
 )
-def test_upstream_faults_reach_the_rollout_as_sent_and_mark_the_trace(fault, stream, status, call_status):
+@pytest.mark.parametrize("lean_client", [True, False], ids=["lean-client", "aiohttp-client"])
+def test_upstream_faults_reach_the_rollout_as_sent_and_mark_the_trace(fault, stream, status, call_status, lean_client):
     async def main():
         import aiohttp
 
-        async with stack() as (server, gateway):
+        async with stack(lean_client=lean_client) as (server, gateway):
             policy = gateway.open_rollout("r")
             server.inject(fault, rollout_id="r")
             try:
@@ -275,13 +276,14 @@ def test_upstream_faults_reach_the_rollout_as_sent_and_mark_the_trace(fault, str
     assert UPSTREAM_KEY not in json.dumps(trace.to_json())
 
 
-def test_an_unreachable_upstream_is_a_502_without_the_key():
+@pytest.mark.parametrize("lean_client", [True, False], ids=["lean-client", "aiohttp-client"])
+def test_an_unreachable_upstream_is_a_502_without_the_key(lean_client):
     async def main():
         from osmosis_core import PolicyEndpoint
         from osmosis_gateway import PolicyGateway
 
         upstream = PolicyEndpoint("http://127.0.0.1:9/v1", "m", UPSTREAM_KEY)
-        async with PolicyGateway(upstream) as gateway:
+        async with PolicyGateway(upstream, lean_client=lean_client) as gateway:
             policy = gateway.open_rollout("r")
             status, raw = await post(policy.chat_completions_url, ask(), token=policy.api_key)
             return status, raw, gateway.pop_trace("r")
@@ -392,9 +394,11 @@ def test_gateway_and_server_share_nothing_but_http():
     assert run(main) == ["abc"]
 
 
-def test_sglang_streams_are_asked_whole_and_streamed_to_the_rollout():
+@pytest.mark.parametrize("lean_client", [True, False], ids=["lean-client", "aiohttp-client"])
+def test_sglang_streams_are_asked_whole_and_streamed_to_the_rollout(lean_client):
     async def main():
-        async with stack(adapter="sglang") as (server, gateway):  # (the stand-in answers ids as vLLM does)
+        # (the stand-in answers ids as vLLM does)
+        async with stack(adapter="sglang", lean_client=lean_client) as (server, gateway):
             policy = gateway.open_rollout("r")
             body = ask(stream=True, stream_options={"include_usage": True})
             status, raw = await post(policy.chat_completions_url, body, token=policy.api_key)
