@@ -53,7 +53,17 @@ _CHOICES: Final = msgspec.json.Decoder(list[dict[str, msgspec.Raw]] | None)
 _IDS: Final = msgspec.json.Decoder(list[int] | None)
 _LOGPROBS: Final = msgspec.json.Decoder(_Logprobs | None)
 _ANY: Final = msgspec.json.Decoder()
-_ENCODE: Final = msgspec.json.Encoder().encode
+json_bytes: Final = msgspec.json.Encoder().encode
+"""Compact JSON, UTF-8 (msgspec: a tenth of json's time on a completion)."""
+json_read: Final = _ANY.decode
+
+
+def json_bytes_kept(doc: Any) -> bytes:
+    """Compact JSON as json writes it: what msgspec refused to read (a NaN, an Infinity) is written
+    back as it came, where msgspec would write null."""
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 _NULL: Final = msgspec.Raw(b"null")
 _LOGPROB: Final = attrgetter("logprob")
 _TOKEN: Final = attrgetter("token")
@@ -122,7 +132,7 @@ class CallCapture:
             parts = [self._choice_parts(choice, chunk) for choice in choices or ()]
         except msgspec.DecodeError:  # not this shape (or not JSON): the general path decides
             doc = json.loads(data)  # (json keeps a NaN or Infinity as it came; msgspec would write null)
-            return json.dumps(doc, ensure_ascii=False).encode() if self.feed(doc, chunk=chunk) else None
+            return json_bytes_kept(doc) if self.feed(doc, chunk=chunk) else None
         changed = False
         if isinstance(usage_doc, dict):
             self.usage = usage_doc
@@ -143,7 +153,7 @@ class CallCapture:
                 changed |= self._read_choice(choice, *part, chunk)
             if changed:
                 top["choices"] = choices  # type: ignore[assignment]  # (encoded as the list it is)
-        return _ENCODE(top) if changed else None
+        return json_bytes(top) if changed else None
 
     @staticmethod
     def _choice_parts(
