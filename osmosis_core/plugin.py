@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from osmosis_core.templates import GraderSpec as GraderSpec
     from osmosis_core.templates import TemplateSpec as TemplateSpec
     from osmosis_core.templates import multiply_template as multiply_template
+    from osmosis_core.traces import SharedGateways as SharedGateways
     from osmosis_core.traces import TraceGateway as TraceGateway
     from osmosis_core.wire import policy_from_json as policy_from_json
     from osmosis_core.wire import policy_to_json as policy_to_json
@@ -119,7 +120,7 @@ _public_getattr, __dir__, __all__ = _reexport.attach(
         "lifecycle": ["Rollout", "run_grader", "run_workflow"],
         "policy": ["chat_completion_problem"],
         "templates": ["GUIDES_ROOT", "GraderSpec", "MULTIPLY_DATASET", "TemplateSpec", "multiply_template"],
-        "traces": ["TraceGateway"],
+        "traces": ["SharedGateways", "TraceGateway"],
         "wire": [
             "policy_from_json",
             "policy_to_json",

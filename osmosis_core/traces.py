@@ -17,6 +17,8 @@ A backend, ``osmosis serve`` or a trainer's own loop needs three calls of :class
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -31,6 +33,7 @@ __all__ = [
     "TRACES",
     "RolloutTraceLike",
     "RunTraces",
+    "SharedGateways",
     "TraceGateway",
     "make_trace_gateway",
     "trace_from_line",
@@ -108,6 +111,109 @@ def trace_line(rollout_id: str, row_index: int, sample_index: int, trace: Mappin
 def trace_from_line(line: Mapping[str, Any]) -> dict[str, Any]:
     """The trace a ``traces.jsonl`` line holds, as a result carries it (:func:`trace_line`'s inverse)."""
     return {key: value for key, value in line.items() if key not in ("row_index", "sample_index")}
+
+
+class SharedGateways:
+    """Trace gateways by upstream endpoint, shared by the rollouts that call the same one (what
+    ``osmosis serve --traces`` and a ``harbor`` backend's no-network trials keep).
+
+    A gateway starts with the first rollout :meth:`open` sends to its endpoint; :meth:`take` ends a
+    rollout (and hands back its trace). Gateways no rollout uses stay open for the next, up to
+    ``keep_idle`` of them; past that they are stopped at the next :meth:`open` or :meth:`close_idle`.
+
+    >>> import asyncio
+    >>> gateways = SharedGateways({"adapter": "openai"}, source="$.traces")
+    >>> gateways.open_count, asyncio.run(gateways.aclose())
+    (0, None)
+
+    :param settings: the ``[traces]`` table every gateway is made with.
+    :param source: where those settings came from (named in errors).
+    :param registry: whose ``osmosis_policy_gateway`` hook makes them (default: the process's).
+    """
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        *,
+        source: str,
+        keep_idle: int = 0,
+        registry: PluginRegistry | None = None,
+    ) -> None:
+        self.settings = dict(settings)
+        self.source = source
+        self.keep_idle = keep_idle
+        self.registry = registry
+        self._gateways: dict[tuple[Any, ...], TraceGateway] = {}
+        self._users: dict[tuple[Any, ...], int] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def open_count(self) -> int:
+        """Gateways listening now."""
+        return len(self._gateways)
+
+    @property
+    def upstreams(self) -> list[str]:
+        """The base URLs of the gateways listening now, oldest first."""
+        return [key[0] for key in self._gateways]
+
+    @staticmethod
+    def key(policy: PolicyEndpoint) -> tuple[Any, ...]:
+        """What makes two policies one upstream (URL, model, key, headers, response limit)."""
+        headers = tuple(sorted(policy.headers.items()))
+        return (policy.base_url, policy.model, policy.api_key, headers, policy.max_response_bytes)
+
+    async def open(self, policy: PolicyEndpoint, rollout_id: str) -> PolicyEndpoint:
+        """The rollout's own endpoint on the gateway in front of ``policy`` (started when none is).
+
+        :raises ConfigError: no plugin provides a gateway, or it refused the settings.
+        """
+        key = self.key(policy)
+        async with self._lock:
+            gateway = self._gateways.get(key)
+            if gateway is None:
+                await self._close_idle(self.keep_idle - 1)
+                gateway = make_trace_gateway(policy, self.settings, source=self.source, registry=self.registry)
+                try:
+                    await gateway.start()
+                except BaseException:  # cancelled or refused while starting: nothing left listening
+                    with contextlib.suppress(Exception):
+                        await gateway.aclose()
+                    raise
+                self._gateways[key] = gateway
+            endpoint = gateway.open_rollout(rollout_id)
+            self._users[key] = self._users.get(key, 0) + 1
+        return endpoint
+
+    def take(self, policy: PolicyEndpoint, rollout_id: str) -> RolloutTraceLike | None:
+        """End a rollout :meth:`open` started: its trace, taken out of its gateway (None: none kept)."""
+        key = self.key(policy)
+        gateway = self._gateways.get(key)
+        if gateway is None:
+            return None
+        self._users[key] -= 1
+        return gateway.pop_trace(rollout_id)
+
+    async def close_idle(self) -> None:
+        """Stop the gateways no rollout uses, past ``keep_idle`` of them."""
+        async with self._lock:
+            await self._close_idle(self.keep_idle)
+
+    async def _close_idle(self, keep: int) -> None:
+        idle = [key for key in self._gateways if self._users.get(key, 0) <= 0]
+        for key in idle[: max(len(idle) - max(keep, 0), 0)]:
+            self._users.pop(key, None)
+            with contextlib.suppress(Exception):
+                await self._gateways.pop(key).aclose()
+
+    async def aclose(self) -> None:
+        """Stop every gateway."""
+        async with self._lock:
+            gateways, self._gateways = list(self._gateways.values()), {}
+            self._users.clear()
+        for gateway in gateways:
+            with contextlib.suppress(Exception):
+                await gateway.aclose()
 
 
 class RunTraces:

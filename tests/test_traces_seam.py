@@ -56,3 +56,54 @@ def test_a_trace_line_reads_back_as_the_trace_it_was_written_from():
     line = trace_line("r-1", 3, 1, trace)
     assert (line["row_index"], line["sample_index"]) == (3, 1)
     assert trace_from_line(line) == trace
+
+
+def test_shared_gateways_share_by_upstream_keep_idle_ones_up_to_the_limit_and_close_all():
+    import anyio
+
+    from osmosis_core.hookspecs import hookimpl
+    from osmosis_core.traces import SharedGateways
+
+    events: list[tuple[str, str]] = []
+
+    class Gateway:
+        def __init__(self, upstream):
+            self.url = upstream.base_url
+
+        async def start(self):
+            events.append(("start", self.url))
+
+        async def aclose(self):
+            events.append(("close", self.url))
+
+        def open_rollout(self, rollout_id):
+            return PolicyEndpoint(f"{self.url}/rollouts/{rollout_id}", "m")
+
+        def pop_trace(self, rollout_id):
+            return f"trace of {rollout_id}"
+
+    class Plugin:
+        @hookimpl
+        def osmosis_policy_gateway(self, upstream, settings, source):
+            return Gateway(upstream)
+
+    registry = PluginRegistry(load_entrypoints=False)
+    registry.register(Plugin(), "fake-gateway")
+    one, two = PolicyEndpoint("http://one/v1", "m"), PolicyEndpoint("http://two/v1", "m")
+
+    async def main():
+        gateways = SharedGateways({}, source="$.traces", keep_idle=1, registry=registry)
+        assert (await gateways.open(one, "a")).base_url == "http://one/v1/rollouts/a"
+        await gateways.open(one, "b")  # the same upstream: the same gateway
+        assert gateways.take(one, "a") == "trace of a"
+        assert gateways.take(one, "b") == "trace of b"
+        await gateways.close_idle()  # one idle gateway is within keep_idle=1
+        assert gateways.upstreams == ["http://one/v1"]
+        await gateways.open(two, "c")  # a second upstream: the idle one past the limit is stopped
+        assert gateways.upstreams == ["http://two/v1"]
+        await gateways.aclose()
+        assert gateways.open_count == 0
+
+    anyio.run(main)
+    assert events == [("start", "http://one/v1"), ("close", "http://one/v1"), ("start", "http://two/v1"),
+                      ("close", "http://two/v1")]  # fmt: skip

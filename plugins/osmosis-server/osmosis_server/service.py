@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import contextlib
 import enum
 import hashlib
 import hmac
@@ -53,7 +52,7 @@ from osmosis_core import (
     PolicyEndpoint,
     RolloutSample,
 )
-from osmosis_core.plugin import clip, error_info, warn_deprecated
+from osmosis_core.plugin import SharedGateways, clip, error_info, warn_deprecated
 from osmosis_server.ledger import Known
 from osmosis_server.protocol import (
     CancelBody,
@@ -178,7 +177,7 @@ class Rollout:
         "status",
         "task",
         "trace",
-        "trace_key",
+        "trace_policy",
         "why",
         "workflow_result",
     )
@@ -208,7 +207,8 @@ class Rollout:
         self.read = False
         self.finished_at = 0.0
         self.trace: dict[str, Any] | None = None
-        self.trace_key: tuple[Any, ...] | None = None
+        self.trace_policy: PolicyEndpoint | None = None
+        """The upstream its calls went to through a trace gateway (traces on)."""
 
 
 def _malformed(result: Any) -> str | None:
@@ -297,9 +297,7 @@ class RolloutService:
         self.policy = policy_defaults(policy, deprecated, "RolloutService")
         self.backend = backend
         self.traces = dict(traces) if traces is not None else None
-        self._gateways: dict[tuple[Any, ...], Any] = {}
-        self._gateway_users: collections.Counter[tuple[Any, ...]] = collections.Counter()
-        self._gateway_lock = asyncio.Lock()
+        self.gateways = SharedGateways(self.traces or {}, source="$.traces", keep_idle=MAX_TRACE_GATEWAYS)
         self.settings = settings
         self.folder = run_folder
         self.agent_timeout_sec = agent_timeout_sec
@@ -422,10 +420,7 @@ class RolloutService:
             finally:
                 from osmosis_core.plugin import aclose_http
 
-                for gateway in self._gateways.values():
-                    with contextlib.suppress(Exception):
-                        await gateway.aclose()
-                self._gateways.clear()
+                await self.gateways.aclose()
 
                 try:
                     await aclose_http()
@@ -595,42 +590,17 @@ class RolloutService:
 
     async def _open_trace(self, entry: Rollout, request: ExecutionRequest) -> ExecutionRequest:
         """The request with the rollout's own endpoint on the gateway in front of its policy."""
-        from osmosis_core.frontend import make_trace_gateway
-
-        upstream = request.policy
-        key = (upstream.base_url, upstream.model, upstream.api_key, tuple(sorted(upstream.headers.items())))
-        async with self._gateway_lock:
-            gateway = self._gateways.get(key)
-            if gateway is None:
-                await self._close_idle_gateways()
-                gateway = make_trace_gateway(upstream, self.traces or {}, source="$.traces")
-                try:
-                    await gateway.start()
-                except BaseException:  # cancelled or refused while starting: nothing left listening
-                    with contextlib.suppress(Exception):
-                        await gateway.aclose()
-                    raise
-                self._gateways[key] = gateway
-            self._gateway_users[key] += 1
-        entry.trace_key = key
-        return attrs.evolve(request, policy=gateway.open_rollout(entry.id))
+        endpoint = await self.gateways.open(request.policy, entry.id)
+        entry.trace_policy = request.policy
+        return attrs.evolve(request, policy=endpoint)
 
     def _take_trace(self, entry: Rollout) -> None:
-        key = entry.trace_key
-        if key is None:
+        upstream, entry.trace_policy = entry.trace_policy, None
+        if upstream is None:
             return
-        entry.trace_key = None
-        self._gateway_users[key] -= 1
-        trace = self._gateways[key].pop_trace(entry.id)
+        trace = self.gateways.take(upstream, entry.id)
         if trace is not None:
             entry.trace = trace.to_json()
-
-    async def _close_idle_gateways(self) -> None:
-        if len(self._gateways) < MAX_TRACE_GATEWAYS:
-            return
-        for key in [k for k in self._gateways if self._gateway_users[k] <= 0]:
-            del self._gateway_users[key]
-            await self._gateways.pop(key).aclose()
 
     def _task_done(self, entry: Rollout) -> Callable[[asyncio.Task[None]], None]:
         # the safety net: a task cancelled before it ever ran (its coroutine never entered its

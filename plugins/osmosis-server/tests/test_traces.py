@@ -175,7 +175,7 @@ def test_idle_gateways_past_the_limit_are_closed(serve, monkeypatch):
         client = RolloutClient(served.url, token=TOKEN)
         first = run(lambda: client.run(_request("first", one.url)))
         second = run(lambda: client.run(_request("second", two.url)))
-        assert [key[0] for key in served.service._gateways] == [two.url]
+        assert served.service.gateways.upstreams == [two.url]
     assert first.trace["calls"]
     assert second.trace["calls"]
     assert first.trace["complete"]
