@@ -6,7 +6,7 @@
 ...         ...                                       # the rollout calls policy.chat_completions_url
 ...         trace = gateway.pop_trace("r-1")          # its RolloutTrace; the gateway forgets it
 
-Routes (``aiohttp.web``'s low-level server, loopback by default):
+Routes (:mod:`osmosis_gateway.server`, loopback by default):
 
 * ``POST /v1/rollouts/{rollout_id}/chat/completions``: the per-rollout route (what
   :meth:`PolicyGateway.open_rollout` hands out), also ``POST /v1/chat/completions`` with the
@@ -33,7 +33,7 @@ import re
 import secrets
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 from urllib.parse import quote, unquote
 
 import msgspec
@@ -43,11 +43,8 @@ from osmosis_core.plugin import (
     ResponseTooLarge,
     client_session,
     clip,
-    cut_response,
-    drop_connection,
     proxy_options,
     read_limited,
-    start_http_server,
 )
 from osmosis_gateway.adapters import (
     ADAPTERS,
@@ -59,11 +56,9 @@ from osmosis_gateway.adapters import (
     json_read,
     prepare_request,
 )
+from osmosis_gateway.server import HttpServer, Request, Response, StreamResponse
 from osmosis_gateway.trace import RolloutTrace, TraceCall
 from osmosis_gateway.upstream import UpstreamUnreachable, WholeAnswerClient
-
-if TYPE_CHECKING:
-    from aiohttp import web
 
 __all__ = ["POLICY_VERSION_FIELD", "POLICY_VERSION_HEADER", "ROLLOUT_ID_HEADER", "PolicyGateway"]
 
@@ -76,6 +71,10 @@ POLICY_VERSION_FIELD: Final = "osmosis_policy_version"
 _ROLLOUT_ROUTE: Final = re.compile(r"^/v1/rollouts/([^/]+)(/.*)?$")
 _CHAT_TAILS: Final = ("/chat/completions", "/v1/chat/completions")
 _MAX_BODY: Final = 64 * 1024 * 1024
+_ROLLOUT_ID_KEY: Final = ROLLOUT_ID_HEADER.lower()
+_POLICY_VERSION_KEY: Final = POLICY_VERSION_HEADER.lower()
+_EVENT_STREAM: Final = "text/event-stream; charset=utf-8"
+_NO_CACHE: Final = {"Cache-Control": "no-cache"}
 _ERROR_CHARS: Final = 500
 
 
@@ -134,22 +133,18 @@ def _read_request(raw: bytes) -> tuple[dict[str, Any], bool]:
     return body, False
 
 
-def _error(status: int, message: str, **headers: str) -> web.Response:
-    from aiohttp import web
-
+def _error(status: int, message: str, **headers: str) -> Response:
     kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "server_error"
     body = _dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
-    return web.Response(status=status, body=body, content_type="application/json", headers=headers or None)
+    return Response(status, body, content_type="application/json", headers=headers or None)
 
 
-def _json(data: object, status: int = 200) -> web.Response:
-    from aiohttp import web
-
-    return web.Response(status=status, body=_dumps(data), content_type="application/json")
+def _json(data: object, status: int = 200) -> Response:
+    return Response(status, _dumps(data), content_type="application/json")
 
 
-def _bearer(request: web.BaseRequest) -> str | None:
-    header = request.headers.get("Authorization")
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
     if header is None:
         return None
     scheme, _, token = header.strip().partition(" ")
@@ -224,7 +219,7 @@ class PolicyGateway:
         self._upstream_headers = {"Content-Type": "application/json", **upstream.headers}
         if upstream.api_key:
             self._upstream_headers["Authorization"] = f"Bearer {upstream.api_key}"
-        self._runner: web.BaseRunner | None = None
+        self._server: HttpServer | None = None
         self._lean_client = lean_client
         self._whole: WholeAnswerClient | None = None
         self._port: int | None = None
@@ -280,7 +275,7 @@ class PolicyGateway:
 
     async def start(self) -> PolicyGateway:
         """Listen (inside the running event loop)."""
-        if self._runner is not None:
+        if self._server is not None:
             raise RuntimeError("the gateway is already running")
         # the upstream is fixed: its proxy (HTTP(S)_PROXY, NO_PROXY) is worked out once, not per call
         proxy = proxy_options(self._upstream_url)
@@ -292,19 +287,18 @@ class PolicyGateway:
                 self._whole = WholeAnswerClient(self._upstream_url, self._upstream_headers, limit)
             except ValueError:  # not plain http, or a header it cannot write (not latin-1): aiohttp's client
                 self._whole = None
-        self._runner, self._port = await start_http_server(
-            self._handle, self._host, self._requested_port, max_body=_MAX_BODY
-        )
+        self._server = await HttpServer(self._handle, max_body=_MAX_BODY).start(self._host, self._requested_port)
+        self._port = self._server.port
         return self
 
     async def aclose(self) -> None:
         """Stop listening (calls in flight are cut)."""
-        runner, self._runner = self._runner, None
+        server, self._server = self._server, None
         whole, self._whole = self._whole, None
         if whole is not None:
             whole.close()
-        if runner is not None:
-            await runner.cleanup()
+        if server is not None:
+            await server.close()
         self._port = None
 
     async def __aenter__(self) -> PolicyGateway:
@@ -317,8 +311,8 @@ class PolicyGateway:
 
     # -- routes ------------------------------------------------------------------------------------
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        path = request.rel_url.raw_path
+    async def _handle(self, request: Request) -> Response | StreamResponse:
+        path = request.path
         method = request.method
         if path == "/health":
             return _json({"status": "ok"})
@@ -334,7 +328,7 @@ class PolicyGateway:
             if tail == "" and method == "DELETE":
                 return self._admin(request) or self._trace(rollout_id, pop=True)
         elif path in ("/v1/chat/completions", "/chat/completions") and method == "POST":
-            rollout_id = request.headers.get(ROLLOUT_ID_HEADER, "")
+            rollout_id = request.headers.get(_ROLLOUT_ID_KEY, "")
             if not rollout_id:
                 return _error(
                     400, f"no rollout: use /v1/rollouts/{{id}}/chat/completions or the {ROLLOUT_ID_HEADER} header"
@@ -346,7 +340,7 @@ class PolicyGateway:
             return self._admin(request) or await self._set_version(request)
         return _error(404, f"not found: {method} {request.path}")
 
-    def _admin(self, request: web.BaseRequest) -> web.Response | None:
+    def _admin(self, request: Request) -> Response | None:
         """None when the request carries the gateway's bearer, else the refusal."""
         token = _bearer(request)
         if token is None:
@@ -355,14 +349,14 @@ class PolicyGateway:
             return _error(403, "this route needs the gateway's bearer token")
         return None
 
-    def _authorize(self, request: web.BaseRequest, rollout_id: str) -> tuple[_Slot | None, web.Response | None]:
+    def _authorize(self, request: Request, rollout_id: str) -> tuple[_Slot | None, Response | None]:
         """The rollout's slot when the caller may write to it, else the refusal."""
         token = _bearer(request)
         if token is None:
             return None, _error(401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="osmosis-gateway"'})
         slot = self._slots.get(rollout_id)
         if slot is not None and _same(token, slot.token):  # the rollout's own token (the usual case)
-            header = request.headers.get(ROLLOUT_ID_HEADER)
+            header = request.headers.get(_ROLLOUT_ID_KEY)
             if header is not None and header != rollout_id:
                 return None, _error(403, f"the {ROLLOUT_ID_HEADER} header names another rollout than the path")
             return slot, None
@@ -372,22 +366,22 @@ class PolicyGateway:
             return slot, None
         return None, _error(403, f"this token does not open rollout {rollout_id!r}")
 
-    def _models(self, request: web.BaseRequest, rollout_id: str) -> web.Response:
+    def _models(self, request: Request, rollout_id: str) -> Response:
         _, refused = self._authorize(request, rollout_id)
         if refused is not None:
             return refused
         model = {"id": self.upstream.model, "object": "model", "created": 0, "owned_by": "osmosis-gateway"}
         return _json({"object": "list", "data": [model]})
 
-    def _trace(self, rollout_id: str, *, pop: bool) -> web.Response:
+    def _trace(self, rollout_id: str, *, pop: bool) -> Response:
         trace = self.pop_trace(rollout_id) if pop else self.trace(rollout_id)
         if trace is None:
             return _error(404, f"rollout {rollout_id!r} is not open on this gateway")
         return _json(trace.to_json())
 
-    async def _open(self, request: web.BaseRequest) -> web.Response:
+    async def _open(self, request: Request) -> Response:
         try:
-            data = json.loads(await request.read())
+            data = json.loads(request.body)
             rollout_id = data["rollout_id"]
             version = data.get("policy_version")
             if not isinstance(rollout_id, str) or not (version is None or isinstance(version, str)):
@@ -403,9 +397,9 @@ class PolicyGateway:
             201,
         )
 
-    async def _set_version(self, request: web.BaseRequest) -> web.Response:
+    async def _set_version(self, request: Request) -> Response:
         try:
-            version = json.loads(await request.read())["policy_version"]
+            version = json.loads(request.body)["policy_version"]
             if not (version is None or isinstance(version, str)):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
@@ -415,7 +409,7 @@ class PolicyGateway:
 
     # -- the model call ----------------------------------------------------------------------------
 
-    async def _chat(self, request: web.BaseRequest, rollout_id: str) -> web.StreamResponse:
+    async def _chat(self, request: Request, rollout_id: str) -> Response | StreamResponse:
         slot, refused = self._authorize(request, rollout_id)
         if refused is not None:
             return refused
@@ -425,14 +419,14 @@ class PolicyGateway:
         call = TraceCall(call_id=f"{rollout_id}#{slot.next_index}", index=slot.next_index, started_at=time.time())
         slot.next_index += 1
         trace.calls.append(call)
-        raw = await request.read()
+        raw = request.body
         try:
             body, by_json = _read_request(raw)
         except ValueError as exc:
             self._finish(trace, call, started, "bad_request", f"not a chat-completions request: {exc}", 400)
             return _error(400, f"not a chat-completions request: {exc}")
         version = body.pop(POLICY_VERSION_FIELD, None)
-        version = request.headers.get(POLICY_VERSION_HEADER) or version or slot.policy_version or self.policy_version
+        version = request.headers.get(_POLICY_VERSION_KEY) or version or slot.policy_version or self.policy_version
         call.policy_version = None if version is None else str(version)
         sent = {k: v for k, v in body.items() if k not in ("model", "stream")}
         call.request = sent if by_json else _dumps(sent)  # (JSON text, read when the trace is)
@@ -465,7 +459,7 @@ class PolicyGateway:
 
     async def _chat_whole(
         self,
-        request: web.BaseRequest,
+        request: Request,
         trace: RolloutTrace,
         call: TraceCall,
         capture: CallCapture,
@@ -473,7 +467,7 @@ class PolicyGateway:
         data: bytes,
         rollout_id: str,
         include_usage: bool,
-    ) -> web.StreamResponse:
+    ) -> Response | StreamResponse:
         """:meth:`_chat`'s upstream call for a whole answer on a plain-http upstream (the same
         outcomes, through :class:`~osmosis_gateway.upstream.WholeAnswerClient`)."""
         assert self._whole is not None
@@ -489,14 +483,14 @@ class PolicyGateway:
 
     def _failed(
         self,
-        request: web.BaseRequest,
+        request: Request,
         trace: RolloutTrace,
         call: TraceCall,
         started: float,
         exc: BaseException,
         *,
         unreachable: bool,
-    ) -> web.StreamResponse:
+    ) -> Response | StreamResponse:
         """What the rollout gets when the upstream call failed: a 502 when the upstream could not be
         reached or its answer is too large; else the upstream dropped the call, and so does the
         gateway (the rollout sees what it would have)."""
@@ -509,7 +503,7 @@ class PolicyGateway:
             return _error(502, f"the upstream's answer is too large: {exc}")
         what = clip(f"the upstream dropped the call: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
         self._finish(trace, call, started, "cut", what, None)
-        return drop_connection(request)
+        return request.drop()
 
     def _answer(
         self,
@@ -520,39 +514,35 @@ class PolicyGateway:
         status: int,
         kind: str,
         content: bytes,
-    ) -> web.Response:
-        from aiohttp import web
-
+    ) -> Response:
         content_type = kind.split(";", 1)[0].strip() or "application/octet-stream"
         if status >= 400:
             message = clip(f"the upstream answered {status}: {_detail(content)}", self._secrets, _ERROR_CHARS)
             self._finish(trace, call, started, "upstream_error", message, status)
-            return web.Response(status=status, body=content, content_type=content_type)
+            return Response(status, content, content_type=content_type)
         try:
             stripped = capture.feed_bytes(content, chunk=False)
         except ValueError:
             problem = f"the upstream's answer ({content_type}, {len(content)} bytes) is not valid JSON"
             self._finish(trace, call, started, "capture_failed", problem, status)
-            return web.Response(status=status, body=content, content_type=content_type)
+            return Response(status, content, content_type=content_type)
         if stripped is not None:
             content = stripped
         self._complete(trace, call, capture, started, status)
-        return web.Response(status=status, body=content, content_type=content_type)
+        return Response(status, content, content_type=content_type)
 
     async def _stream_whole(
         self,
-        request: web.BaseRequest,
+        request: Request,
         trace: RolloutTrace,
         call: TraceCall,
         capture: CallCapture,
         started: float,
         content: bytes,
         include_usage: bool,
-    ) -> web.StreamResponse:
+    ) -> Response | StreamResponse:
         """A whole answer streamed to a rollout that asked for a stream (the upstream cannot give ids
         in one)."""
-        from aiohttp import web
-
         try:
             doc, _ = _loads(content)
             if not isinstance(doc, dict):
@@ -560,13 +550,11 @@ class PolicyGateway:
         except ValueError:
             problem = f"the upstream's answer ({len(content)} bytes) is not a JSON completion"
             self._finish(trace, call, started, "capture_failed", problem, 200)
-            return web.Response(status=200, body=content, content_type="application/json")
+            return Response(200, content, content_type="application/json")
         capture.feed(doc, chunk=False)
         events = completion_events(doc, include_usage=include_usage)
         body = b"".join(b"data: " + _dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n"
-        response = web.StreamResponse(status=200, headers={"Cache-Control": "no-cache"})
-        response.content_type = "text/event-stream"
-        response.charset = "utf-8"
+        response = StreamResponse(200, content_type=_EVENT_STREAM, headers=_NO_CACHE)
         try:
             await response.prepare(request)
             await response.write(body)
@@ -579,19 +567,17 @@ class PolicyGateway:
 
     async def _relay(
         self,
-        request: web.BaseRequest,
+        request: Request,
         upstream: Any,
         capture: CallCapture,
         trace: RolloutTrace,
         call: TraceCall,
         started: float,
-    ) -> web.StreamResponse:
+    ) -> Response | StreamResponse:
         """Pass an event stream through, chunk by chunk, reading and stripping each event."""
-        from aiohttp import ClientError, web
+        from aiohttp import ClientError
 
-        response = web.StreamResponse(status=upstream.status, headers={"Cache-Control": "no-cache"})
-        response.content_type = "text/event-stream"
-        response.charset = "utf-8"
+        response = StreamResponse(upstream.status, content_type=_EVENT_STREAM, headers=_NO_CACHE)
         try:
             await response.prepare(request)
         except (ConnectionError, RuntimeError):
@@ -620,7 +606,7 @@ class PolicyGateway:
         except (TimeoutError, ClientError, OSError) as exc:
             what = clip(f"the upstream's stream broke off: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
             self._finish(trace, call, started, "cut", what, 200)
-            return cut_response(request, response)
+            return response.cut()
         if pending:
             await response.write(pending)
         await response.write_eof()

@@ -1,0 +1,268 @@
+"""The gateway's HTTP server (osmosis_gateway.server) over real sockets: framing, keep-alive,
+pipelining, limits, streams, drops, cuts, a failing handler, idle connections and closing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+import uvloop
+
+from osmosis_gateway import server as server_module
+from osmosis_gateway.server import HttpServer, Request, Response, StreamResponse
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Callable[[Awaitable[None]], None]:
+    """Runs a test's coroutine on asyncio's loop, then on uvloop's (``osmosis gateway`` runs on uvloop)."""
+    return asyncio.run if request.param == "asyncio" else uvloop.run  # type: ignore[return-value]
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
+
+
+async def echo(request: Request) -> Response | StreamResponse:
+    if request.path == "/boom":
+        raise RuntimeError("the handler broke")
+    if request.path == "/stream":
+        stream = StreamResponse(200, content_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        await stream.prepare(request)
+        for n in range(3):
+            await stream.write(b"data: %d\n\n" % n)
+        await stream.write_eof()
+        return stream
+    if request.path == "/cut":
+        stream = StreamResponse(200, content_type="text/event-stream")
+        await stream.prepare(request)
+        await stream.write(b"data: 0\n\n")
+        await asyncio.sleep(0.05)
+        return stream.cut()
+    if request.path == "/half":
+        stream = StreamResponse(200)
+        await stream.prepare(request)
+        await stream.write(b"data: 0\n\n")
+        raise RuntimeError("the handler broke mid-stream")
+    if request.path == "/drop":
+        return request.drop()
+    if request.path == "/slow":
+        await asyncio.sleep(0.2)
+    text = f"{request.method} {request.path}?{request.query} {request.headers.get('x-name', '-')} {len(request.body)}"
+    return Response(200, text.encode(), content_type="text/plain")
+
+
+@asynccontextmanager
+async def serving(handler: Handler = echo, max_body: int = 1000) -> AsyncIterator[HttpServer]:
+    server = await HttpServer(handler, max_body=max_body).start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+async def exchange(port: int, data: bytes, *, until_close: bool = True, wait: float = 0.5) -> bytes:
+    """Send raw bytes; what came back before the server closed (or ``wait`` passed)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    received = b""
+    try:
+        async with asyncio.timeout(wait if not until_close else 10):
+            while chunk := await reader.read(65536):
+                received += chunk
+    except TimeoutError:
+        pass
+    writer.close()
+    return received
+
+
+def post(path: str, body: bytes = b"", extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def test_keep_alive_pipelining_order_and_connection_close(run: Callable[[Awaitable[None]], None]) -> None:
+    async def main() -> None:
+        async with serving() as server:
+            assert server.port is not None
+            # three requests in one write: answered in order; the last asks to close
+            data = (
+                post("/slow", b"ab") + post("/b?q=1", b"", "X-Name: n\r\n") + post("/c", b"x", "Connection: close\r\n")
+            )
+            received = await exchange(server.port, data)
+            answers = received.split(b"HTTP/1.1 ")[1:]
+            assert [a.split(b"\r\n\r\n", 1)[1] for a in answers] == [
+                b"POST /slow? - 2",
+                b"POST /b?q=1 n 0",
+                b"POST /c? - 1",
+            ]
+            assert b"Connection: close" in answers[2]
+            assert b"Connection: close" not in answers[0]
+            async with httpx.AsyncClient() as client:  # a client's kept-alive connection serves many calls
+                for n in range(5):
+                    reply = await client.post(f"http://127.0.0.1:{server.port}/p{n}", content=b"z" * n)
+                    assert reply.text == f"POST /p{n}? - {n}"
+                    assert reply.headers["date"]
+                assert len(server.connections) == 1
+
+    run(main())
+
+
+def test_chunked_body_expect_continue_head_and_http_1_0(run: Callable[[Awaitable[None]], None]) -> None:
+    async def main() -> None:
+        async with serving() as server:
+            assert server.port is not None
+            chunked = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            chunked += b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+            assert (await exchange(server.port, chunked)).endswith(b"POST /c? - 5")
+            # Expect: 100-continue is answered before the body is sent
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b"abc")
+            assert (await reader.readuntil(b"POST /e? - 3")).startswith(b"HTTP/1.1 200 OK")
+            writer.close()
+            head = await exchange(server.port, b"HEAD /h HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK")
+            assert b"Content-Length: 12\r\n" in head
+            assert head.endswith(b"\r\n\r\n")
+            # an HTTP/1.0 client: the answer closes the connection; a stream is not chunked, the close ends it
+            old = await exchange(server.port, b"GET /o HTTP/1.0\r\n\r\n")
+            assert b"Connection: close" in old
+            assert old.endswith(b"GET /o? - 0")
+            streamed = await exchange(server.port, b"GET /stream HTTP/1.0\r\n\r\n")
+            assert b"Transfer-Encoding" not in streamed
+            assert streamed.endswith(b"data: 0\n\ndata: 1\n\ndata: 2\n\n")
+
+    run(main())
+
+
+def test_limits_and_bad_requests_are_refused_and_close_the_connection(run: Callable[[Awaitable[None]], None]) -> None:
+    async def main() -> None:
+        async with serving(max_body=10) as server:
+            assert server.port is not None
+            too_large = await exchange(server.port, post("/l", b"x" * 11))
+            assert too_large.startswith(b"HTTP/1.1 413 ")
+            assert b"over 10 bytes" in too_large
+            chunked = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"8\r\nabcdefgh\r\n" * 2
+            assert (await exchange(server.port, chunked)).startswith(b"HTTP/1.1 413 ")
+            huge_header = b"GET /h HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n"
+            assert (await exchange(server.port, huge_header)).startswith(b"HTTP/1.1 431 ")
+            garbage = await exchange(server.port, b"NOT HTTP AT ALL\r\n\r\n")
+            assert garbage.startswith(b"HTTP/1.1 400 ")
+            assert b"not an HTTP request" in garbage
+            # a request before the bad one is answered first
+            both = await exchange(server.port, post("/ok") + b"\x00\x01garbage\r\n\r\n")
+            assert both.startswith(b"HTTP/1.1 200 OK")
+            assert b"HTTP/1.1 400 " in both
+
+    run(main())
+
+
+def test_a_failing_handler_gets_500_and_the_connection_goes_on(
+    run: Callable[[Awaitable[None]], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with serving() as server, httpx.AsyncClient() as client:
+            with caplog.at_level(logging.ERROR, logger="osmosis_gateway.server"):
+                reply = await client.post(f"http://127.0.0.1:{server.port}/boom")
+            assert reply.status_code == 500
+            assert reply.json()["error"]["type"] == "server_error"
+            assert "the handler broke" in caplog.text
+            assert (await client.post(f"http://127.0.0.1:{server.port}/next")).status_code == 200
+            assert server.port is not None
+            half = await exchange(server.port, post("/half"))  # cut, not a 500 written into the stream
+            assert half.endswith(b"data: 0\n\n\r\n")
+            assert b" 500 " not in half
+
+    run(main())
+
+
+def test_streams_drops_and_cuts(run: Callable[[Awaitable[None]], None]) -> None:
+    async def main() -> None:
+        async with serving() as server, httpx.AsyncClient() as client:
+            base = f"http://127.0.0.1:{server.port}"
+            async with client.stream("POST", f"{base}/stream") as reply:
+                assert reply.headers["transfer-encoding"] == "chunked"
+                assert reply.headers["content-type"] == "text/event-stream"
+                assert b"".join([part async for part in reply.aiter_bytes()]) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+            assert (await client.post(f"{base}/after")).text == "POST /after? - 0"  # the stream's connection goes on
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post(f"{base}/drop")
+            async with client.stream("POST", f"{base}/cut") as reply:
+                with pytest.raises(httpx.RemoteProtocolError):
+                    await reply.aread()
+            assert (await client.post(f"{base}/again")).status_code == 200
+
+    run(main())
+
+
+def test_writing_to_a_client_that_hung_up_raises_and_back_pressure_waits(
+    run: Callable[[Awaitable[None]], None],
+) -> None:
+    async def main() -> None:
+        outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def firehose(request: Request) -> Response | StreamResponse:
+            stream = StreamResponse(200)
+            await stream.prepare(request)
+            try:
+                for _ in range(10_000):
+                    await stream.write(b"x" * 65536)  # 640 MB: the client stops reading long before
+            except ConnectionResetError as exc:
+                outcome.set_result(f"hung up: {exc}")
+                return stream
+            outcome.set_result("wrote it all")
+            await stream.write_eof()
+            return stream
+
+        async with serving(firehose) as server:
+            assert server.port is not None
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(post("/f"))
+            await reader.read(65536)
+            await asyncio.sleep(0.3)
+            assert not outcome.done()  # waiting for the client, not buffering 640 MB
+            writer.transport.abort()
+            assert (await asyncio.wait_for(outcome, 10)).startswith("hung up")
+
+    run(main())
+
+
+def test_idle_connections_are_closed_and_close_cuts_calls_in_flight(
+    run: Callable[[Awaitable[None]], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        monkeypatch.setattr(server_module, "KEEPALIVE_SEC", 0.2)
+        started = asyncio.Event()
+
+        async def hang(request: Request) -> Response:
+            started.set()
+            await asyncio.sleep(60)
+            return Response(200)
+
+        server = await HttpServer(hang, max_body=10).start("127.0.0.1", 0)
+        assert server.port is not None
+        port = server.port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # idle, never sent a request: closed
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(post("/h"))
+        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.sleep(0.4)  # a call in flight is not idle
+        assert len(server.connections) == 1
+        assert len(server.tasks) == 1
+        await asyncio.wait_for(server.close(), 5)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert not server.tasks
+        assert not server.connections
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+
+    run(main())
