@@ -32,6 +32,7 @@ import json
 import re
 import secrets
 import time
+from collections.abc import AsyncIterable, AsyncIterator
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import quote, unquote
@@ -58,7 +59,7 @@ from osmosis_gateway.adapters import (
 )
 from osmosis_gateway.server import HttpServer, Request, Response, StreamResponse
 from osmosis_gateway.trace import RolloutTrace, TraceCall
-from osmosis_gateway.upstream import UpstreamUnreachable, WholeAnswerClient
+from osmosis_gateway.upstream import UpstreamClient, UpstreamUnreachable
 
 __all__ = ["POLICY_VERSION_FIELD", "POLICY_VERSION_HEADER", "ROLLOUT_ID_HEADER", "PolicyGateway"]
 
@@ -167,6 +168,19 @@ def _detail(content: bytes) -> str:
     return str(error)
 
 
+async def _aiohttp_pieces(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """aiohttp's stream of an answer's pieces, its failures as the lean client's (``ConnectionError``)."""
+    from aiohttp import ClientError
+
+    try:
+        async for piece in pieces:
+            yield piece
+    except ClientError as exc:
+        if isinstance(exc, OSError):
+            raise
+        raise ConnectionResetError(f"{type(exc).__name__}: {exc}") from exc
+
+
 class _Slot:
     """One open rollout: its token, its trace, its policy version."""
 
@@ -188,9 +202,9 @@ class PolicyGateway:
         (it is required on every route but ``/health`` anyway).
     :param bearer: the gateway's own token (the run's); made up when not given.
     :param policy_version: recorded on calls that name none (settable later: :attr:`policy_version`).
-    :param lean_client: read whole (not streamed) answers from a plain-http upstream without a proxy
-        with the small keep-alive client of :mod:`osmosis_gateway.upstream` (a third of the CPU per
-        call); False sends every call through aiohttp's client, as streams, https and proxies go.
+    :param lean_client: call a plain-http upstream without a proxy with the small keep-alive client
+        of :mod:`osmosis_gateway.upstream` (whole answers and streams; a fraction of aiohttp's CPU
+        per call); False sends every call through aiohttp's client, as https and proxies go.
     """
 
     def __init__(
@@ -221,7 +235,7 @@ class PolicyGateway:
             self._upstream_headers["Authorization"] = f"Bearer {upstream.api_key}"
         self._server: HttpServer | None = None
         self._lean_client = lean_client
-        self._whole: WholeAnswerClient | None = None
+        self._lean: UpstreamClient | None = None
         self._port: int | None = None
 
     def __repr__(self) -> str:
@@ -281,12 +295,12 @@ class PolicyGateway:
         proxy = proxy_options(self._upstream_url)
         self._proxy = proxy or {"proxy": None}
         if not proxy and self._lean_client:
-            # whole answers from a plain-http upstream: a lean client (a third of the CPU per call)
+            # a plain-http upstream: the lean client (a fraction of aiohttp's CPU per call)
             limit = self.upstream.max_response_bytes
             try:
-                self._whole = WholeAnswerClient(self._upstream_url, self._upstream_headers, limit)
+                self._lean = UpstreamClient(self._upstream_url, self._upstream_headers, limit)
             except ValueError:  # not plain http, or a header it cannot write (not latin-1): aiohttp's client
-                self._whole = None
+                self._lean = None
         self._server = await HttpServer(self._handle, max_body=_MAX_BODY).start(self._host, self._requested_port)
         self._port = self._server.port
         return self
@@ -294,9 +308,9 @@ class PolicyGateway:
     async def aclose(self) -> None:
         """Stop listening (calls in flight are cut)."""
         server, self._server = self._server, None
-        whole, self._whole = self._whole, None
-        if whole is not None:
-            whole.close()
+        lean, self._lean = self._lean, None
+        if lean is not None:
+            lean.close()
         if server is not None:
             await server.close()
         self._port = None
@@ -436,8 +450,11 @@ class PolicyGateway:
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         capture = prepare_request(body, self.adapter)  # (may ask for the whole answer instead of a stream)
         data = json_bytes_kept(body) if by_json else _dumps(body)
-        if self._whole is not None and body.get("stream") is not True:
-            return await self._chat_whole(request, trace, call, capture, started, data, rollout_id, include_usage)
+        if self._lean is not None:
+            upstream_streams = body.get("stream") is True
+            return await self._chat_lean(
+                request, trace, call, capture, started, data, rollout_id, include_usage, upstream_streams
+            )
         from aiohttp import ClientConnectorError, ClientError
 
         headers = dict(self._upstream_headers)
@@ -447,7 +464,8 @@ class PolicyGateway:
                 status = upstream.status
                 kind = upstream.headers.get("Content-Type", "")
                 if stream and status == 200 and kind.startswith("text/event-stream"):
-                    return await self._relay(request, upstream, capture, trace, call, started)
+                    pieces = _aiohttp_pieces(upstream.content.iter_any())
+                    return await self._relay(request, status, pieces, capture, trace, call, started)
                 content = await read_limited(upstream, self.upstream.max_response_bytes)
         except ClientConnectorError as exc:
             return self._failed(request, trace, call, started, exc, unreachable=True)
@@ -457,7 +475,7 @@ class PolicyGateway:
             return await self._stream_whole(request, trace, call, capture, started, content, include_usage)
         return self._answer(trace, call, capture, started, status, kind, content)
 
-    async def _chat_whole(
+    async def _chat_lean(
         self,
         request: Request,
         trace: RolloutTrace,
@@ -467,17 +485,28 @@ class PolicyGateway:
         data: bytes,
         rollout_id: str,
         include_usage: bool,
+        upstream_streams: bool,
     ) -> Response | StreamResponse:
-        """:meth:`_chat`'s upstream call for a whole answer on a plain-http upstream (the same
-        outcomes, through :class:`~osmosis_gateway.upstream.WholeAnswerClient`)."""
-        assert self._whole is not None
+        """:meth:`_chat`'s upstream call on a plain-http upstream (the same outcomes, through
+        :class:`~osmosis_gateway.upstream.UpstreamClient`): a whole answer, or a stream relayed as it comes."""
+        assert self._lean is not None
         try:
-            status, kind, content = await self._whole.post(rollout_id, data)
+            if not upstream_streams:
+                status, kind, content = await self._lean.post(rollout_id, data)
+            else:
+                answer = await self._lean.stream(rollout_id, data)
+                try:
+                    status, kind = answer.status, answer.content_type
+                    if status == 200 and kind.startswith("text/event-stream"):
+                        return await self._relay(request, status, answer, capture, trace, call, started)
+                    content = await answer.read()
+                finally:
+                    answer.close()
         except UpstreamUnreachable as exc:
             return self._failed(request, trace, call, started, exc, unreachable=True)
         except (ResponseTooLarge, TimeoutError, OSError, ValueError) as exc:
             return self._failed(request, trace, call, started, exc, unreachable=False)
-        if call.stream and status == 200:
+        if call.stream and not upstream_streams and status == 200:
             return await self._stream_whole(request, trace, call, capture, started, content, include_usage)
         return self._answer(trace, call, capture, started, status, kind, content)
 
@@ -568,16 +597,17 @@ class PolicyGateway:
     async def _relay(
         self,
         request: Request,
-        upstream: Any,
+        status: int,
+        pieces: AsyncIterable[bytes],
         capture: CallCapture,
         trace: RolloutTrace,
         call: TraceCall,
         started: float,
     ) -> Response | StreamResponse:
-        """Pass an event stream through, chunk by chunk, reading and stripping each event."""
-        from aiohttp import ClientError
-
-        response = StreamResponse(upstream.status, content_type=_EVENT_STREAM, headers=_NO_CACHE)
+        """Pass an event stream through, piece by piece as the upstream client gives them (either
+        client's: ``ConnectionError`` or ``TimeoutError`` when the stream broke off), reading and
+        stripping each event."""
+        response = StreamResponse(status, content_type=_EVENT_STREAM, headers=_NO_CACHE)
         try:
             await response.prepare(request)
         except (ConnectionError, RuntimeError):
@@ -586,7 +616,7 @@ class PolicyGateway:
         pending = b""
         done = False
         try:
-            async for data in upstream.content.iter_any():
+            async for data in pieces:
                 lines = (pending + data).split(b"\n")
                 pending = lines.pop()
                 for i, line in enumerate(lines):
@@ -603,7 +633,7 @@ class PolicyGateway:
                 except (ConnectionError, RuntimeError):
                     self._finish(trace, call, started, "client_gone", "the rollout hung up mid-stream", 200)
                     return response
-        except (TimeoutError, ClientError, OSError) as exc:
+        except (TimeoutError, OSError) as exc:
             what = clip(f"the upstream's stream broke off: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
             self._finish(trace, call, started, "cut", what, 200)
             return response.cut()

@@ -54,11 +54,11 @@ async def stack(
     lean_client: bool = True,
 ) -> AsyncIterator[tuple[ScriptedPolicyServer, PolicyGateway]]:
     """A scripted upstream (requiring ``api_key``) and a started gateway in front of it (``lean_client``:
-    False sends whole answers through aiohttp's client, the path of https and proxied upstreams)."""
+    False sends every call through aiohttp's client, the path of https and proxied upstreams)."""
     async with ScriptedPolicyServer(script, api_key=api_key, flavor=flavor) as server:  # type: ignore[arg-type]
         upstream = PolicyEndpoint(server.url, "osmosis-stub", api_key)
         async with PolicyGateway(upstream, adapter=adapter, lean_client=lean_client) as gateway:  # type: ignore[arg-type]
-            assert (gateway._whole is not None) == lean_client  # the client the caller asked for
+            assert (gateway._lean is not None) == lean_client  # the client the caller asked for
             yield server, gateway
 
 

@@ -28,9 +28,10 @@ def plain_answer(raw: bytes) -> dict:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_two_turns_captured_exactly_and_stripped_from_the_answer(stream):
+@pytest.mark.parametrize("lean_client", [True, False], ids=["lean-client", "aiohttp-client"])
+def test_two_turns_captured_exactly_and_stripped_from_the_answer(stream, lean_client):
     async def main():
-        async with stack() as (server, gateway):
+        async with stack(lean_client=lean_client) as (server, gateway):
             policy = gateway.open_rollout("r-1", policy_version="v7")
             url = policy.chat_completions_url
             status, raw = await post(url, ask(stream=stream), token=policy.api_key)
@@ -296,6 +297,33 @@ def test_an_unreachable_upstream_is_a_502_without_the_key(lean_client):
     assert not trace.complete
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("lean_client", [True, False], ids=["lean-client", "aiohttp-client"])
+def test_a_too_large_answer_is_a_502(stream, lean_client):
+    async def main():
+        from osmosis_core import PolicyEndpoint
+        from osmosis_gateway import PolicyGateway
+
+        async with ScriptedPolicyServer(api_key=UPSTREAM_KEY, flavor="vllm") as server:
+            upstream = PolicyEndpoint(server.url, "osmosis-stub", UPSTREAM_KEY, max_response_bytes=1 << 20)
+            async with PolicyGateway(upstream, lean_client=lean_client) as gateway:
+                policy = gateway.open_rollout("r")
+                # (a streamed call's event stream has no limit: its error answer, read whole, does)
+                big = (
+                    Fault("status", status=503, message="x" * (2 << 20)) if stream else Fault("oversize", size=3 << 20)
+                )
+                server.inject(big, rollout_id="r")
+                status, raw = await post(policy.chat_completions_url, ask(stream=stream), token=policy.api_key)
+                after, _ = await post(policy.chat_completions_url, ask(stream=stream), token=policy.api_key)
+                return status, raw, after, gateway.pop_trace("r")
+
+    status, raw, after, trace = run(main)
+    assert status == 502
+    assert b"too large" in raw
+    assert after == 200
+    assert [c.status for c in trace.calls] == ["upstream_error", "ok"]
+
+
 def test_upstream_auth_failure_detail_is_redacted():
     def leaky(request):
         raise RuntimeError(f"bad key {UPSTREAM_KEY}")  # a server that echoes the key in its error
@@ -342,11 +370,12 @@ def test_200_concurrent_rollouts_never_mix_traces():
             assert len(call.completion_token_ids) == len(call.logprobs)
 
 
-def test_a_client_that_hangs_up_mid_stream_marks_the_trace():
+@pytest.mark.parametrize("lean_client", [True, False], ids=["lean-client", "aiohttp-client"])
+def test_a_client_that_hangs_up_mid_stream_marks_the_trace(lean_client):
     async def main():
         import aiohttp
 
-        async with stack() as (server, gateway):
+        async with stack(lean_client=lean_client) as (server, gateway):
             server.latency = 0.0
             policy = gateway.open_rollout("r")
             server.inject(Fault("delay", delay=0.3), rollout_id="r")
