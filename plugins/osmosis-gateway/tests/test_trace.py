@@ -270,13 +270,20 @@ def vllm_answer(**changes):
     ],
 )
 @pytest.mark.parametrize("chunk", [False, True])
-def test_an_answer_read_from_its_bytes_gives_what_the_document_reader_gives(changes, chunk):
+@pytest.mark.parametrize("as_sent", [False, True])
+def test_an_answer_read_from_its_bytes_gives_what_the_document_reader_gives(changes, chunk, as_sent):
     doc = vllm_answer(**changes)
     if chunk:
         for choice in doc.get("choices") or ():
             if isinstance(choice, dict) and "message" in choice:
                 choice["delta"] = choice.pop("message")
-    raw = json.dumps(doc, indent=1).encode()  # (whitespace the field reader keeps)
+    if as_sent:  # compact, in vLLM's order
+        doc = in_order(doc, VLLM_ANSWER_ORDER)
+        if isinstance(doc.get("choices"), list):
+            doc["choices"] = [in_order(c, VLLM_CHOICE_ORDER) if isinstance(c, dict) else c for c in doc["choices"]]
+        raw = json.dumps(doc, separators=(",", ":")).encode()
+    else:
+        raw = json.dumps(doc, indent=1).encode()  # (whitespace the field reader keeps)
     by_doc = prepare_request({"messages": []}, "vllm")
     changed = by_doc.feed(doc, chunk=chunk)
     by_bytes = prepare_request({"messages": []}, "vllm")
@@ -285,6 +292,43 @@ def test_an_answer_read_from_its_bytes_gives_what_the_document_reader_gives(chan
     assert json.loads(stripped or raw) == doc  # the same fields taken out
     results = [(c.tokens(), c.message(), c.finish_reason, c.usage, c.problem) for c in (by_doc, by_bytes)]
     assert results[1] == results[0]
+
+
+VLLM_ANSWER_ORDER = ("id", "object", "created", "model", "choices", "usage", "prompt_logprobs", "prompt_token_ids")
+VLLM_CHOICE_ORDER = ("index", "message", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids")
+
+
+def in_order(doc, order):
+    """``doc`` with the keys named in ``order`` first, in that order (the others after them)."""
+    return {**{k: doc[k] for k in order if k in doc}, **doc}
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        None,  # as vLLM sends it
+        lambda doc: doc.update(extra={"a": [1.5, None]}),  # a field of another server
+        lambda doc: doc.update(id=doc.pop("id")),  # another order
+        lambda doc: doc["choices"][0].update(index=doc["choices"][0].pop("index")),
+        lambda doc: doc["choices"][0].update(zzz=1),
+    ],
+)
+def test_an_answer_in_another_shape_or_order_is_stripped_as_it_came(edit):
+    doc = in_order(vllm_answer(), VLLM_ANSWER_ORDER)
+    doc["choices"][0] = in_order(doc["choices"][0], VLLM_CHOICE_ORDER)
+    if edit is not None:
+        edit(doc)
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    capture = prepare_request({"messages": []}, "vllm")
+    stripped = capture.feed_bytes(raw, chunk=False)
+    expected = dict(doc)
+    for key in ("prompt_token_ids", "prompt_logprobs"):
+        expected.pop(key)
+    choice = expected["choices"][0] = dict(doc["choices"][0])
+    choice.pop("token_ids")
+    choice["logprobs"] = None
+    assert stripped == json.dumps(expected, separators=(",", ":")).encode()  # the same fields, in the same order
+    assert [list(x) for x in capture.tokens()] == [[1, 2], [5, 6], [-0.5, -1.0]]
 
 
 def test_an_answer_that_is_no_json_is_refused_by_the_bytes_reader():
