@@ -1,5 +1,6 @@
 """The gateway's HTTP server (osmosis_gateway.server) over real sockets: framing, keep-alive,
-pipelining, limits, streams, drops, cuts, a failing handler, idle connections and closing."""
+pipelining, limits, streams, drops, cuts, a failing handler, idle and stalled connections, clients
+that do not read, and closing."""
 
 from __future__ import annotations
 
@@ -264,5 +265,106 @@ def test_idle_connections_are_closed_and_close_cuts_calls_in_flight(
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection("127.0.0.1", port)
         writer.close()
+
+    run(main())
+
+
+def test_a_client_stalled_mid_request_is_closed(
+    run: Callable[[Awaitable[None]], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        monkeypatch.setattr(server_module, "KEEPALIVE_SEC", 0.2)
+        async with serving() as server:
+            assert server.port is not None
+            for partial in (b"GET /h HTTP/1.1\r\nHo", post("/b", b"0123456789")[:-5]):  # in the head, in the body
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(partial)
+                assert await asyncio.wait_for(reader.read(), 5) == b""
+                writer.close()
+
+    run(main())
+
+
+def test_an_endless_header_line_or_trailer_is_refused_not_buffered(run: Callable[[Awaitable[None]], None]) -> None:
+    async def endless(writer: asyncio.StreamWriter) -> None:
+        for _ in range(1024):  # 64 MiB
+            writer.write(b"a" * 65536)
+            await writer.drain()
+
+    async def main() -> None:
+        async with serving() as server:
+            assert server.port is not None
+            trailer = b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nX-T: "
+            for head in (b"GET /h HTTP/1.1\r\nHost: x\r\nX-Big: ", b"GET /h HTTP/1.1\r\nX-", trailer):
+                _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(head)
+                with pytest.raises(ConnectionError):  # refused (and closed) long before the end
+                    await endless(writer)
+                writer.transport.abort()
+            # trailers are not headers
+            chunked = b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            chunked += b"1\r\na\r\n0\r\nX-Name: trailer\r\n\r\n"
+            assert (await exchange(server.port, chunked)).endswith(b"POST /t? - 1")
+
+    run(main())
+
+
+def test_expect_continue_behind_a_request_being_answered_waits_its_turn(
+    run: Callable[[Awaitable[None]], None],
+) -> None:
+    async def main() -> None:
+        async with serving() as server:
+            assert server.port is not None
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(post("/slow") + post("/e", b"abc", "Expect: 100-continue\r\n")[:-3])
+            first = await asyncio.wait_for(reader.readuntil(b"POST /slow? - 0"), 5)
+            assert first.startswith(b"HTTP/1.1 200 OK")  # not the 100 Continue into the answer before it
+            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b"abc")
+            assert (await asyncio.wait_for(reader.readuntil(b"POST /e? - 3"), 5)).startswith(b"HTTP/1.1 200 OK")
+            writer.close()
+            # an HTTP/1.0 client gets no 100 Continue
+            old = await exchange(server.port, b"POST /o HTTP/1.0\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\nz")
+            assert old.startswith(b"HTTP/1.1 200 OK")
+
+    run(main())
+
+
+def test_an_answer_that_cannot_be_written_gets_500(
+    run: Callable[[Awaitable[None]], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async def euro(request: Request) -> Response:
+            return Response(200, b"x", headers={"X-Price": "5 \u20ac"})
+
+        async with serving(euro) as server:
+            assert server.port is not None
+            with caplog.at_level(logging.ERROR):
+                answer = await exchange(server.port, post("/e", extra="Connection: close\r\n"))
+            assert answer.startswith(b"HTTP/1.1 500 ")
+            assert "cannot be written" in caplog.text
+            assert "never retrieved" not in caplog.text
+
+    run(main())
+
+
+def test_a_client_that_does_not_read_is_not_buffered_for_and_close_ends_it(
+    run: Callable[[Awaitable[None]], None],
+) -> None:
+    async def main() -> None:
+        async def big(request: Request) -> Response:
+            return Response(200, b"y" * (1 << 20))
+
+        async with serving(big) as server:
+            assert server.port is not None
+            _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(post("/b") * 200)  # 200 MiB of answers asked for, none read
+            await asyncio.sleep(0.5)
+            (connection,) = server.connections
+            assert connection.transport is not None
+            assert connection.transport.get_write_buffer_size() < 8 << 20
+            await asyncio.wait_for(server.close(), 1)  # not waiting on the client
+            assert not server.connections
+            writer.transport.abort()
 
     run(main())
