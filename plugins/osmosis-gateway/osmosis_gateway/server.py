@@ -8,7 +8,7 @@ gateway CPU per call on aiohttp's server and 0.310 ms on this one, and a through
 and 0.963 (1,000 two-call rollouts at concurrency 100, one run each, back to back on 2 cores). It
 does only what the gateway needs:
 
-* HTTP/1.1 and 1.0, kept-alive connections (closed after :data:`KEEPALIVE_SEC` idle, or stalled
+* HTTP/1.1 and 1.0, kept-alive connections (closed after :data:`IDLE_SEC` idle, or stalled
   that long in the middle of a request), one request at a time per connection (pipelined ones wait
   their turn, in order);
 * request bodies with a ``Content-Length`` or chunked (trailers ignored), up to ``max_body`` (else
@@ -41,12 +41,14 @@ from typing import Final, cast
 
 import httptools
 
-from osmosis_core.plugin import KEEPALIVE_SEC
-
 __all__ = ["HttpServer", "Request", "Response", "StreamResponse"]
 
 logger = logging.getLogger(__name__)
 
+IDLE_SEC: Final = 75.0
+"""A connection idle this long (nothing read, nothing being answered) is closed: aiohttp's server's
+time, longer than the clients' own (httpx 5 s, aiohttp 15 s), so a client never sends on a connection
+the server has just closed."""
 MAX_HEAD_BYTES: Final = 65536
 """The request line and the headers together (and the trailers of a chunked body)."""
 _PIPELINED: Final = 16
@@ -230,7 +232,9 @@ class _Connection(asyncio.Protocol):
         self.reading_paused = False
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
-        self._idle: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()
+        self.active_at = self.loop.time()
+        """When it last read or answered (:meth:`HttpServer._sweep` closes one idle too long)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -245,12 +249,9 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)  # (uvloop's is no subclass of it)
         self.server.connections.add(self)
-        self._wait_idle()
 
     def data_received(self, data: bytes) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self.active_at = self.loop.time()  # (a client that stalls mid-request is idle too)
         if self.refused:
             return
         self.mixed = False
@@ -266,8 +267,6 @@ class _Connection(asyncio.Protocol):
             self.framing += len(data)
             if self.framing > MAX_HEAD_BYTES:
                 self._refuse(431, f"the request line and headers are over {MAX_HEAD_BYTES} bytes")
-        if self.task is None:  # no request being answered: a client that stalls mid-request is closed too
-            self._wait_idle()
 
     def eof_received(self) -> bool:
         return False  # (the transport closes itself; a call in flight finds the client gone)
@@ -275,9 +274,6 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
         self._wake(ConnectionResetError("the client hung up"))
 
     def pause_writing(self) -> None:
@@ -299,13 +295,17 @@ class _Connection(asyncio.Protocol):
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
+        self.head_size += len(name) + len(value) + 4  # (_count, inline: a request has many headers)
+        if self.head_size > MAX_HEAD_BYTES:
+            self._count(0)
         if not self.in_head:
             return  # a trailer
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        known = self.headers.get(key)
-        self.headers[key] = text if known is None else f"{known}, {text}"
+        key = name.lower().decode("latin-1")
+        headers = self.headers
+        if key in headers:
+            headers[key] = f"{headers[key]}, {value.decode('latin-1')}"
+        else:
+            headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -397,7 +397,7 @@ class _Connection(asyncio.Protocol):
                 if self.continue_owed:
                     self.continue_owed = False
                     self._continue()
-                self._wait_idle()
+                self.active_at = self.loop.time()
 
     async def _answer(self, request: Request) -> bool:
         """Serve one request; whether the connection goes on."""
@@ -458,10 +458,6 @@ class _Connection(asyncio.Protocol):
         else:
             transport.abort()
 
-    def _wait_idle(self) -> None:
-        if self._idle is None and not self.closed:
-            self._idle = asyncio.get_running_loop().call_later(KEEPALIVE_SEC, self.close)
-
     async def drained(self) -> None:
         """Wait until the transport takes writes again (or the client hung up)."""
         if self.closed:
@@ -493,6 +489,7 @@ class HttpServer:
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> HttpServer:
@@ -500,7 +497,22 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=2048, reuse_address=True)
         self.port = int(self._server.sockets[0].getsockname()[1])
+        self._sweeper = loop.call_later(self._sweep_every(), self._sweep)
         return self
+
+    @staticmethod
+    def _sweep_every() -> float:
+        return min(IDLE_SEC / 4, 5.0)
+
+    def _sweep(self) -> None:
+        """Close the connections idle (not answering, nothing read) for :data:`IDLE_SEC`; one
+        timer for them all, not one a request (a connection is closed 0 to 5 s after its time)."""
+        loop = asyncio.get_running_loop()
+        horizon = loop.time() - IDLE_SEC
+        for connection in list(self.connections):
+            if connection.task is None and connection.active_at < horizon:
+                connection.close()
+        self._sweeper = loop.call_later(self._sweep_every(), self._sweep)
 
     async def close(self) -> None:
         """Stop listening and close every connection (calls in flight are cut)."""
@@ -508,6 +520,9 @@ class HttpServer:
         if server is None:
             return
         server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.abort()  # (close() would wait on a client that does not read)

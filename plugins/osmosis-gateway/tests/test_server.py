@@ -238,7 +238,7 @@ def test_idle_connections_are_closed_and_close_cuts_calls_in_flight(
     run: Callable[[Awaitable[None]], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def main() -> None:
-        monkeypatch.setattr(server_module, "KEEPALIVE_SEC", 0.2)
+        monkeypatch.setattr(server_module, "IDLE_SEC", 0.2)
         started = asyncio.Event()
 
         async def hang(request: Request) -> Response:
@@ -273,7 +273,7 @@ def test_a_client_stalled_mid_request_is_closed(
     run: Callable[[Awaitable[None]], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def main() -> None:
-        monkeypatch.setattr(server_module, "KEEPALIVE_SEC", 0.2)
+        monkeypatch.setattr(server_module, "IDLE_SEC", 0.2)
         async with serving() as server:
             assert server.port is not None
             for partial in (b"GET /h HTTP/1.1\r\nHo", post("/b", b"0123456789")[:-5]):  # in the head, in the body
