@@ -9,7 +9,7 @@ import pytest
 from gateway_helpers import MULTIPLY_TOOL, QUESTION, post, run, stack
 
 from osmosis_core.testing.stub_tokens import THINK_BLOCK, render_prompt
-from osmosis_gateway import RolloutTrace, TraceCall, trace_from_json, trainer_view
+from osmosis_gateway import RolloutTrace, TraceCall, adapters, trace_from_json, trainer_view
 from osmosis_gateway.adapters import prepare_request
 
 
@@ -313,11 +313,18 @@ def in_order(doc, order):
         lambda doc: doc["choices"][0].update(zzz=1),
     ],
 )
-def test_an_answer_in_another_shape_or_order_is_stripped_as_it_came(edit):
+def test_an_answer_in_another_shape_or_order_is_stripped_as_it_came(edit, monkeypatch):
     doc = in_order(vllm_answer(), VLLM_ANSWER_ORDER)
     doc["choices"][0] = in_order(doc["choices"][0], VLLM_CHOICE_ORDER)
     if edit is not None:
         edit(doc)
+    else:  # as vLLM writes it: read in one pass, never by the reader of any fields in any order
+
+        class Refuses:
+            def decode(self, data):
+                raise AssertionError("read twice")
+
+        monkeypatch.setattr(adapters, "_TOP", Refuses())
     raw = json.dumps(doc, separators=(",", ":")).encode()
     capture = prepare_request({"messages": []}, "vllm")
     stripped = capture.feed_bytes(raw, chunk=False)
