@@ -140,6 +140,22 @@ async def phase(urls: list[tuple[str, str | None]], concurrency: int, stream: bo
         return time.perf_counter() - started
 
 
+def start_gateway(
+    upstream: str, ids: int, wrapper: list[str] | None = None
+) -> tuple[subprocess.Popen[str], str, dict[str, str]]:
+    """The gateway child (under ``wrapper``, e.g. valgrind), its URL and each rollout's token."""
+    child = subprocess.Popen(
+        [*(wrapper or []), sys.executable, __file__, "--serve-gateway", upstream, str(ids)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if wrapper else None,
+        text=True,
+    )
+    assert child.stdout is not None
+    ready = json.loads(child.stdout.readline())
+    return child, ready["url"], ready["tokens"]
+
+
 def instructions(stream: bool, rollouts: int = 300, warm: int = 100) -> None:
     """Print the gateway child's instructions per call (callgrind, counted only over ``rollouts``)."""
     import shutil
@@ -152,19 +168,8 @@ def instructions(stream: bool, rollouts: int = 300, warm: int = 100) -> None:
     with tempfile.TemporaryDirectory() as folder, StubPolicyProcess(latency=0.01, flavor="vllm") as stub:
         out = Path(folder) / "callgrind.out"
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-        child = subprocess.Popen(
-            [*command, sys.executable, __file__, "--serve-gateway", stub.url, str(rollouts + warm)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert child.stdout is not None
-        assert child.stdin is not None
-        ready = json.loads(child.stdout.readline())
-        urls = [
-            (f"{ready['url']}/rollouts/r{i}/chat/completions", ready["tokens"][f"r{i}"]) for i in range(rollouts + warm)
-        ]
+        child, gateway_url, tokens = start_gateway(stub.url, rollouts + warm, command)
+        urls = [(f"{gateway_url}/rollouts/r{i}/chat/completions", tokens[f"r{i}"]) for i in range(rollouts + warm)]
         asyncio.run(phase(urls[:warm], 20, stream))
         subprocess.run(["callgrind_control", "--instr=on", str(child.pid)], check=True, capture_output=True)
         asyncio.run(phase(urls[warm:], 20, stream))
@@ -209,16 +214,7 @@ def main() -> None:
     memory_rollouts = args.memory_calls // 2
     total_ids = args.rollouts * args.repeat + memory_rollouts
     with StubPolicyProcess(latency=args.latency, flavor="vllm") as stub:
-        child = subprocess.Popen(
-            [sys.executable, __file__, "--serve-gateway", stub.url, str(total_ids)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        assert child.stdin is not None
-        ready = json.loads(child.stdout.readline())
-        gateway_url, tokens = ready["url"], ready["tokens"]
+        child, gateway_url, tokens = start_gateway(stub.url, total_ids)
         direct_url = stub.url + "/chat/completions"
         direct: list[float] = []
         through: list[float] = []

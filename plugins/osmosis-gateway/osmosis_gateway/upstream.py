@@ -32,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from typing import Final, cast
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -46,6 +47,7 @@ READ_TIMEOUT_SEC: Final = 600.0
 """The time a whole answer may take; for a streamed one, its head and then each piece."""
 PAUSE_BYTES: Final = 256 * 1024
 """A streamed answer's reading pauses while more than this waits for its consumer."""
+_T = TypeVar("_T")
 _UNSAFE: Final = frozenset("\r\n\0")
 _INFLATED: Final = ("gzip", "deflate", "x-gzip")
 
@@ -376,16 +378,7 @@ class UpstreamClient:
         :raises ConnectionError: the upstream dropped the call or answered something that is not HTTP.
         :raises ValueError: the rollout id cannot be a header value.
         """
-        data = self._request(rollout_id, body)
-        connection = self._take()
-        if connection is not None:
-            try:
-                return await self._whole(connection, data)
-            except ConnectionError:
-                if connection.started:
-                    raise  # it answered (in part): the call was taken, not retried
-                # a kept-alive connection the upstream closed before answering: once more, on a new one
-        return await self._whole(await self._connect(), data)
+        return await self._call(rollout_id, body, self._whole)
 
     async def stream(self, rollout_id: str, body: bytes) -> StreamedAnswer:
         """The upstream's answer once its head came (status, Content-Type), its body to be read as
@@ -396,15 +389,20 @@ class UpstreamClient:
         :raises ConnectionError: the upstream dropped the call or answered something that is not HTTP.
         :raises ValueError: the rollout id cannot be a header value.
         """
+        return await self._call(rollout_id, body, self._streamed)
+
+    async def _call(self, rollout_id: str, body: bytes, exchange: Callable[[_Connection, bytes], Awaitable[_T]]) -> _T:
+        """``exchange`` on a kept-alive connection, or on a new one."""
         data = self._request(rollout_id, body)
         connection = self._take()
         if connection is not None:
             try:
-                return await self._streamed(connection, data)
+                return await exchange(connection, data)
             except ConnectionError:
                 if connection.started:
-                    raise
-        return await self._streamed(await self._connect(), data)
+                    raise  # it answered (in part): the call was taken, not retried
+                # a kept-alive connection the upstream closed before answering: once more, on a new one
+        return await exchange(await self._connect(), data)
 
     def close(self) -> None:
         """Close the idle connections (a call in flight keeps its own until it ends)."""

@@ -16,6 +16,13 @@ from osmosis_gateway.upstream import UpstreamClient, UpstreamUnreachable
 BODY = b'{"choices":[{"message":{"role":"assistant","content":"84"}}]}'
 
 
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request with a Content-Length, head and body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+    return head + await reader.readexactly(length)
+
+
 async def serve(answer):
     """A server that reads each request and writes ``answer(n, request_bytes)`` (bytes, or None to
     close without answering); returns (server, port, seen requests, connections made)."""
@@ -26,11 +33,7 @@ async def serve(answer):
         connections.append(1)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(
-                    next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                )
-                request = head + await reader.readexactly(length)
+                request = await read_request(reader)
                 seen.append(request)
                 out = answer(len(seen), request)
                 if out is None:
@@ -165,11 +168,7 @@ async def serve_script(script):
         connections.append(1)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(
-                    next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                )
-                await reader.readexactly(length)
+                await read_request(reader)
                 script.n += 1
                 if not await script(script.n, writer):
                     break
