@@ -170,13 +170,20 @@ def instructions(stream: bool, rollouts: int = 300, warm: int = 100) -> None:
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
         child, gateway_url, tokens = start_gateway(stub.url, rollouts + warm, command)
         urls = [(f"{gateway_url}/rollouts/r{i}/chat/completions", tokens[f"r{i}"]) for i in range(rollouts + warm)]
-        asyncio.run(phase(urls[:warm], 20, stream))
-        subprocess.run(["callgrind_control", "--instr=on", str(child.pid)], check=True, capture_output=True)
-        asyncio.run(phase(urls[warm:], 20, stream))
-        subprocess.run(["callgrind_control", "--instr=off", str(child.pid)], check=True, capture_output=True)
-        child.stdin.close()
-        child.stdout.readline()
-        child.wait(timeout=300)
+        try:
+            asyncio.run(phase(urls[:warm], 20, stream))
+            subprocess.run(["callgrind_control", "--instr=on", str(child.pid)], check=True, capture_output=True)
+            asyncio.run(phase(urls[warm:], 20, stream))
+            subprocess.run(["callgrind_control", "--instr=off", str(child.pid)], check=True, capture_output=True)
+            assert child.stdin is not None
+            assert child.stdout is not None
+            child.stdin.close()
+            child.stdout.readline()
+            child.wait(timeout=300)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
         totals = [line for line in out.read_text().splitlines() if line.startswith(("summary:", "totals:"))]
     count = max(int(line.split()[1]) for line in totals)
     calls = 2 * rollouts

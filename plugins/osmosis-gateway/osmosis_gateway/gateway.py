@@ -144,8 +144,8 @@ def _json(data: object, status: int = 200) -> Response:
     return Response(status, _dumps(data), content_type="application/json")
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization")
+def _bearer(headers: dict[str, str]) -> str | None:
+    header = headers.get("authorization")
     if header is None:
         return None
     scheme, _, token = header.strip().partition(" ")
@@ -301,7 +301,8 @@ class PolicyGateway:
                 self._lean = UpstreamClient(self._upstream_url, self._upstream_headers, limit)
             except ValueError:  # not plain http, or a header it cannot write (not latin-1): aiohttp's client
                 self._lean = None
-        self._server = await HttpServer(self._handle, max_body=_MAX_BODY).start(self._host, self._requested_port)
+        server = HttpServer(self._handle, max_body=_MAX_BODY, precheck=self._precheck)
+        self._server = await server.start(self._host, self._requested_port)
         self._port = self._server.port
         return self
 
@@ -354,23 +355,41 @@ class PolicyGateway:
             return self._admin(request) or await self._set_version(request)
         return _error(404, f"not found: {method} {request.path}")
 
+    def _precheck(self, method: str, path: str, headers: dict[str, str]) -> Response | None:
+        """The refusal of a model call that names no rollout its token opens, from its head alone
+        (its body, up to 64 MiB, is then dropped unread); None lets :meth:`_handle` answer."""
+        if method != "POST":
+            return None
+        match = _ROLLOUT_ROUTE.match(path)
+        if match is not None:
+            if (match.group(2) or "") not in _CHAT_TAILS:
+                return None
+            rollout_id = unquote(match.group(1))
+        elif path in ("/v1/chat/completions", "/chat/completions"):
+            rollout_id = headers.get(_ROLLOUT_ID_KEY, "")
+            if not rollout_id:
+                return None  # (_handle answers 400)
+        else:
+            return None
+        return self._authorize(headers, rollout_id)[1]
+
     def _admin(self, request: Request) -> Response | None:
         """None when the request carries the gateway's bearer, else the refusal."""
-        token = _bearer(request)
+        token = _bearer(request.headers)
         if token is None:
             return _error(401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="osmosis-gateway"'})
         if not _same(token, self.bearer):
             return _error(403, "this route needs the gateway's bearer token")
         return None
 
-    def _authorize(self, request: Request, rollout_id: str) -> tuple[_Slot | None, Response | None]:
+    def _authorize(self, headers: dict[str, str], rollout_id: str) -> tuple[_Slot | None, Response | None]:
         """The rollout's slot when the caller may write to it, else the refusal."""
-        token = _bearer(request)
+        token = _bearer(headers)
         if token is None:
             return None, _error(401, "missing bearer token", **{"WWW-Authenticate": 'Bearer realm="osmosis-gateway"'})
         slot = self._slots.get(rollout_id)
         if slot is not None and _same(token, slot.token):  # the rollout's own token (the usual case)
-            header = request.headers.get(_ROLLOUT_ID_KEY)
+            header = headers.get(_ROLLOUT_ID_KEY)
             if header is not None and header != rollout_id:
                 return None, _error(403, f"the {ROLLOUT_ID_HEADER} header names another rollout than the path")
             return slot, None
@@ -381,7 +400,7 @@ class PolicyGateway:
         return None, _error(403, f"this token does not open rollout {rollout_id!r}")
 
     def _models(self, request: Request, rollout_id: str) -> Response:
-        _, refused = self._authorize(request, rollout_id)
+        _, refused = self._authorize(request.headers, rollout_id)
         if refused is not None:
             return refused
         model = {"id": self.upstream.model, "object": "model", "created": 0, "owned_by": "osmosis-gateway"}
@@ -424,7 +443,7 @@ class PolicyGateway:
     # -- the model call ----------------------------------------------------------------------------
 
     async def _chat(self, request: Request, rollout_id: str) -> Response | StreamResponse:
-        slot, refused = self._authorize(request, rollout_id)
+        slot, refused = self._authorize(request.headers, rollout_id)
         if refused is not None:
             return refused
         assert slot is not None
@@ -637,9 +656,13 @@ class PolicyGateway:
             what = clip(f"the upstream's stream broke off: {type(exc).__name__}: {exc}", self._secrets, _ERROR_CHARS)
             self._finish(trace, call, started, "cut", what, 200)
             return response.cut()
-        if pending:
-            await response.write(pending)
-        await response.write_eof()
+        try:
+            if pending:
+                await response.write(pending)
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            self._finish(trace, call, started, "client_gone", "the rollout hung up mid-stream", 200)
+            return response
         if not done:
             self._finish(trace, call, started, "cut", "the upstream's stream ended without [DONE]", 200)
             return response

@@ -13,7 +13,10 @@ does only what the gateway needs:
   their turn, in order);
 * request bodies with a ``Content-Length`` or chunked (trailers ignored), up to ``max_body`` (else
   413, as soon as the length is known), ``Expect: 100-continue`` (answered when the request's turn
-  comes); a request line or headers (or trailers) over 64 KiB get 431;
+  comes); a request line or headers (or trailers) over 64 KiB get 431; after such a refusal the
+  rest is read and dropped for :data:`LINGER_SEC`, so that the client reads the answer; a
+  ``precheck`` answers from the head alone (an unauthorised call), its body dropped unread;
+  reading stops while 16 requests or 1 MiB of bodies wait their turn;
 * whole answers with a ``Content-Length``; streamed answers chunked (to an HTTP/1.0 client: ended by
   the close); both with write back-pressure; a connection dropped without an answer
   (:meth:`Request.drop`) or cut in the middle of one (:meth:`StreamResponse.cut`);
@@ -53,6 +56,10 @@ MAX_HEAD_BYTES: Final = 65536
 """The request line and the headers together (and the trailers of a chunked body)."""
 _PIPELINED: Final = 16
 """Requests read ahead on one connection before it stops reading."""
+_READ_AHEAD_BYTES: Final = 1 << 20
+"""Request bodies read ahead on one connection before it stops reading."""
+LINGER_SEC: Final = 10.0
+"""How long a refused client's body is read and dropped before the connection closes."""
 _REASONS: Final = {status.value: status.phrase.encode() for status in HTTPStatus}
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -85,7 +92,18 @@ class Request:
     """One request, read whole: ``method``, ``path`` (as sent, not decoded), ``query``, ``headers``
     (names in lower case; a repeated header's values joined by ``", "``) and ``body``."""
 
-    __slots__ = ("_answering", "_connection", "body", "headers", "http_11", "keep_alive", "method", "path", "query")
+    __slots__ = (
+        "_answering",
+        "_connection",
+        "_refusal",
+        "body",
+        "headers",
+        "http_11",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+    )
 
     def __init__(
         self,
@@ -108,6 +126,8 @@ class Request:
         self.keep_alive = keep_alive
         self.http_11 = http_11
         self._answering = False
+        self._refusal: Response | None = None
+        """What ``precheck`` answered from the head alone (the body was read and dropped)."""
 
     @property
     def peer_gone(self) -> bool:
@@ -133,11 +153,13 @@ class Response:
         self.content_type = content_type
         self.headers = headers
 
-    def encode(self, *, keep_alive: bool, head_only: bool = False) -> bytes:
+    def encode(self, *, keep_alive: bool, head_only: bool = False, http_10: bool = False) -> bytes:
         head = _head(self.status, self.content_type, self.headers)
         head += b"Content-Length: %d\r\n" % len(self.body)
         if not keep_alive:
             head += b"Connection: close\r\n"
+        elif http_10:  # (an HTTP/1.0 client that asked to keep it is told it is kept)
+            head += b"Connection: keep-alive\r\n"
         head += b"\r\n"
         if not head_only:
             head += self.body
@@ -211,6 +233,7 @@ class StreamResponse:
 
 
 Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
+Precheck = Callable[[str, str, dict[str, str]], "Response | None"]
 
 
 class _Connection(asyncio.Protocol):
@@ -231,6 +254,8 @@ class _Connection(asyncio.Protocol):
         self.continue_owed = False  # an Expect: 100-continue behind a request being answered
         self.reading_paused = False
         self.write_paused = False
+        self.queued = 0  # bytes of the request bodies waiting their turn
+        self.rejected: Response | None = None  # the precheck's answer to the request being read
         self._drain: asyncio.Future[None] | None = None
         self.loop = asyncio.get_running_loop()
         self.active_at = self.loop.time()
@@ -303,17 +328,20 @@ class _Connection(asyncio.Protocol):
         key = name.lower().decode("latin-1")
         headers = self.headers
         if key in headers:
-            headers[key] = f"{headers[key]}, {value.decode('latin-1')}"
+            headers[key] = f"{headers[key]}, {value.decode('utf-8', 'surrogateescape')}"
         else:
-            headers[key] = value.decode("latin-1")
+            headers[key] = value.decode("utf-8", "surrogateescape")  # (as aiohttp reads them)
 
     def on_headers_complete(self) -> None:
         self.in_head = False
         if self.refused:
             return
         length = self.headers.get("content-length")
+        precheck = self.server.precheck
         if length is not None and length.isdigit() and int(length) > self.server.max_body:
             self._refuse(413, f"the request body is over {self.server.max_body} bytes")
+        elif precheck is not None and (refusal := precheck(self._method(), self._path(), self.headers)) is not None:
+            self.rejected = refusal  # the body is read and dropped; the refusal answers the request
         elif self.headers.get("expect", "").lower() == "100-continue" and self.parser.get_http_version() == "1.1":
             if self.task is None:
                 self._continue()
@@ -323,7 +351,7 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.mixed = True
         self.framing = 0
-        if self.refused:
+        if self.refused or self.rejected is not None:
             return
         self.size += len(body)
         if self.size > self.server.max_body:
@@ -338,15 +366,22 @@ class _Connection(asyncio.Protocol):
         parser = self.parser
         request = Request(
             self,
-            parser.get_method().decode("latin-1"),
+            self._method(),
             self.target,
             self.headers,
             b"".join(self.body),
             keep_alive=parser.should_keep_alive(),
             http_11=parser.get_http_version() == "1.1",
         )
+        request._refusal, self.rejected = self.rejected, None
         self._reset()
         self._queue(request)
+
+    def _method(self) -> str:
+        return self.parser.get_method().decode("latin-1")
+
+    def _path(self) -> str:
+        return self.target.decode("latin-1").partition("?")[0]
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -356,7 +391,8 @@ class _Connection(asyncio.Protocol):
             self._refuse(431, f"the request line and headers are over {MAX_HEAD_BYTES} bytes")
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer ``status`` after the requests before it, then close (the rest is not read)."""
+        """Answer ``status`` after the requests before it, then close (what the client still sends is
+        read and dropped for :data:`LINGER_SEC`, so that it reads the answer: :meth:`_linger`)."""
         self.refused = True
         body = b'{"error":{"message":"%s","type":"invalid_request_error","param":null,"code":%d}}' % (
             message.replace("\\", "\\\\").replace('"', '\\"').encode(),
@@ -366,10 +402,15 @@ class _Connection(asyncio.Protocol):
 
     def _queue(self, item: Request | Response) -> None:
         self.pending.append(item)
+        self.queued += len(item.body)
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._serve())
             self.server.tasks.add(self.task)
-        elif len(self.pending) >= _PIPELINED and self.transport is not None and not self.reading_paused:
+        elif (
+            (len(self.pending) >= _PIPELINED or self.queued > _READ_AHEAD_BYTES)
+            and self.transport is not None
+            and not self.reading_paused
+        ):
             self.reading_paused = True
             self.transport.pause_reading()
 
@@ -377,12 +418,20 @@ class _Connection(asyncio.Protocol):
         try:
             while self.pending and not self.closed:
                 item = self.pending.popleft()
-                if self.reading_paused and len(self.pending) < _PIPELINED // 2 and not self.refused:
+                self.queued -= len(item.body)
+                if (
+                    self.reading_paused
+                    and len(self.pending) < _PIPELINED // 2
+                    and self.queued <= _READ_AHEAD_BYTES // 2
+                    and not self.refused
+                ):
                     self.reading_paused = False
                     assert self.transport is not None
                     self.transport.resume_reading()
                 if isinstance(item, Response):  # a refusal: the last answer on this connection
-                    self._send(item, keep_alive=False, head_only=False)
+                    assert self.transport is not None
+                    self.transport.write(item.encode(keep_alive=False))
+                    self._linger()
                     return
                 if not await self._answer(item):
                     return
@@ -403,7 +452,7 @@ class _Connection(asyncio.Protocol):
         """Serve one request; whether the connection goes on."""
         stream: StreamResponse | None = None
         try:
-            response = await self.server.handler(request)
+            response = request._refusal or await self.server.handler(request)
         except Exception:
             logger.exception("the gateway failed on %s %s", request.method, request.path)
             if request._answering:  # in the middle of a stream: cut it
@@ -425,12 +474,14 @@ class _Connection(asyncio.Protocol):
                 self.close(flush=True)
                 return False
             return True
+        head_only, http_10 = request.method == "HEAD", not request.http_11
         try:
-            self._send(response, keep_alive=request.keep_alive, head_only=request.method == "HEAD")
+            self._send(response, keep_alive=request.keep_alive, head_only=head_only, http_10=http_10)
         except UnicodeEncodeError:  # a header that HTTP cannot carry (not latin-1)
             logger.exception("the gateway's answer to %s %s cannot be written", request.method, request.path)
             body = b'{"error":{"message":"the gateway failed","type":"server_error","param":null,"code":500}}'
-            self._send(Response(500, body, content_type="application/json"), keep_alive=request.keep_alive)
+            failed = Response(500, body, content_type="application/json")
+            self._send(failed, keep_alive=request.keep_alive, head_only=head_only, http_10=http_10)
         if self.write_paused and request.keep_alive:  # the client reads slower than it asks: wait for it
             try:
                 await self.drained()
@@ -438,11 +489,28 @@ class _Connection(asyncio.Protocol):
                 return False
         return request.keep_alive
 
-    def _send(self, response: Response, *, keep_alive: bool, head_only: bool = False) -> None:
+    def _send(self, response: Response, *, keep_alive: bool, head_only: bool, http_10: bool) -> None:
         assert self.transport is not None
-        self.transport.write(response.encode(keep_alive=keep_alive, head_only=head_only))
+        self.transport.write(response.encode(keep_alive=keep_alive, head_only=head_only, http_10=http_10))
         if not keep_alive:
             self.close(flush=True)
+
+    def _linger(self) -> None:
+        """After a refusal: stop writing and read (and drop) what the client still sends until it
+        closes, for :data:`LINGER_SEC` at most. Closing at once would reset a connection whose
+        client is still sending its body, and the client would lose the answer (aiohttp's
+        server lingers the same way)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            self.close(flush=True)
+            return
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
+        transport.write_eof()
+        self.loop.call_later(LINGER_SEC, self.close)
 
     def _continue(self) -> None:
         if self.transport is not None and not self.transport.is_closing() and not self.refused:
@@ -481,11 +549,14 @@ class HttpServer:
     :param handler: answers a :class:`Request` with a :class:`Response` or a finished
         :class:`StreamResponse`.
     :param max_body: a larger request body is refused with 413.
+    :param precheck: called with a request's method, path and headers before its body is read; a
+        response it returns answers the request (its body is read and dropped, never held).
     """
 
-    def __init__(self, handler: Handler, *, max_body: int) -> None:
+    def __init__(self, handler: Handler, *, max_body: int, precheck: Precheck | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
+        self.precheck = precheck
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None

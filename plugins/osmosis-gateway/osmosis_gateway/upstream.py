@@ -47,6 +47,10 @@ READ_TIMEOUT_SEC: Final = 600.0
 """The time a whole answer may take; for a streamed one, its head and then each piece."""
 PAUSE_BYTES: Final = 256 * 1024
 """A streamed answer's reading pauses while more than this waits for its consumer."""
+RETRY_WINDOW_SEC: Final = 0.25
+"""A kept-alive connection that fails before any answer within this long of the call is taken to
+have been closed by the upstream as the call went (its idle time ran out), and the call is sent once
+more on a new connection; a later failure is the upstream's, and the call is not sent twice."""
 _T = TypeVar("_T")
 _UNSAFE: Final = frozenset("\r\n\0")
 _INFLATED: Final = ("gzip", "deflate", "x-gzip")
@@ -69,6 +73,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.started = False
         self.idle_since = 0.0
+        self.sent_at = 0.0
         self.last_read = 0.0
         self.keep_alive = False
         self._reset()
@@ -348,8 +353,8 @@ class UpstreamClient:
 
     def __init__(self, url: str, headers: dict[str, str], max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"a plain http:// URL is needed, got {url!r}")
+        if parts.scheme != "http" or not parts.hostname or parts.username is not None:
+            raise ValueError("a plain http:// URL without credentials is needed")  # (aiohttp's client does the rest)
         self.host = parts.hostname
         self.port = parts.port or 80
         self.max_bytes = max_bytes
@@ -399,9 +404,9 @@ class UpstreamClient:
             try:
                 return await exchange(connection, data)
             except ConnectionError:
-                if connection.started:
-                    raise  # it answered (in part): the call was taken, not retried
-                # a kept-alive connection the upstream closed before answering: once more, on a new one
+                if connection.started or asyncio.get_running_loop().time() - connection.sent_at > RETRY_WINDOW_SEC:
+                    raise  # it answered (in part), or had the call a while: it was taken, not sent again
+                # a kept-alive connection the upstream had closed as the call went: once more, on a new one
         return await exchange(await self._connect(), data)
 
     def close(self) -> None:
@@ -458,6 +463,7 @@ class UpstreamClient:
         waiter = connection.waiter = loop.create_future()
         connection.started = False
         connection.keep_alive = False
+        connection.sent_at = loop.time()
         connection.transport.write(data)
         timer = loop.call_later(READ_TIMEOUT_SEC, connection.fail, TimeoutError("no answer from the upstream in time"))
         try:

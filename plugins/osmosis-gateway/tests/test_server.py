@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -80,6 +81,12 @@ async def exchange(port: int, data: bytes, *, until_close: bool = True, wait: fl
         pass
     writer.close()
     return received
+
+
+def rss_mib() -> float:
+    """This process's resident memory."""
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
 
 
 def post(path: str, body: bytes = b"", extra: str = "") -> bytes:
@@ -296,10 +303,12 @@ def test_an_endless_header_line_or_trailer_is_refused_not_buffered(run: Callable
             assert server.port is not None
             trailer = b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nX-T: "
             for head in (b"GET /h HTTP/1.1\r\nHost: x\r\nX-Big: ", b"GET /h HTTP/1.1\r\nX-", trailer):
-                _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
                 writer.write(head)
-                with pytest.raises(ConnectionError):  # refused (and closed) long before the end
-                    await endless(writer)
+                before = rss_mib()
+                await endless(writer)  # refused after 64 KiB: the rest is read and dropped, never held
+                assert rss_mib() - before < 32
+                assert (await reader.read(65536)).startswith(b"HTTP/1.1 431 ")
                 writer.transport.abort()
             # trailers are not headers
             chunked = b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -366,5 +375,77 @@ def test_a_client_that_does_not_read_is_not_buffered_for_and_close_ends_it(
             await asyncio.wait_for(server.close(), 1)  # not waiting on the client
             assert not server.connections
             writer.transport.abort()
+
+    run(main())
+
+
+def test_a_client_sending_a_body_too_large_reads_the_413(run: Callable[[Awaitable[None]], None]) -> None:
+    async def main() -> None:  # (closing at once would reset the connection under the body still coming)
+        async with serving(max_body=1 << 20) as server, httpx.AsyncClient() as client:
+            for _ in range(3):
+                reply = await client.post(f"http://127.0.0.1:{server.port}/big", content=b"x" * (20 << 20))
+                assert reply.status_code == 413
+                assert "over 1048576 bytes" in reply.json()["error"]["message"]
+
+    run(main())
+
+
+def test_a_precheck_answers_from_the_head_and_the_body_is_never_held(run: Callable[[Awaitable[None]], None]) -> None:
+    handled: list[str] = []
+
+    async def handler(request: Request) -> Response:
+        handled.append(request.path)
+        return Response(200, b"ok")
+
+    def precheck(method: str, path: str, headers: dict[str, str]) -> Response | None:
+        return Response(401, b"no") if path == "/locked" and headers.get("authorization") != "Bearer k" else None
+
+    async def main() -> None:
+        server = await HttpServer(handler, max_body=64 << 20, precheck=precheck).start("127.0.0.1", 0)
+        try:
+            async with httpx.AsyncClient() as client:
+                base = f"http://127.0.0.1:{server.port}"
+                chunks = iter([b"y" * (1 << 20)] * 8)
+
+                async def body() -> AsyncIterator[bytes]:
+                    for piece in chunks:
+                        # the body read so far is dropped, not held
+                        assert all(len(b"".join(c.body)) == 0 for c in server.connections)
+                        yield piece
+
+                assert (await client.post(f"{base}/locked", content=body())).status_code == 401
+                assert (await client.post(f"{base}/locked", headers={"Authorization": "Bearer k"})).text == "ok"
+                assert (await client.post(f"{base}/open", content=b"z")).text == "ok"
+                assert len(server.connections) == 1  # a refusal from the head keeps the connection
+        finally:
+            await server.close()
+        assert handled == ["/locked", "/open"]
+
+    run(main())
+
+
+def test_http_1_0_keep_alive_utf8_headers_and_a_byte_cap_on_read_ahead(run: Callable[[Awaitable[None]], None]) -> None:
+    async def main() -> None:
+        async with serving(max_body=4 << 20) as server:
+            assert server.port is not None
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\nX-Name: \xc3\xa9t\xc3\xa9\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert b"Connection: keep-alive\r\n" in head
+            assert await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])) == (
+                "GET /a? été 0".encode()
+            )
+            # two 1.5 MiB bodies behind a slow request: reading stops until they are answered
+            writer.write(post("/slow") + post("/b", b"b" * (3 << 19)) + post("/c", b"c" * (3 << 19)))
+            await asyncio.sleep(0.1)
+            assert [c.reading_paused for c in server.connections] == [True]
+            writer.write_eof()
+            answers = (await reader.read()).split(b"HTTP/1.1 200 OK")
+            assert [a.rsplit(b"\r\n\r\n", 1)[1] for a in answers[1:]] == [
+                b"POST /slow? - 0",
+                b"POST /b? - 1572864",
+                b"POST /c? - 1572864",
+            ]
+            writer.close()
 
     run(main())

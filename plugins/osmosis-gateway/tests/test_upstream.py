@@ -127,6 +127,36 @@ def test_a_kept_alive_connection_closed_before_answering_is_retried_once_on_a_ne
     assert (requests, connections) == (3, 2)
 
 
+def test_a_call_the_upstream_had_a_while_before_dropping_it_is_not_sent_twice(loop_run, monkeypatch):
+    monkeypatch.setattr(upstream, "RETRY_WINDOW_SEC", 0.1)
+
+    async def script(n, writer):
+        if n == 2:  # took the call, worked on it, then dropped the connection
+            await asyncio.sleep(0.3)
+            return False
+        writer.write(ok())
+        return True
+
+    async def main():
+        server, port, connections = await serve_script(script)
+        client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {})
+        try:
+            await client.post("r", b"{}")
+            with pytest.raises(ConnectionError):
+                await client.post("r", b"{}")
+        finally:
+            client.close()
+            server.close()
+        return script.n, len(connections)
+
+    assert loop_run(main()) == (2, 1)  # the second call went once
+
+
+def test_an_upstream_url_with_credentials_is_left_to_aiohttps_client():
+    with pytest.raises(ValueError, match="without credentials"):
+        UpstreamClient("http://user:secret@127.0.0.1:8000/v1/chat/completions", {})
+
+
 def test_refusals_unreachable_too_large_cut_and_a_line_break_in_an_id():
     async def main():
         dead = UpstreamClient("http://127.0.0.1:9/v1", {})
