@@ -327,6 +327,9 @@ class PolicyGateway:
     # -- routes ------------------------------------------------------------------------------------
 
     async def _handle(self, request: Request) -> Response | StreamResponse:
+        if request.context is not None:  # a model call _precheck let through
+            rollout_id, slot = request.context
+            return await self._chat(request, rollout_id, slot)
         path = request.path
         method = request.method
         if path == "/health":
@@ -335,7 +338,7 @@ class PolicyGateway:
         if match is not None:
             rollout_id, tail = unquote(match.group(1)), match.group(2) or ""
             if tail in _CHAT_TAILS and method == "POST":
-                return await self._chat(request, rollout_id)
+                return await self._chat(request, rollout_id, None)
             if tail in ("/models", "/v1/models") and method == "GET":
                 return self._models(request, rollout_id)
             if tail == "/trace" and method == "GET":
@@ -348,16 +351,16 @@ class PolicyGateway:
                 return _error(
                     400, f"no rollout: use /v1/rollouts/{{id}}/chat/completions or the {ROLLOUT_ID_HEADER} header"
                 )
-            return await self._chat(request, rollout_id)
+            return await self._chat(request, rollout_id, None)
         elif path == "/v1/rollouts" and method == "POST":
             return self._admin(request) or await self._open(request)
         elif path == "/v1/policy_version" and method == "PUT":
             return self._admin(request) or await self._set_version(request)
         return _error(404, f"not found: {method} {request.path}")
 
-    def _precheck(self, method: str, path: str, headers: dict[str, str]) -> Response | None:
-        """The refusal of a model call that names no rollout its token opens, from its head alone
-        (its body, up to 64 MiB, is then dropped unread); None lets :meth:`_handle` answer."""
+    def _precheck(self, method: str, path: str, headers: dict[str, str]) -> Response | tuple[str, _Slot] | None:
+        """A model call's rollout and slot, or its refusal when its token opens no such rollout, from
+        its head alone (a refused body, up to 64 MiB, is dropped unread); None: :meth:`_handle` routes."""
         if method != "POST":
             return None
         match = _ROLLOUT_ROUTE.match(path)
@@ -371,7 +374,8 @@ class PolicyGateway:
                 return None  # (_handle answers 400)
         else:
             return None
-        return self._authorize(headers, rollout_id)[1]
+        slot, refused = self._authorize(headers, rollout_id)
+        return refused if slot is None else (rollout_id, slot)
 
     def _admin(self, request: Request) -> Response | None:
         """None when the request carries the gateway's bearer, else the refusal."""
@@ -442,11 +446,13 @@ class PolicyGateway:
 
     # -- the model call ----------------------------------------------------------------------------
 
-    async def _chat(self, request: Request, rollout_id: str) -> Response | StreamResponse:
-        slot, refused = self._authorize(request.headers, rollout_id)
-        if refused is not None:
-            return refused
-        assert slot is not None
+    async def _chat(self, request: Request, rollout_id: str, slot: _Slot | None) -> Response | StreamResponse:
+        """A model call of ``rollout_id`` (``slot``: authorized by :meth:`_precheck` from the head)."""
+        if slot is None or self._slots.get(rollout_id) is not slot:  # (not checked, or closed since)
+            slot, refused = self._authorize(request.headers, rollout_id)
+            if refused is not None:
+                return refused
+            assert slot is not None
         trace = slot.trace
         started = time.perf_counter()
         call = TraceCall(call_id=f"{rollout_id}#{slot.next_index}", index=slot.next_index, started_at=time.time())

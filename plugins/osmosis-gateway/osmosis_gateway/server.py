@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import httptools
 
@@ -97,6 +97,7 @@ class Request:
         "_connection",
         "_refusal",
         "body",
+        "context",
         "headers",
         "http_11",
         "keep_alive",
@@ -109,18 +110,21 @@ class Request:
         self,
         connection: _Connection,
         method: str,
-        target: bytes,
+        path: str,
+        query: str,
         headers: dict[str, str],
         body: bytes,
         *,
         keep_alive: bool,
         http_11: bool,
+        context: Any = None,
     ) -> None:
         self._connection = connection
         self.method = method
-        path, _, query = target.decode("latin-1").partition("?")
         self.path = path
         self.query = query
+        self.context = context
+        """What the server's ``precheck`` said of the request, when not a response (else None)."""
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
@@ -233,7 +237,7 @@ class StreamResponse:
 
 
 Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
-Precheck = Callable[[str, str, dict[str, str]], "Response | None"]
+Precheck = Callable[[str, str, dict[str, str]], Any]
 
 
 class _Connection(asyncio.Protocol):
@@ -264,6 +268,8 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.target = b""
+        self.method = self.path = self.query = ""
+        self.context: Any = None
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.size = 0
@@ -336,12 +342,17 @@ class _Connection(asyncio.Protocol):
         self.in_head = False
         if self.refused:
             return
+        self.method = self.parser.get_method().decode("latin-1")
+        self.path, _, self.query = self.target.decode("latin-1").partition("?")
         length = self.headers.get("content-length")
         precheck = self.server.precheck
         if length is not None and length.isdigit() and int(length) > self.server.max_body:
             self._refuse(413, f"the request body is over {self.server.max_body} bytes")
-        elif precheck is not None and (refusal := precheck(self._method(), self._path(), self.headers)) is not None:
-            self.rejected = refusal  # the body is read and dropped; the refusal answers the request
+        elif precheck is not None and (verdict := precheck(self.method, self.path, self.headers)) is not None:
+            if isinstance(verdict, Response):
+                self.rejected = verdict  # the body is read and dropped; the refusal answers the request
+            else:
+                self.context = verdict
         elif self.headers.get("expect", "").lower() == "100-continue" and self.parser.get_http_version() == "1.1":
             if self.task is None:
                 self._continue()
@@ -366,22 +377,18 @@ class _Connection(asyncio.Protocol):
         parser = self.parser
         request = Request(
             self,
-            self._method(),
-            self.target,
+            self.method,
+            self.path,
+            self.query,
             self.headers,
             b"".join(self.body),
             keep_alive=parser.should_keep_alive(),
             http_11=parser.get_http_version() == "1.1",
+            context=self.context,
         )
         request._refusal, self.rejected = self.rejected, None
         self._reset()
         self._queue(request)
-
-    def _method(self) -> str:
-        return self.parser.get_method().decode("latin-1")
-
-    def _path(self) -> str:
-        return self.target.decode("latin-1").partition("?")[0]
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -550,7 +557,8 @@ class HttpServer:
         :class:`StreamResponse`.
     :param max_body: a larger request body is refused with 413.
     :param precheck: called with a request's method, path and headers before its body is read; a
-        response it returns answers the request (its body is read and dropped, never held).
+        :class:`Response` it returns answers the request (its body is read and dropped, never held),
+        anything else but None reaches the handler as :attr:`Request.context`.
     """
 
     def __init__(self, handler: Handler, *, max_body: int, precheck: Precheck | None = None) -> None:

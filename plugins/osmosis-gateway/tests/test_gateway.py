@@ -452,3 +452,34 @@ def test_sglang_streams_are_asked_whole_and_streamed_to_the_rollout(lean_client)
     assert trace.complete
     assert trace.calls[0].stream is True
     assert list(trace.calls[0].prompt_token_ids) == render_prompt(QUESTION)
+
+
+def test_a_refused_call_is_refused_from_its_head_and_a_rollout_closed_while_its_call_came_is_refused():
+    async def main():
+        async with stack() as (server, gateway):
+            policy = gateway.open_rollout("r-1")
+            port = int(gateway.url.split(":")[2].split("/")[0])
+            body = json.dumps(ask()).encode()
+            head = (
+                f"POST /v1/rollouts/r-1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nAuthorization: Bearer {{}}\r\nConnection: close\r\n\r\n"
+            )
+            # a forged token: refused before the body is read (it never reaches the upstream)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head.format("forged").encode() + body)
+            assert (await reader.read()).startswith(b"HTTP/1.1 403 ")
+            writer.close()
+            # the rollout's own token, then the rollout closes before its body is all there
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head.format(policy.api_key).encode() + body[:10])
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            assert gateway.pop_trace("r-1") is not None
+            writer.write(body[10:])
+            answer = await reader.read()
+            assert answer.startswith(b"HTTP/1.1 403 ")  # (as any call of a closed rollout)
+            assert b"does not open rollout" in answer
+            writer.close()
+            assert server.requests_for("r-1") == []
+
+    run(main)
