@@ -17,10 +17,11 @@ against 0.310 and 0.335 ms.
 It does only what the gateway needs: one POST at a time per connection; a ``Content-Length``,
 chunked or close-ended answer; gzip and deflate inflated (it asks for none); a size limit on whole
 answers; a connect time limit, and a read time limit for a whole answer or for a streamed one's
-head and then each of its pieces; a retry on a fresh connection when a kept-alive one was closed
-by the upstream before it answered. A streamed answer's pieces come as they arrive; its reading
-pauses while more than :data:`PAUSE_BYTES` wait for the consumer; its connection is kept only when
-the answer ended cleanly, and aborted when the consumer leaves it before the end.
+head and then each of its pieces; one retry on a fresh connection when a kept-alive one failed
+unanswered within :data:`RETRY_WINDOW_SEC` of the call (the upstream had closed it as it went).
+A streamed answer's pieces come as they arrive; its reading pauses while more than
+:data:`PAUSE_BYTES` wait for the consumer; its connection is kept only when the answer ended
+cleanly, and aborted when the consumer leaves it before the end.
 
 >>> client = UpstreamClient("http://127.0.0.1:8000/v1/chat/completions", {"Content-Type": "application/json"})
 >>> client.request_head("r-1")[:45]
