@@ -30,15 +30,21 @@ sockets' send and receive, about a fifth of the CPU time) is not counted. 0.77 M
 call on aiohttp's server, 0.53 M now (whole answers; 0.86 M streamed).
 
 What the ratio depends on: every ratio printed is taken within this one run (each repeat times
-the rollouts without the gateway, then at once through it; the pair's ratio is printed, and the
-best of each side), so the machine's load shifts both sides alike, but not equally. The stand-in,
-the driver and the gateway are three processes on the same cores (two on the machine this was
-written on, shared with other work): at concurrency 100 and 100 ms per call, 1,000 calls a second
-ask each process for its CPU per call every millisecond, so the gateway's CPU is taken from the
-stand-in and the driver whenever the cores are full. The ratio then measures the machine as much
-as the gateway; "cores busy" (the three processes' CPU over the phase's time) says how close to
-full they were. With a core to itself the gateway adds only its latency per call (well under a
-millisecond against 100 ms), and the ratio nears 1.
+the rollouts without the gateway, then through it, then through a byte relay; each pair's ratio is
+printed, and the best of each side), so the machine's load shifts both sides alike, but not
+equally. The stand-in, the driver and the gateway are three processes on the same cores (two on
+the machine this was written on, shared with other work): at concurrency 100 and 100 ms per call,
+the calls come in waves of up to 100, and each process works through a wave one call at a time,
+so whatever CPU the gateway spends on a call is added to the wave's time whenever the cores are
+full; "cores busy" (the three processes' CPU over the phase's time) says how close to full they
+were on average.
+
+The hop's floor: the third side of each repeat goes through a byte relay (``_Relay``: plain
+asyncio protocols on the same loop, each side's bytes written to the other as they come, no HTTP
+read, nothing captured). It costs about 0.05 ms of CPU per call and 0.99 to 1.0 of the throughput
+without it, so the hop itself (a third process, two more sockets) is nearly free, and what the
+gateway loses beyond it is its own CPU per call: 0.90 to 0.96 of the throughput at 0.28 to 0.33
+ms (runs on one day of this machine; see "throughput with the gateway / through the relay").
 
 Targets: throughput with the gateway over without it >= 0.95; gateway CPU per call <= 0.3 ms.
 """
@@ -52,6 +58,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +111,74 @@ async def serve_gateway(upstream: str, ids: int) -> None:
     await aclose_http()
 
 
+# -- the hop's floor: a byte relay ---------------------------------------------------------------
+
+
+class _Relay(asyncio.Protocol):
+    """One side of a relayed connection: what it reads is written to its peer; a peer that cannot
+    take more pauses this side's reading (the least a proxy must do; no HTTP is read)."""
+
+    def __init__(self, upstream: tuple[str, int] | None = None) -> None:
+        self.upstream = upstream  # set on the client's side: where to connect
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Relay | None = None
+        self.early: list[bytes] = []  # what came before the peer was connected
+        self.connecting: asyncio.Task[None] | None = None  # (held: the loop keeps only a weak reference)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # (uvloop's is no asyncio.Transport subclass)
+        if self.upstream is not None:
+            self.connecting = asyncio.get_running_loop().create_task(self._connect(*self.upstream))
+
+    async def _connect(self, host: str, port: int) -> None:
+        assert self.transport is not None
+        try:
+            peer_transport, peer = await asyncio.get_running_loop().create_connection(_Relay, host, port)
+        except OSError:
+            self.transport.close()
+            return
+        if self.transport.is_closing():
+            peer_transport.close()
+            return
+        self.peer, peer.peer = peer, self
+        peer_transport.writelines(self.early)
+        self.early.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:
+            self.early.append(data)
+        else:
+            assert self.peer.transport is not None
+            self.peer.transport.write(data)
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+
+
+async def serve_relay(upstream: str) -> None:
+    """Relay 127.0.0.1:<port> to the stand-in byte for byte, until the parent closes our stdin."""
+    from urllib.parse import urlsplit
+
+    target = urlsplit(upstream)
+    host, port = target.hostname, target.port
+    assert host is not None
+    assert port is not None
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Relay((host, port)), "127.0.0.1", 0)
+    print(json.dumps({"url": f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}{target.path}"}), flush=True)
+    await loop.run_in_executor(None, sys.stdin.read)
+    server.close()
+
+
 # -- the driver ----------------------------------------------------------------------------------
 
 
@@ -116,7 +191,9 @@ async def rollout(session: Any, url: str, token: str | None, n: int, stream: boo
             raw = await response.read()
             if response.status != 200:
                 raise RuntimeError(f"{response.status}: {raw[:200]!r}")
-        message = {"role": "assistant", "content": None} if stream else json.loads(raw)["choices"][0]["message"]
+        message: dict[str, Any] = (
+            {"role": "assistant", "content": None} if stream else json.loads(raw)["choices"][0]["message"]
+        )
         if message.get("tool_calls"):
             call = message["tool_calls"][0]
             messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": "84"}]
@@ -124,7 +201,7 @@ async def rollout(session: Any, url: str, token: str | None, n: int, stream: boo
             messages += [message or {"role": "assistant", "content": "84"}, {"role": "tool", "content": "84"}]
 
 
-async def phase(urls: list[tuple[str, str | None]], concurrency: int, stream: bool) -> float:
+async def phase(urls: Sequence[tuple[str, str | None]], concurrency: int, stream: bool) -> float:
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=0)
@@ -140,20 +217,35 @@ async def phase(urls: list[tuple[str, str | None]], concurrency: int, stream: bo
         return time.perf_counter() - started
 
 
-def start_gateway(
-    upstream: str, ids: int, wrapper: list[str] | None = None
-) -> tuple[subprocess.Popen[str], str, dict[str, str]]:
-    """The gateway child (under ``wrapper``, e.g. valgrind), its URL and each rollout's token."""
+def start_child(arguments: list[str], wrapper: list[str] | None = None) -> tuple[subprocess.Popen[str], Any]:
+    """A child of this script (under ``wrapper``, e.g. valgrind) and the line it prints when ready."""
     child = subprocess.Popen(
-        [*(wrapper or []), sys.executable, __file__, "--serve-gateway", upstream, str(ids)],
+        [*(wrapper or []), sys.executable, __file__, *arguments],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL if wrapper else None,
         text=True,
     )
     assert child.stdout is not None
-    ready = json.loads(child.stdout.readline())
+    return child, json.loads(child.stdout.readline())
+
+
+def start_gateway(
+    upstream: str, ids: int, wrapper: list[str] | None = None
+) -> tuple[subprocess.Popen[str], str, dict[str, str]]:
+    """The gateway child (under ``wrapper``, e.g. valgrind), its URL and each rollout's token."""
+    child, ready = start_child(["--serve-gateway", upstream, str(ids)], wrapper)
     return child, ready["url"], ready["tokens"]
+
+
+def stop_child(child: subprocess.Popen[str], timeout: float = 30) -> Any:
+    """Close the child's stdin (its signal to stop) and return the line it prints then, if any."""
+    assert child.stdin is not None
+    assert child.stdout is not None
+    child.stdin.close()
+    line = child.stdout.readline()
+    child.wait(timeout=timeout)
+    return json.loads(line) if line else None
 
 
 def instructions(stream: bool, rollouts: int = 300, warm: int = 100) -> None:
@@ -175,11 +267,7 @@ def instructions(stream: bool, rollouts: int = 300, warm: int = 100) -> None:
             subprocess.run(["callgrind_control", "--instr=on", str(child.pid)], check=True, capture_output=True)
             asyncio.run(phase(urls[warm:], 20, stream))
             subprocess.run(["callgrind_control", "--instr=off", str(child.pid)], check=True, capture_output=True)
-            assert child.stdin is not None
-            assert child.stdout is not None
-            child.stdin.close()
-            child.stdout.readline()
-            child.wait(timeout=300)
+            stop_child(child, timeout=300)
         finally:
             if child.poll() is None:
                 child.kill()
@@ -201,14 +289,20 @@ def main() -> None:
     parser.add_argument("--memory-calls", type=int, default=10_000)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--serve-gateway", nargs=2, metavar=("UPSTREAM", "IDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-relay", metavar="UPSTREAM", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_gateway:
+    if args.serve_gateway or args.serve_relay:
+        serve = (
+            serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1]))
+            if args.serve_gateway
+            else serve_relay(args.serve_relay)
+        )
         if os.environ.get("GATEWAY_BENCH_UVLOOP", "1") == "1":  # as `osmosis gateway` runs
             import uvloop
 
-            uvloop.run(serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1])))
+            uvloop.run(serve)
         else:
-            asyncio.run(serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1])))
+            asyncio.run(serve)
         return
 
     if args.instructions:
@@ -222,10 +316,13 @@ def main() -> None:
     total_ids = args.rollouts * args.repeat + memory_rollouts
     with StubPolicyProcess(latency=args.latency, flavor="vllm") as stub:
         child, gateway_url, tokens = start_gateway(stub.url, total_ids)
-        direct_url = stub.url + "/chat/completions"
+        relay, ready = start_child(["--serve-relay", stub.url])
+        direct_url, relay_url = stub.url + "/chat/completions", ready["url"] + "/chat/completions"
         direct: list[float] = []
         through: list[float] = []
+        relayed: list[float] = []
         cpu: list[float] = []
+        relay_cpu: list[float] = []
         others: list[tuple[float, float]] = []  # (stand-in, driver) CPU seconds of each phase through the gateway
         assert stub.pid is not None
         next_id = 0
@@ -238,14 +335,16 @@ def main() -> None:
             through.append(asyncio.run(phase(urls, args.concurrency, args.stream)))
             cpu.append(cpu_seconds(child.pid) - before)
             others.append((cpu_seconds(stub.pid) - stub_before, time.process_time() - driver_before))
+            before = cpu_seconds(relay.pid)
+            relayed.append(asyncio.run(phase([(relay_url, None)] * args.rollouts, args.concurrency, args.stream)))
+            relay_cpu.append(cpu_seconds(relay.pid) - before)
+        stop_child(relay)
         rss_before = rss_mb(child.pid)
         ids = [f"r{i}" for i in range(next_id, next_id + memory_rollouts)]
         urls = [(f"{gateway_url}/rollouts/{i}/chat/completions", tokens[i]) for i in ids]
         asyncio.run(phase(urls, max(args.concurrency, 500), args.stream))
         rss_after = rss_mb(child.pid)
-        child.stdin.close()
-        done = json.loads(child.stdout.readline())
-        child.wait(timeout=30)
+        done = stop_child(child)
 
     calls = 2 * args.rollouts
     ideal = calls * args.latency / args.concurrency
@@ -266,6 +365,13 @@ def main() -> None:
     print(f"  CPU per call in that phase: stand-in {stub_cpu / calls * 1000:.3f} ms, "
           f"driver {driver_cpu / calls * 1000:.3f} ms (each its own process); "
           f"cores busy with the three: {busy:.2f} of {os.cpu_count()}")  # fmt: skip
+    best_relayed = min(relayed)
+    hop = [round(d / r, 3) for d, r in zip(direct, relayed, strict=True)]
+    print(f"  the hop's floor, through a byte relay (plain asyncio on the same loop, no HTTP read): "
+          f"{best_relayed:.2f} s, {best_direct / best_relayed:.3f} of without (each repeat's {hop}); "
+          f"its CPU per call {min(relay_cpu) / calls * 1000:.3f} ms")  # fmt: skip
+    print(f"  throughput with the gateway / through the relay: {best_relayed / best_through:.3f} "
+          f"(each repeat's {[round(r / t, 3) for r, t in zip(relayed, through, strict=True)]})")  # fmt: skip
     grown = rss_after - rss_before
     print(f"  gateway RSS for {args.memory_calls} captured calls: {grown:.1f} MB "
           f"({grown * 1024 / args.memory_calls:.2f} KB a call; "
