@@ -70,7 +70,8 @@ POLICY_VERSION_FIELD: Final = "osmosis_policy_version"
 """The same as a request field (taken out before the request goes upstream)."""
 
 _ROLLOUT_ROUTE: Final = re.compile(r"^/v1/rollouts/([^/]+)(/.*)?$")
-_CHAT_TAILS: Final = ("/chat/completions", "/v1/chat/completions")
+_CHAT_PATHS: Final = ("/v1/chat/completions", "/chat/completions")
+"""The model call's paths: after ``/v1/rollouts/{id}``, or alone with the rollout id header."""
 _MAX_BODY: Final = 64 * 1024 * 1024
 _ROLLOUT_ID_KEY: Final = ROLLOUT_ID_HEADER.lower()
 _POLICY_VERSION_KEY: Final = POLICY_VERSION_HEADER.lower()
@@ -327,9 +328,10 @@ class PolicyGateway:
     # -- routes ------------------------------------------------------------------------------------
 
     async def _handle(self, request: Request) -> Response | StreamResponse:
-        if request.context is not None:  # a model call _precheck let through
+        if request.context is not None:  # a model call, authorized by _precheck from its head
             rollout_id, slot = request.context
             return await self._chat(request, rollout_id, slot)
+        # (a model call _precheck refused was answered from its head: what is left is routed here)
         path = request.path
         method = request.method
         if path == "/health":
@@ -337,21 +339,16 @@ class PolicyGateway:
         match = _ROLLOUT_ROUTE.match(path)
         if match is not None:
             rollout_id, tail = unquote(match.group(1)), match.group(2) or ""
-            if tail in _CHAT_TAILS and method == "POST":
-                return await self._chat(request, rollout_id, None)
             if tail in ("/models", "/v1/models") and method == "GET":
                 return self._models(request, rollout_id)
             if tail == "/trace" and method == "GET":
                 return self._admin(request) or self._trace(rollout_id, pop=False)
             if tail == "" and method == "DELETE":
                 return self._admin(request) or self._trace(rollout_id, pop=True)
-        elif path in ("/v1/chat/completions", "/chat/completions") and method == "POST":
-            rollout_id = request.headers.get(_ROLLOUT_ID_KEY, "")
-            if not rollout_id:
-                return _error(
-                    400, f"no rollout: use /v1/rollouts/{{id}}/chat/completions or the {ROLLOUT_ID_HEADER} header"
-                )
-            return await self._chat(request, rollout_id, None)
+        elif path in _CHAT_PATHS and method == "POST":  # (with the rollout id header it was a model call)
+            return _error(
+                400, f"no rollout: use /v1/rollouts/{{id}}/chat/completions or the {ROLLOUT_ID_HEADER} header"
+            )
         elif path == "/v1/rollouts" and method == "POST":
             return self._admin(request) or await self._open(request)
         elif path == "/v1/policy_version" and method == "PUT":
@@ -365,10 +362,10 @@ class PolicyGateway:
             return None
         match = _ROLLOUT_ROUTE.match(path)
         if match is not None:
-            if (match.group(2) or "") not in _CHAT_TAILS:
+            if (match.group(2) or "") not in _CHAT_PATHS:
                 return None
             rollout_id = unquote(match.group(1))
-        elif path in ("/v1/chat/completions", "/chat/completions"):
+        elif path in _CHAT_PATHS:
             rollout_id = headers.get(_ROLLOUT_ID_KEY, "")
             if not rollout_id:
                 return None  # (_handle answers 400)
@@ -446,13 +443,14 @@ class PolicyGateway:
 
     # -- the model call ----------------------------------------------------------------------------
 
-    async def _chat(self, request: Request, rollout_id: str, slot: _Slot | None) -> Response | StreamResponse:
-        """A model call of ``rollout_id`` (``slot``: authorized by :meth:`_precheck` from the head)."""
-        if slot is None or self._slots.get(rollout_id) is not slot:  # (not checked, or closed since)
-            slot, refused = self._authorize(request.headers, rollout_id)
+    async def _chat(self, request: Request, rollout_id: str, slot: _Slot) -> Response | StreamResponse:
+        """A model call of ``rollout_id``, whose ``slot`` :meth:`_precheck` found from the head."""
+        if self._slots.get(rollout_id) is not slot:  # the rollout closed while the body came: ask again
+            found, refused = self._authorize(request.headers, rollout_id)
             if refused is not None:
                 return refused
-            assert slot is not None
+            assert found is not None
+            slot = found
         trace = slot.trace
         started = time.perf_counter()
         call = TraceCall(call_id=f"{rollout_id}#{slot.next_index}", index=slot.next_index, started_at=time.time())

@@ -149,6 +149,33 @@ def test_refusals_missing_bearer_forged_rollout_and_another_rollouts_token():
     assert other.calls == []
 
 
+def test_the_plain_route_takes_its_rollout_from_the_header():
+    async def main():
+        async with stack() as (server, gateway):
+            mine = gateway.open_rollout("mine")
+            gateway.open_rollout("other")
+            plain = f"{gateway.url}/chat/completions"
+            results = {
+                "header": await post(plain, ask(), token=mine.api_key, headers={"X-Osmosis-Rollout-Id": "mine"}),
+                "no header": await post(plain, ask(), token=mine.api_key),
+                "another's rollout": await post(
+                    plain, ask(), token=mine.api_key, headers={"X-Osmosis-Rollout-Id": "other"}
+                ),
+            }
+            return results, len(server.requests), gateway.pop_trace("mine"), gateway.pop_trace("other")
+
+    results, upstream_calls, mine, other = run(main)
+    assert {name: status for name, (status, _) in results.items()} == {
+        "header": 200,
+        "no header": 400,
+        "another's rollout": 403,
+    }
+    assert b"X-Osmosis-Rollout-Id" in results["no header"][1]
+    assert upstream_calls == 1
+    assert [c.status for c in mine.calls] == ["ok"]
+    assert other.calls == []
+
+
 def test_open_and_pop_over_http_then_the_rollout_is_closed():
     async def main():
         import aiohttp
