@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+from contextlib import asynccontextmanager
 
 import pytest
 import uvloop
@@ -138,15 +139,10 @@ def test_a_call_the_upstream_had_a_while_before_dropping_it_is_not_sent_twice(lo
         return True
 
     async def main():
-        server, port, connections = await serve_script(script)
-        client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {})
-        try:
+        async with scripted_client(script) as (client, connections):
             await client.post("r", b"{}")
             with pytest.raises(ConnectionError):
                 await client.post("r", b"{}")
-        finally:
-            client.close()
-            server.close()
         return script.n, len(connections)
 
     assert loop_run(main()) == (2, 1)  # the second call went once
@@ -189,9 +185,11 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def serve_script(script):
+@asynccontextmanager
+async def scripted_client(script, **options):
     """A server that reads each request and runs ``await script(n, writer)`` (n counts requests;
-    a false result closes the connection); returns (server, port, connections made)."""
+    a false result closes the connection), and a client of it; yields (client, connections made)
+    and closes both."""
     connections: list[int] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -209,7 +207,12 @@ async def serve_script(script):
 
     script.n = 0
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1], connections
+    client = UpstreamClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", {}, **options)
+    try:
+        yield client, connections
+    finally:
+        client.close()
+        server.close()
 
 
 async def take_all(answer, got: list[bytes]) -> None:
@@ -238,9 +241,7 @@ def test_a_stream_comes_in_pieces_in_order_and_its_connection_is_kept_after_a_cl
         return True
 
     async def main():
-        server, port, connections = await serve_script(script)
-        client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {})
-        try:
+        async with scripted_client(script) as (client, connections):
             answer = await client.stream("r", b"{}")
             try:
                 head = (answer.status, answer.content_type)
@@ -248,9 +249,6 @@ def test_a_stream_comes_in_pieces_in_order_and_its_connection_is_kept_after_a_cl
             finally:
                 answer.close()
             after = await client.post("r", b"{}")
-        finally:
-            client.close()
-            server.close()
         return head, pieces, after, len(connections)
 
     head, pieces, after, connections = loop_run(main())
@@ -273,10 +271,8 @@ def test_a_stream_cut_mid_answer_raises_and_an_abandoned_one_is_not_reused(loop_
         return True
 
     async def main():
-        server, port, connections = await serve_script(script)
-        client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {})
         got: list[bytes] = []
-        try:
+        async with scripted_client(script) as (client, connections):
             answer = await client.stream("r", b"{}")
             try:
                 with pytest.raises(ConnectionError, match="mid-answer"):
@@ -289,9 +285,6 @@ def test_a_stream_cut_mid_answer_raises_and_an_abandoned_one_is_not_reused(loop_
             finally:
                 abandoned.close()
             after = await client.post("r", b"{}")
-        finally:
-            client.close()
-            server.close()
         return got, first, after, len(connections)
 
     got, first, after, connections = loop_run(main())
@@ -314,9 +307,7 @@ def test_a_slow_consumer_pauses_the_reading_and_gets_the_whole_stream(loop_run):
         return True
 
     async def main():
-        server, port, connections = await serve_script(script)
-        client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {})
-        try:
+        async with scripted_client(script) as (client, connections):
             answer = await client.stream("r", b"{}")
             try:
                 await asyncio.sleep(0.3)  # the consumer falls behind
@@ -326,9 +317,6 @@ def test_a_slow_consumer_pauses_the_reading_and_gets_the_whole_stream(loop_run):
                 answer.close()
             again = await client.stream("r", b"{}")
             again_body = await again.read()
-        finally:
-            client.close()
-            server.close()
         return waiting, paused, body, again_body, len(connections)
 
     waiting, paused, body, again_body, connections = loop_run(main())
@@ -356,9 +344,7 @@ def test_a_streamed_call_answered_otherwise_is_read_whole_within_the_limit():
         return True
 
     async def main():
-        server, port, _ = await serve_script(script)
-        client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {}, max_bytes=1000)
-        try:
+        async with scripted_client(script, max_bytes=1000) as (client, _):
             refused = await client.stream("r", b"{}")
             got = (refused.status, refused.content_type, await refused.read())
             large = await client.stream("r", b"{}")
@@ -369,9 +355,6 @@ def test_a_streamed_call_answered_otherwise_is_read_whole_within_the_limit():
                 inflated = b"".join([piece async for piece in zipped])  # (a stream has no size limit)
             finally:
                 zipped.close()
-        finally:
-            client.close()
-            server.close()
         return got, inflated
 
     got, inflated = asyncio.run(main())
@@ -388,19 +371,14 @@ def test_a_stream_times_out_between_pieces_not_over_the_whole_answer(monkeypatch
         return False
 
     async def main():
-        server, port, _ = await serve_script(script)
-        client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {})
         got: list[bytes] = []
-        try:
+        async with scripted_client(script) as (client, _):
             answer = await client.stream("r", b"{}")
             try:
                 with pytest.raises(TimeoutError):
                     await take_all(answer, got)
             finally:
                 answer.close()
-        finally:
-            client.close()
-            server.close()
         return got
 
     assert b"".join(asyncio.run(main())) == b"".join(EVENTS)
@@ -414,16 +392,11 @@ def test_a_stream_on_a_kept_alive_connection_closed_before_answering_is_retried_
         return True
 
     async def main():
-        server, port, connections = await serve_script(script)
-        client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {})
-        try:
+        async with scripted_client(script) as (client, connections):
             bodies = []
             for _ in range(2):
                 answer = await client.stream("r", b"{}")
                 bodies.append(await answer.read())
-        finally:
-            client.close()
-            server.close()
         return bodies, script.n, len(connections)
 
     bodies, requests, connections = asyncio.run(main())
