@@ -97,8 +97,7 @@ async def serve_gateway(upstream: str, ids: int) -> None:
     from osmosis_core.plugin import aclose_http
     from osmosis_gateway import PolicyGateway
 
-    lean = os.environ.get("GATEWAY_BENCH_CLIENT") != "aiohttp"  # aiohttp: as https and proxies go
-    gateway = PolicyGateway(PolicyEndpoint(upstream, "osmosis-stub"), adapter="vllm", lean_client=lean)
+    gateway = PolicyGateway(PolicyEndpoint(upstream, "osmosis-stub"), adapter="vllm")
     await gateway.start()
     tokens = {f"r{i}": gateway.open_rollout(f"r{i}").api_key for i in range(ids)}
     gc.freeze()

@@ -69,12 +69,12 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 FaultKind = Literal[
-    "status", "drop", "drop_mid_stream", "truncate", "html", "bad_json", "wrong_shape", "oversize", "delay"
+    "status", "drop", "drop_mid_stream", "truncate", "html", "bad_json", "wrong_shape", "oversize", "delay", "linger"
 ]
 """The kinds of failure :class:`Fault` can inject."""
 
 _FAULT_KINDS: Final = (
-    "status", "drop", "drop_mid_stream", "truncate", "html", "bad_json", "wrong_shape", "oversize", "delay"
+    "status", "drop", "drop_mid_stream", "truncate", "html", "bad_json", "wrong_shape", "oversize", "delay", "linger"
 )  # fmt: skip
 _BAD_JSON: Final = (
     b'{"id":"chatcmpl-bad","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"x"}'
@@ -172,6 +172,9 @@ class Fault:
     * ``"oversize"``: a completion whose content is ``size`` bytes, sent chunked (no length
       announced), written a megabyte at a time without the server holding it.
     * ``"delay"``: wait ``delay`` extra seconds, then answer normally.
+    * ``"linger"``: answer normally, whole, then hold the connection ``delay`` seconds before ending
+      the answer, as a busy server or a proxy does: a stream's ``[DONE]`` comes, its last chunk
+      ``delay`` later; a whole answer is sent chunked, its last chunk ``delay`` later.
     """
 
     kind: FaultKind = attrs.field(validator=attrs.validators.in_(_FAULT_KINDS))
@@ -599,6 +602,10 @@ class ScriptedPolicyServer:
             await response.prepare(request)
             if kind is None:
                 await response.write(b"".join(events))
+            elif kind == "linger":
+                assert fault is not None
+                await response.write(b"".join(events))
+                await asyncio.sleep(fault.delay)
             elif kind in ("drop_mid_stream", "truncate"):
                 await response.write(b"".join(events[:2]))  # the role chunk and the first content or tool chunk
                 if kind == "drop_mid_stream":
@@ -621,6 +628,16 @@ class ScriptedPolicyServer:
         data = _dumps(document)
         if kind == "truncate":
             return web.Response(status=200, body=data[: len(data) // 2], content_type="application/json")
+        if kind == "linger":
+            assert fault is not None
+            response = web.StreamResponse(status=200)
+            response.content_type = "application/json"
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write(data)
+            await asyncio.sleep(fault.delay)
+            await response.write_eof()
+            return response
         if kind == "drop_mid_stream":
             response = web.StreamResponse(status=200)
             response.content_type = "application/json"

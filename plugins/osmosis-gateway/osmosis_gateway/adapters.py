@@ -125,10 +125,12 @@ class CallCapture:
         "gen_ids",
         "logprob_tokens",
         "logprobs",
+        "malformed",
         "problem",
         "prompt_ids",
         "reasoning",
         "role",
+        "sent_error",
         "strip_ids",
         "strip_logprobs",
         "tool_calls",
@@ -147,6 +149,11 @@ class CallCapture:
         """The logprob entries' tokens when they may be ``"token_id:N"`` strings (None once one is
         missing); read as ids by :attr:`logprob_ids`."""
         self.problem: str | None = None
+        self.malformed: str | None = None
+        """Why the answer is not a chat completion (not an object, no choices, an event that is no
+        JSON), when it is not: the call is then ``unreadable`` (or ``upstream_error``: :attr:`sent_error`)."""
+        self.sent_error = False
+        """Whether the upstream sent an error in place of the answer, with status 200 (in a stream)."""
         self.role = "assistant"
         self.content: list[str] = []
         self.reasoning: list[str] = []
@@ -194,8 +201,8 @@ class CallCapture:
                     del top[key]
                     changed = True
         if choices is None:
-            if not chunk:
-                self.fail("the answer has no choices")
+            error = top.get("error")
+            self._no_choices(chunk, None if error is None else _ANY.decode(error), "usage" in top)
         else:
             if len(choices) > 1:
                 self.fail(f"the answer has {len(choices)} choices; a trace holds one (n=1)")
@@ -250,7 +257,7 @@ class CallCapture:
         """Read one answer document (a whole completion, or one stream chunk) and take out what the
         gateway added; returns whether ``doc`` was changed."""
         if not isinstance(doc, dict):
-            self.fail("the answer is not a JSON object")
+            self.bad_answer("the answer is not a JSON object")
             return False
         changed = False
         usage = doc.get("usage")
@@ -266,8 +273,7 @@ class CallCapture:
                     changed = True
         choices = doc.get("choices")
         if not isinstance(choices, list):
-            if not chunk:
-                self.fail("the answer has no choices")
+            self._no_choices(chunk, doc.get("error"), "usage" in doc)
             return changed
         if len(choices) > 1:
             self.fail(f"the answer has {len(choices)} choices; a trace holds one (n=1)")
@@ -390,6 +396,25 @@ class CallCapture:
         """Record a capture failure (the first one is kept)."""
         if self.problem is None:
             self.problem = problem
+
+    def bad_answer(self, problem: str, *, sent_error: bool = False) -> None:
+        """Record that the answer is not a chat completion (the first reason is kept; ``sent_error``:
+        the upstream sent an error instead); the capture fails with it."""
+        if self.malformed is None:
+            self.malformed = problem
+            self.sent_error = sent_error
+        self.fail(problem)
+
+    def _no_choices(self, chunk: bool, error: Any, usage: bool) -> None:
+        """A document without choices: an answer that is none, or an error the upstream sent in its
+        stream (vLLM's when a generation fails mid-stream); a usage chunk has none, and is one."""
+        if error is not None:
+            detail = error.get("message", error) if isinstance(error, dict) else error
+            self.bad_answer(f"the upstream sent an error{' event' if chunk else ''}: {detail}", sent_error=True)
+        elif not chunk:
+            self.bad_answer("the answer has no choices")
+        elif not usage:
+            self.bad_answer("an event of the stream has no choices")
 
     # -- the result --------------------------------------------------------------------------------
 

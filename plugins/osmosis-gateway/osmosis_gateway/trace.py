@@ -39,11 +39,28 @@ __all__ = [
     "trainer_view",
 ]
 
-CallStatus = Literal["ok", "capture_failed", "upstream_error", "cut", "client_gone", "bad_request"]
-"""How one call went: ``ok`` (answered and captured), ``capture_failed`` (the rollout got its answer,
-the tokens were not captured), ``upstream_error`` (the upstream answered an error or was unreachable;
-the rollout got that error), ``cut`` (the upstream's stream broke off), ``client_gone`` (the rollout
-hung up), ``bad_request`` (the rollout sent something that is not a chat-completions request)."""
+CallStatus = Literal[
+    "ok",
+    "capture_failed",
+    "upstream_error",
+    "unreadable",
+    "no_answer",
+    "cut",
+    "client_gone",
+    "cancelled",
+    "bad_request",
+    "pending",
+]
+"""How one call went. ``ok``: answered, the answer whole (a stream's ``[DONE]`` came) and captured.
+Every other status makes the trace incomplete: ``capture_failed`` (the rollout got its answer, the
+tokens were not captured), ``upstream_error`` (the upstream answered an error, sent one in its
+stream, was unreachable, or its answer was too large; the rollout got that error), ``unreadable``
+(the upstream's answer is not a chat completion), ``no_answer`` (the upstream sent nothing within
+the gateway's read timeout), ``cut`` (the upstream's connection or stream broke off before the
+answer was whole), ``client_gone`` (the rollout hung up before the end), ``cancelled`` (the
+rollout's trace was taken, or the gateway stopped, while the call was in flight), ``bad_request``
+(the rollout sent something that is not a chat-completions request). ``pending``: still in flight,
+only in a trace read while its rollout runs (a trace taken out never holds one)."""
 
 Capture = Literal["tokens", "text"]
 """What the upstream adapter captures: token ids and logprobs, or the text only (plain OpenAI)."""
@@ -142,8 +159,9 @@ class RolloutTrace:
 
     @property
     def complete(self) -> bool:
-        """True when every call was answered and captured (as far as the adapter captures)."""
-        return self.incomplete_reason is None
+        """True when every call was answered whole and captured (as far as the adapter captures); a
+        call still in flight (``pending``) makes it false too."""
+        return self.incomplete_reason is None and all(call.status != "pending" for call in self.calls)
 
     def mark_incomplete(self, reason: str) -> None:
         """Record why the trace is incomplete (the first reason is kept)."""
@@ -154,6 +172,9 @@ class RolloutTrace:
         """The JSON form (a ``traces.jsonl`` line holds it, with the row and sample index)."""
         data: dict[str, Any] = _converter.unstructure(self)
         data["complete"] = self.complete
+        if data["incomplete_reason"] is None and not data["complete"]:
+            pending = next(call.index for call in self.calls if call.status == "pending")
+            data["incomplete_reason"] = f"call {pending} is still in flight"
         return data
 
 
@@ -247,11 +268,28 @@ class TrainerView:
     """Tokens the policy generated in the captured calls."""
     delivered_tokens: int
     """Generated tokens that are in some sequence with mask 1 (each counted once)."""
+    calls: int = 0
+    """The rollout's calls, captured or not."""
+    uncaptured_calls: int = 0
+    """Calls whose tokens are not here (failed, cut, cancelled, not captured): what they generated
+    is unknown, and no sequence holds it."""
+
+    @property
+    def captured_calls(self) -> int:
+        """Calls whose tokens are in the view."""
+        return self.calls - self.uncaptured_calls
 
     @property
     def delivered_fraction(self) -> float:
-        """Share of the generated tokens a trainer receives (1.0 when nothing was dropped)."""
-        return self.delivered_tokens / self.generated_tokens if self.generated_tokens else 1.0
+        """Share of the rollout a trainer receives: of the captured calls' generated tokens, those in
+        a sequence, times the share of the calls that were captured (a call not captured generated an
+        unknown number of tokens, none of which a trainer gets: each counts as one call's share).
+        1.0 only when every call was captured and no token was left out; 0.0 when no call was."""
+        if not self.calls:
+            return 1.0
+        captured = self.captured_calls / self.calls
+        tokens = self.delivered_tokens / self.generated_tokens if self.generated_tokens else 1.0
+        return tokens * captured
 
 
 def _is_prefix(prefix: array[int], sequence: array[int]) -> bool:
@@ -266,7 +304,8 @@ def trainer_view(trace: RolloutTrace, *, branches: Literal["all", "last"] = "all
     sequence (``branches="all"``; a call shared by several branches has mask 1 in the first only, so
     no token is trained twice), or only the branch of the last call (``"last"``: what a trainer that
     wants one sample per rollout takes; ``delivered_fraction`` then says what it left out). Calls
-    that were not captured are left out; the trace is then incomplete and says so.
+    that were not captured are left out; the trace is then incomplete and says so, and the view
+    counts them (``uncaptured_calls``, and ``delivered_fraction`` below 1.0).
 
     :raises ValueError: the trace holds text only (a plain-OpenAI upstream): there is nothing to train on.
     """
@@ -329,6 +368,8 @@ def trainer_view(trace: RolloutTrace, *, branches: Literal["all", "last"] = "all
         prefix_breaks=max(0, roots - 1),
         generated_tokens=generated_tokens,
         delivered_tokens=delivered,
+        calls=len(trace.calls),
+        uncaptured_calls=len(trace.calls) - len(calls),
     )
 
 

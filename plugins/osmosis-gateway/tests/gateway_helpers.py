@@ -51,14 +51,13 @@ async def stack(
     adapter: str = "vllm",
     api_key: str | None = UPSTREAM_KEY,
     script: Any = calculator,
-    lean_client: bool = True,
+    **options: Any,
 ) -> AsyncIterator[tuple[ScriptedPolicyServer, PolicyGateway]]:
-    """A scripted upstream (requiring ``api_key``) and a started gateway in front of it (``lean_client``:
-    False sends every call through aiohttp's client, the path of https and proxied upstreams)."""
+    """A scripted upstream (requiring ``api_key``) and a started gateway in front of it (``options``:
+    the gateway's)."""
     async with ScriptedPolicyServer(script, api_key=api_key, flavor=flavor) as server:  # type: ignore[arg-type]
         upstream = PolicyEndpoint(server.url, "osmosis-stub", api_key)
-        async with PolicyGateway(upstream, adapter=adapter, lean_client=lean_client) as gateway:  # type: ignore[arg-type]
-            assert (gateway._lean is not None) == lean_client  # the client the caller asked for
+        async with PolicyGateway(upstream, adapter=adapter, **options) as gateway:  # type: ignore[arg-type]
             yield server, gateway
 
 

@@ -1,0 +1,412 @@
+"""One model call through the gateway: the request a rollout sent, the call upstream, the answer the
+rollout gets, and the :class:`~osmosis_gateway.trace.TraceCall` that records it.
+
+A call is recorded once, when its outcome is known, and never as ``ok`` before its answer is
+whole: a whole answer once its body is read (``Content-Length`` or the last chunk), a stream once
+its ``[DONE]`` event came (what the upstream sends after it, or when it closes the connection,
+changes nothing). Until then its status is ``pending``; a call that ends any other way says how:
+
+* ``upstream_error``: the upstream answered an error status (passed on to the rollout, redacted),
+  could not be reached, or its answer was over ``max_response_bytes`` (502);
+* ``no_answer``: nothing came from the upstream for ``read_timeout_sec`` (504);
+* ``unreadable``: the upstream's answer (or one event of its stream) is not a chat completion;
+* ``cut``: the upstream's connection broke off, or its stream ended without ``[DONE]`` (the rollout
+  sees the same: its connection is dropped or its stream cut);
+* ``client_gone``: the rollout hung up before the end (the upstream call is cancelled: its
+  connection is closed, which vLLM and SGLang take as an abort);
+* ``cancelled``: the rollout's trace was taken, or the gateway stopped, while the call was in flight
+  (:meth:`PolicyGateway.pop_trace` and ``aclose`` record it, then cancel the call);
+* ``capture_failed``: the rollout got its answer, the tokens could not be captured;
+* ``bad_request``: what the rollout sent is not a chat-completions request (400).
+
+Whatever the gateway hands back from the upstream (an error body, an answer, a stream's events) has
+the upstream's key and header values taken out, with the core's rule (:func:`osmosis_core.plugin.redact`:
+the value, and any run of 8 of its characters, as a provider echoes a masked key).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from osmosis_core.plugin import ResponseTooLarge, clip, read_limited, redact, redact_data
+from osmosis_gateway.adapters import (
+    CallCapture,
+    completion_events,
+    json_bytes,
+    json_bytes_kept,
+    json_read,
+    prepare_request,
+)
+from osmosis_gateway.trace import CallStatus, RolloutTrace, TraceCall
+
+if TYPE_CHECKING:
+    from aiohttp import ClientResponse, web
+
+    from osmosis_gateway.gateway import Upstream
+
+__all__ = ["POLICY_VERSION_FIELD", "ModelCall", "error_response"]
+
+POLICY_VERSION_FIELD: Final = "osmosis_policy_version"
+"""A request field that tags a call with a policy version (taken out before the request goes upstream)."""
+_ERROR_CHARS: Final = 500
+_EVENT_STREAM: Final = "text/event-stream; charset=utf-8"
+_DONE: Final = b"data: [DONE]\n\n"
+_LIST_START: Final = ord("[")
+_REQUEST: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_READ_FIELDS: Final = (
+    "model",
+    "stream",
+    "stream_options",
+    "n",
+    "return_token_ids",
+    "logprobs",
+    "return_tokens_as_token_ids",
+    POLICY_VERSION_FIELD,
+)
+"""The request fields the gateway reads (the adapters' too); the rest (``messages``, ``tools``) stays JSON text."""
+
+
+def error_response(status: int, message: str, **headers: str) -> web.Response:
+    """An OpenAI-shaped error answer."""
+    from aiohttp import web
+
+    kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "server_error"
+    body = json_bytes({"error": {"message": message, "type": kind, "param": None, "code": status}})
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers or None)
+
+
+def read_request(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """A chat-completions request and whether json read it. msgspec reads its fields as JSON text
+    and decodes only :data:`_READ_FIELDS` (the messages go on, and into the trace, as the text they
+    are); json reads what msgspec refuses (NaN, Infinity), whole.
+
+    :raises ValueError: not JSON, not an object, or no ``messages`` array.
+    """
+    try:
+        body: dict[str, Any] = _REQUEST.decode(raw)
+    except msgspec.DecodeError:  # not an object of JSON fields, or JSON msgspec refuses: json decides
+        body, by_json = json.loads(raw), True
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            raise ValueError("expected a JSON object with a 'messages' array") from None
+        return body, by_json
+    messages = body.get("messages")
+    if messages is None or memoryview(messages)[0] != _LIST_START:
+        raise ValueError("expected a JSON object with a 'messages' array")
+    for key in _READ_FIELDS:
+        value = body.get(key)
+        if value is not None:
+            body[key] = json_read(value)
+    return body, False
+
+
+def _loads(raw: bytes) -> Any:
+    """A JSON document: msgspec reads what a server sends, json what msgspec refuses (NaN, Infinity).
+
+    :raises ValueError: not JSON.
+    """
+    try:
+        return json_read(raw)
+    except msgspec.DecodeError:
+        return json.loads(raw)
+
+
+def _detail(content: bytes) -> str:
+    """What an upstream error body says (its ``error.message`` when it is OpenAI-shaped)."""
+    try:
+        data = json.loads(content[:65536])
+    except ValueError:
+        return content[:2000].decode("utf-8", "replace").strip() or "(empty body)"
+    error = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)
+
+
+class ModelCall:
+    """One call of one rollout, from its request to its recorded outcome (see the module's docstring).
+
+    The gateway makes one per model call once the caller is authorized and the body is read;
+    :meth:`answer` gives the rollout's answer and records the call; :meth:`finish` records an
+    outcome decided from outside (the rollout hung up, its trace was taken).
+    """
+
+    __slots__ = ("capture", "include_usage", "record", "request", "rollout_open", "started", "trace", "upstream")
+
+    def __init__(self, upstream: Upstream, request: web.BaseRequest, trace: RolloutTrace, record: TraceCall) -> None:
+        self.upstream = upstream
+        self.request = request
+        self.trace = trace
+        self.record = record
+        self.started = time.perf_counter()
+        self.capture: CallCapture | None = None
+        self.include_usage = False
+        self.rollout_open = True
+        """False once the rollout's trace was taken (nothing may change the record then)."""
+
+    # -- the outcome -------------------------------------------------------------------------------
+
+    def finish(self, status: CallStatus, error: str | None, http_status: int | None, *, late: bool = False) -> None:
+        """Record how the call ended: once (a later outcome is ignored), except ``late``: the rollout
+        hung up on the answer's last write, which turns an ``ok`` into ``client_gone`` while its
+        trace is still in the gateway."""
+        record = self.record
+        if record.status != "pending" and not (late and self.rollout_open):
+            return
+        record.status = status
+        record.error = error
+        record.http_status = http_status
+        record.latency_sec = time.perf_counter() - self.started
+        if status != "ok":
+            self.trace.mark_incomplete(f"call {record.index} {status.replace('_', ' ')}: {error}")
+
+    def _complete(self, status: int) -> None:
+        """The answer is whole: what it carried, recorded."""
+        capture = self.capture
+        assert capture is not None
+        record = self.record
+        message = capture.message()
+        record.response = self._clean(message)
+        record.finish_reason = capture.finish_reason
+        record.usage = capture.usage
+        if capture.malformed is not None:
+            self.finish(
+                "upstream_error" if capture.sent_error else "unreadable", self._message(capture.malformed), status
+            )
+        elif not capture.token_level:
+            self.finish("ok" if capture.problem is None else "capture_failed", capture.problem, status)
+        elif (tokens := capture.tokens()) is None:
+            self.finish("capture_failed", capture.problem, status)
+        else:
+            record.prompt_token_ids, record.completion_token_ids, record.logprobs = tokens
+            self.finish("ok", None, status)
+
+    def _clean(self, message: dict[str, Any]) -> dict[str, Any]:
+        secrets = self.upstream.secrets
+        if not secrets:
+            return message
+        cleaned: dict[str, Any] = redact_data(message, secrets)
+        return cleaned
+
+    def _redact(self, data: bytes) -> bytes:
+        """``data`` without the upstream's secrets (the same object when it holds none)."""
+        secrets = self.upstream.secrets
+        if not secrets:
+            return data
+        text = data.decode("utf-8", "surrogateescape")
+        clean = redact(text, secrets)
+        return data if clean is text else clean.encode("utf-8", "surrogateescape")
+
+    def _message(self, text: str) -> str:
+        return clip(text, self.upstream.secrets, _ERROR_CHARS)
+
+    # -- the call ----------------------------------------------------------------------------------
+
+    async def answer(self, body: bytes) -> web.StreamResponse:
+        """Send the call upstream and give the rollout its answer, recording the call."""
+        from aiohttp import ClientConnectorError, ClientError
+
+        record = self.record
+        try:
+            request, by_json = read_request(body)
+        except ValueError as exc:
+            message = f"not a chat-completions request: {exc}"
+            self.finish("bad_request", message, 400)
+            return error_response(400, message)
+        version = request.pop(POLICY_VERSION_FIELD, None)
+        version = self.request.headers.get("X-Osmosis-Policy-Version") or version or record.policy_version
+        record.policy_version = None if version is None else str(version)
+        sent = {k: v for k, v in request.items() if k not in ("model", "stream")}
+        record.request = sent if by_json else json_bytes(sent)  # (JSON text, read when the trace is)
+        model = request.get("model")
+        record.model = model if isinstance(model, str) else None
+        record.stream = request.get("stream") is True
+        options = request.get("stream_options")
+        self.include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        self.capture = prepare_request(request, self.upstream.adapter)  # (may ask for a whole answer instead)
+        upstream_streams = request.get("stream") is True
+        data = json_bytes_kept(request) if by_json else json_bytes(request)
+        try:
+            answer = await self._send(data)
+            try:
+                status = answer.status
+                kind = answer.headers.get("Content-Type", "")
+                if upstream_streams and status == 200 and kind.startswith("text/event-stream"):
+                    return await self._relay(answer)
+                content = await read_limited(answer, self.upstream.max_response_bytes)
+            finally:
+                answer.release()  # (closes the connection when the answer was not read to its end)
+        except ClientConnectorError as exc:
+            message = self._message(f"the gateway cannot reach the upstream: {exc}")
+            self.finish("upstream_error", message, 502)
+            return error_response(502, message)
+        except ResponseTooLarge as exc:
+            message = f"the upstream's answer is too large: {exc}"
+            self.finish("upstream_error", message, 502)
+            return error_response(502, message)
+        except TimeoutError:
+            message = f"the upstream sent nothing for {self.upstream.read_timeout_sec:g} s"
+            self.finish("no_answer", message, 504)
+            return error_response(504, message)
+        except (ClientError, OSError) as exc:  # the upstream dropped the call: so does the gateway
+            self.finish("cut", self._message(f"the upstream dropped the call: {type(exc).__name__}: {exc}"), None)
+            return _drop(self.request)
+        if record.stream and not upstream_streams and status == 200:
+            return await self._stream_whole(content)
+        return self._whole(status, kind, content)
+
+    async def _send(self, data: bytes) -> ClientResponse:
+        """The upstream's answer, its head read. A call is sent once: a connection that closes before
+        the answer fails it (``cut``), as aiohttp never sends a POST twice; the pool closes a
+        connection idle for 4 s, before uvicorn (vLLM, SGLang) does after 5 s, so a call does not go
+        out on a connection the upstream is closing."""
+        upstream = self.upstream
+        headers = {**upstream.headers, "X-Osmosis-Rollout-Id": self.trace.rollout_id}
+        return await upstream.session().post(upstream.url, data=data, headers=headers, **upstream.options)
+
+    def _whole(self, status: int, kind: str, content: bytes) -> web.Response:
+        """A whole answer: recorded, then handed to the rollout."""
+        from aiohttp import web
+
+        content_type = kind.split(";", 1)[0].strip() or "application/octet-stream"
+        if status >= 400:
+            self.finish("upstream_error", self._message(f"the upstream answered {status}: {_detail(content)}"), status)
+            return web.Response(status=status, body=self._redact(content), content_type=content_type)
+        capture = self.capture
+        assert capture is not None
+        try:
+            stripped = capture.feed_bytes(content, chunk=False)
+        except ValueError:
+            problem = f"the upstream's answer ({content_type}, {len(content)} bytes) is not valid JSON"
+            self.finish("unreadable", problem, status)
+            return web.Response(status=status, body=self._redact(content), content_type=content_type)
+        self._complete(status)
+        body = content if stripped is None else stripped
+        return web.Response(status=status, body=self._redact(body), content_type=content_type)
+
+    async def _stream_whole(self, content: bytes) -> web.StreamResponse:
+        """A whole answer streamed to a rollout that asked for a stream (an upstream that gives no ids
+        in one was asked for the whole answer)."""
+        from aiohttp import web
+
+        capture = self.capture
+        assert capture is not None
+        try:
+            doc = _loads(content)
+            if not isinstance(doc, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            self.finish("unreadable", f"the upstream's answer ({len(content)} bytes) is not a JSON completion", 200)
+            return web.Response(status=200, body=self._redact(content), content_type="application/json")
+        capture.feed(doc, chunk=False)
+        events = completion_events(doc, include_usage=self.include_usage)
+        body = b"".join(b"data: " + json_bytes(event) + b"\n\n" for event in events) + _DONE
+        self._complete(200)
+        response = web.StreamResponse(status=200, headers=_stream_headers())
+        try:
+            await response.prepare(self.request)
+            await response.write(self._redact(body))
+        except (ConnectionError, RuntimeError):
+            self.finish("client_gone", "the rollout hung up before the answer", 200, late=True)
+            return response
+        return await _end(response)
+
+    async def _relay(self, answer: ClientResponse) -> web.StreamResponse:
+        """Pass an event stream through as it comes, each event read and stripped; recorded at its
+        ``[DONE]`` (what follows it is not waited for), bounded like a whole answer."""
+        from aiohttp import ClientError, web
+
+        response = web.StreamResponse(status=200, headers=_stream_headers())
+        try:
+            await response.prepare(self.request)
+        except (ConnectionError, RuntimeError):
+            self.finish("client_gone", "the rollout hung up before the answer", 200)
+            return response
+        limit = self.upstream.max_response_bytes
+        pending = b""
+        size = 0
+        try:
+            async for data in answer.content.iter_any():
+                size += len(data)
+                if size > limit:
+                    self.finish("upstream_error", f"the upstream's stream is over the {limit}-byte limit", 200)
+                    return _cut(self.request, response)
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                done = self._events(lines)
+                if done is not None:  # the answer is whole: recorded now, then its end written
+                    self._complete(200)
+                    try:
+                        await response.write(self._redact(b"\n".join([*lines[:done], b""]) + _DONE))
+                    except (ConnectionError, RuntimeError):
+                        self.finish("client_gone", "the rollout hung up before the stream's end", 200, late=True)
+                        return response
+                    return await _end(response)
+                if lines:
+                    try:
+                        await response.write(self._redact(b"\n".join(lines) + b"\n"))
+                    except (ConnectionError, RuntimeError):
+                        self.finish("client_gone", "the rollout hung up mid-stream", 200)
+                        return response
+        except TimeoutError:
+            message = f"the upstream's stream stalled for {self.upstream.read_timeout_sec:g} s"
+            self.finish("cut", message, 200)
+            return _cut(self.request, response)
+        except (ClientError, OSError) as exc:
+            self.finish("cut", self._message(f"the upstream's stream broke off: {type(exc).__name__}: {exc}"), 200)
+            return _cut(self.request, response)
+        self.finish("cut", "the upstream's stream ended without [DONE]", 200)
+        try:
+            if pending:
+                await response.write(self._redact(pending))
+        except (ConnectionError, RuntimeError):
+            return response
+        return await _end(response)
+
+    def _events(self, lines: list[bytes]) -> int | None:
+        """Read the events of whole ``lines`` into the capture, each rewritten in place when the
+        gateway took something out of it; the index of the ``[DONE]`` line, if one came."""
+        capture = self.capture
+        assert capture is not None
+        for i, line in enumerate(lines):
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return i
+                if payload:
+                    try:
+                        stripped = capture.feed_bytes(payload, chunk=True)
+                    except ValueError:
+                        capture.bad_answer("an event of the stream is not valid JSON")
+                    else:
+                        if stripped is not None:
+                            lines[i] = b"data: " + stripped
+        return None
+
+
+def _stream_headers() -> dict[str, str]:
+    return {"Content-Type": _EVENT_STREAM, "Cache-Control": "no-cache"}
+
+
+async def _end(response: web.StreamResponse) -> web.StreamResponse:
+    """End an answer whose last bytes were written (a rollout that hangs up now had it all)."""
+    try:
+        await response.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass
+    return response
+
+
+def _drop(request: web.BaseRequest) -> web.Response:
+    from osmosis_core.plugin import drop_connection
+
+    return drop_connection(request)
+
+
+def _cut(request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
+    from osmosis_core.plugin import cut_response
+
+    return cut_response(request, response)

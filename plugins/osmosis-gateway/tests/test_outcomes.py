@@ -1,0 +1,180 @@
+"""How each call ends, and what the trace says of it: a call is recorded when its answer is whole
+(``[DONE]`` or the whole body), never ``ok`` before, and a call that did not complete says why."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from gateway_helpers import MULTIPLY_TOOL, QUESTION, run, stack
+
+from osmosis_core import PolicyEndpoint
+from osmosis_core.testing import Fault
+from osmosis_gateway import PolicyGateway, trainer_view
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def ask(**extra):
+    return {"model": "osmosis-stub", "messages": QUESTION, "tools": [MULTIPLY_TOOL], **extra}
+
+
+async def read_to_done(url: str, token: str, *, hang_up: bool) -> bytes:
+    """A raw streaming client: reads the events until ``[DONE]``, then returns (closing its connection
+    at once with ``hang_up``, else leaving it to the pool), as a rollout that is done with its answer."""
+    connector = aiohttp.TCPConnector(force_close=hang_up)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        headers = {"Authorization": f"Bearer {token}"}
+        response = await session.post(url, json=ask(stream=True), headers=headers)
+        got = b""
+        async for line in response.content:
+            got += line
+            if line.strip() == b"data: [DONE]":
+                break
+        if hang_up:
+            response.close()  # the connection goes, mid-answer as far as HTTP knows
+        else:
+            response.release()
+        return got
+
+
+@pytest.mark.parametrize("hang_up", [False, True], ids=["done", "hang-up-after-done"])
+def test_a_stream_is_recorded_at_its_done_not_when_the_upstream_closes(hang_up):
+    async def main():
+        async with stack() as (server, gateway):
+            server.latency = 0.0
+            results = []
+            for n in range(6):
+                policy = gateway.open_rollout(f"r{n}")
+                server.inject(Fault("linger", delay=0.3), rollout_id=f"r{n}")  # [DONE], then 0.3 s to the end
+                got = await read_to_done(policy.chat_completions_url, policy.api_key, hang_up=hang_up)
+                assert got.rstrip().endswith(b"data: [DONE]")
+                results.append(gateway.pop_trace(f"r{n}"))  # the rollout is over as soon as it has its answer
+            return results
+
+    for trace in run(main):
+        (call,) = trace.calls
+        assert call.status == "ok", call.error
+        assert trace.complete
+        assert call.completion_token_ids  # the tokens, not an empty "ok"
+        assert len(call.logprobs) == len(call.completion_token_ids)
+        assert call.finish_reason == "tool_calls"
+        view = trainer_view(trace)
+        assert view.delivered_fraction == 1.0
+        assert view.uncaptured_calls == 0
+
+
+def test_a_whole_answer_whose_last_chunk_lingers_is_recorded_when_read():
+    async def main():
+        async with stack() as (server, gateway):
+            policy = gateway.open_rollout("r")
+            server.inject(Fault("linger", delay=0.3), rollout_id="r")
+            async with aiohttp.ClientSession() as session:
+                headers = {"Authorization": f"Bearer {policy.api_key}"}
+                async with session.post(policy.chat_completions_url, json=ask(), headers=headers) as response:
+                    answer = await response.json()
+            return answer, gateway.pop_trace("r")
+
+    answer, trace = run(main)
+    assert answer["choices"][0]["finish_reason"] == "tool_calls"
+    assert trace.complete
+    assert trace.calls[0].completion_token_ids
+
+
+async def upstream_that_never_answers(events: list[str]) -> tuple[asyncio.Server, str]:
+    """An upstream that reads a call and never answers it; ``events`` gets "call" and "closed" as the
+    gateway's connection comes and goes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+        await reader.readexactly(length)
+        events.append("call")
+        await reader.read()  # until the gateway closes the connection
+        events.append("closed")
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+
+async def until(condition, timeout: float = 5.0) -> None:
+    """Wait (polling) until ``condition()`` holds."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 - what is watched has no event to wait on
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("ending", ["rollout hangs up", "trace taken", "delete over http", "gateway stops"])
+def test_a_call_in_flight_that_the_rollout_abandons_is_cancelled_upstream_and_recorded(ending):
+    async def main():
+        events: list[str] = []
+        upstream, url = await upstream_that_never_answers(events)
+        gateway = await PolicyGateway(PolicyEndpoint(url, "m")).start()
+        try:
+            policy = gateway.open_rollout("r")
+            session = aiohttp.ClientSession()
+            headers = {"Authorization": f"Bearer {policy.api_key}"}
+            call = asyncio.ensure_future(session.post(policy.chat_completions_url, json=ask(), headers=headers))
+            await until(lambda: events == ["call"])
+            assert gateway.trace("r").calls[0].status == "pending"
+            assert not gateway.trace("r").complete
+            trace = None
+            if ending == "rollout hangs up":
+                call.cancel()
+                await session.close()
+                await until(lambda: events == ["call", "closed"])  # the upstream call is cancelled
+                trace = gateway.pop_trace("r")
+            elif ending == "trace taken":
+                trace = gateway.pop_trace("r")
+                await until(lambda: events == ["call", "closed"])
+            elif ending == "delete over http":
+                auth = {"Authorization": f"Bearer {gateway.bearer}"}
+                async with session.delete(f"{gateway.url}/rollouts/r", headers=auth) as response:
+                    assert response.status == 200
+                    trace = await response.json()
+                await until(lambda: events == ["call", "closed"])
+            else:
+                trace = gateway.trace("r")
+                await gateway.aclose()
+                await until(lambda: events == ["call", "closed"])
+            with pytest.raises((aiohttp.ClientError, asyncio.CancelledError)):
+                await call  # the rollout's own call got no answer
+            await session.close()
+            return trace
+        finally:
+            await gateway.aclose()
+            upstream.close()
+
+    trace = run(main)
+    data = trace if isinstance(trace, dict) else trace.to_json()
+    (call,) = data["calls"]
+    expected = "client_gone" if ending == "rollout hangs up" else "cancelled"
+    assert call["status"] == expected
+    assert data["complete"] is False
+    assert data["incomplete_reason"].startswith(f"call 0 {expected.replace('_', ' ')}")
+    assert call["completion_token_ids"] is None
+
+
+def test_a_trace_read_while_a_call_is_in_flight_says_so():
+    async def main():
+        async with stack() as (server, gateway):
+            policy = gateway.open_rollout("r")
+            server.inject(Fault("delay", delay=0.5), rollout_id="r")
+            async with aiohttp.ClientSession() as session:
+                headers = {"Authorization": f"Bearer {policy.api_key}"}
+                call = asyncio.ensure_future(session.post(policy.chat_completions_url, json=ask(), headers=headers))
+                await until(lambda: bool(gateway.trace("r").calls))
+                during = gateway.trace("r").to_json()
+                async with await call as response:
+                    assert response.status == 200
+            return during, gateway.pop_trace("r")
+
+    during, after = run(main)
+    assert during["complete"] is False
+    assert during["incomplete_reason"] == "call 0 is still in flight"
+    assert during["calls"][0]["status"] == "pending"
+    assert after.complete
+    assert json.dumps(after.to_json())  # (the trace taken out holds no pending call)
