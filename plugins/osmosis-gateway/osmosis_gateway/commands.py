@@ -120,7 +120,9 @@ def export(run_dir: Path, fmt: str, output: Path | None) -> None:
     """Export a run's traces (traces.jsonl, from osmosis run --traces) to another format.
 
     atif: Harbor's Agent Trajectory Interchange Format v1.7, one <rollout_id>.json per rollout
-    (one step per model call, token ids and logprobs in each step's metrics).
+    (one step per model call, token ids and logprobs in each step's metrics). An incomplete
+    rollout's file is valid ATIF too: a failed call's step holds its status and error, and no
+    token ids it did not capture.
     """
     from osmosis_gateway.atif import trace_to_atif
     from osmosis_gateway.trace import read_traces
@@ -135,7 +137,7 @@ def export(run_dir: Path, fmt: str, output: Path | None) -> None:
     results = _rewards(run_dir / "results.jsonl")
     out = output or run_dir / "atif"
     out.mkdir(parents=True, exist_ok=True)
-    written = skipped = 0
+    written = incomplete = skipped = 0
     for (row, sample), (line, trace) in sorted(traces.items()):
         extra = {"row_index": row, "sample_index": sample, **results.get((row, sample), {})}
         document = trace_to_atif(trace, extra=extra)
@@ -145,8 +147,14 @@ def export(run_dir: Path, fmt: str, output: Path | None) -> None:
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(line["rollout_id"]))
         (out / f"{name}.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         written += 1
-    none = f"; {skipped} rollouts made no model call and have no trajectory" if skipped else ""
-    click.echo(f"wrote {written} ATIF trajectories to {out}{none}")
+        incomplete += not trace.complete
+    said = f"wrote {written} ATIF trajectories to {out}"
+    if incomplete:
+        said += f" ({incomplete} of incomplete rollouts: extra.complete is false, notes say what is missing)"
+    if skipped:
+        said += f"; {skipped} rollout{' made' if skipped == 1 else 's made'} no model call and "
+        said += "has no trajectory" if skipped == 1 else "have no trajectory"
+    click.echo(said)
 
 
 def _rewards(path: Path) -> dict[tuple[int, int], dict[str, object]]:

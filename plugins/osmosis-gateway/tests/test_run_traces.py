@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from atif_helpers import check_atif, harbor_trajectory
 from gateway_helpers import REPO, UPSTREAM_KEY
 
 from osmosis_core.testing import ScriptedPolicyServer
@@ -79,31 +80,45 @@ def test_multiply_plain_with_traces_holds_every_call_with_the_ids_sent(workspace
     assert len(read_traces(out / "traces.jsonl")) == 12
 
 
-def test_atif_export_is_valid_for_harbors_own_models(workspace, clean_env):
-    trajectories = pytest.importorskip("harbor.models.trajectories.trajectory", reason="Harbor (osmosis-harbor)")
+def _export_a_run(workspace: Path, env: dict[str, str]) -> list[dict]:
+    """``osmosis run --traces`` over 4 rows, then ``osmosis export --format atif``: the documents."""
     r = osmosis(
         "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--traces", "--limit", "4", "--output", "out",
-        cwd=workspace, env=clean_env,
+        cwd=workspace, env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    r = osmosis("export", "out", "--format", "atif", cwd=workspace, env=clean_env)
+    r = osmosis("export", "out", "--format", "atif", cwd=workspace, env=env)
     assert r.returncode == 0, r.stderr
     files = sorted((workspace / "out" / "atif").glob("*.json"))
     assert len(files) == 4
-    for path in files:
-        document = json.loads(path.read_text())
-        trajectory = trajectories.Trajectory.model_validate(document)
-        assert trajectory.schema_version == "ATIF-v1.7"
-        assert [s.source for s in trajectory.steps] == ["system", "user", "agent", "agent"]
-        first, last = trajectory.steps[2:]
-        assert first.llm_call_count == last.llm_call_count == 1
-        assert first.tool_calls[0].arguments.keys() == {"a", "b"}
-        assert first.observation.results[0].source_call_id == first.tool_calls[0].tool_call_id
-        assert first.metrics.prompt_token_ids
-        assert first.metrics.completion_token_ids
-        assert len(last.metrics.logprobs) == len(last.metrics.completion_token_ids) == last.metrics.completion_tokens
+    return [json.loads(path.read_text()) for path in files]
+
+
+def test_atif_export_of_a_run_holds_each_call_with_its_ids(workspace, clean_env):
+    for document in _export_a_run(workspace, clean_env):
+        check_atif(document)
+        assert document["schema_version"] == "ATIF-v1.7"
+        assert [s["source"] for s in document["steps"]] == ["system", "user", "agent", "agent"]
+        first, last = document["steps"][2:]
+        assert first["llm_call_count"] == last["llm_call_count"] == 1
+        assert first["tool_calls"][0]["arguments"].keys() == {"a", "b"}
+        assert first["observation"]["results"][0]["source_call_id"] == first["tool_calls"][0]["tool_call_id"]
+        assert first["metrics"]["prompt_token_ids"]
+        assert first["metrics"]["completion_token_ids"]
+        metrics = last["metrics"]
+        assert len(metrics["logprobs"]) == len(metrics["completion_token_ids"]) == metrics["completion_tokens"]
         assert document["extra"]["reward"] == 1.0
         assert document["extra"]["complete"] is True
+        assert "notes" not in document
+
+
+@pytest.mark.together  # Harbor is installed with osmosis-harbor
+def test_atif_export_of_a_run_is_valid_for_harbors_own_model(workspace, clean_env, request):
+    trajectory = harbor_trajectory(request.config)
+    for document in _export_a_run(workspace, clean_env):
+        validated = trajectory.model_validate(document)
+        assert [s.source for s in validated.steps] == ["system", "user", "agent", "agent"]
+        assert validated.steps[2].observation.results[0].source_call_id == validated.steps[2].tool_calls[0].tool_call_id
 
 
 def test_export_says_what_is_missing(workspace, clean_env):
@@ -190,7 +205,20 @@ def test_a_failed_call_marks_the_trace_and_leaves_the_rollout_status_alone(works
     traces = lines(workspace / "text" / "traces.jsonl")
     assert all(t["complete"] is False and "no prompt_token_ids" in t["incomplete_reason"] for t in traces)
 
-    # nothing the runs wrote holds the upstream's key
+    # both runs export as valid ATIF (row 0 of vllm by its latest trace; text's are incomplete)
+    for folder, files in (("vllm", 3), ("text", 2)):
+        r = osmosis("export", folder, cwd=workspace, env=env)
+        assert r.returncode == 0, r.stderr
+        documents = [json.loads(p.read_text()) for p in (workspace / folder / "atif").glob("*.json")]
+        assert len(documents) == files
+        for document in documents:
+            check_atif(document)
+    assert "(2 of incomplete rollouts" in r.stdout
+    for document in documents:  # the upstream sent no ids: none are written
+        assert "Incomplete rollout" in document["notes"]
+        assert not [s for s in document["steps"] if "completion_token_ids" in s.get("metrics", {})]
+
+    # nothing the runs or the exports wrote holds the upstream's key
     written = [p for p in workspace.rglob("*") if p.is_file() and "rollouts" not in p.parts]
     assert written
     assert not [p for p in written if UPSTREAM_KEY.encode() in p.read_bytes()]
