@@ -90,6 +90,10 @@ def chosen(argument: str, distributions: dict[str, Distribution]) -> tuple[str, 
             f"error: {argument} is not one of this clone's distributions ({ROOT} and its plugins/ folders); "
             "install other projects with pip"
         )
+    if _REQUIREMENT.fullmatch(argument) is None:
+        raise SystemExit(
+            f"error: {argument!r}: name a distribution (and extras), not a version: the clone's is the one it has"
+        )
     name, extras = _parse(argument)
     for candidate in (name, f"osmosis-{name}"):
         if candidate in distributions:
@@ -203,10 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     requirements: list[str] = []
     for name in sorted(wanted):
         folder = distributions[name].folder
-        extras = f"[{','.join(sorted(wanted[name]))}]" if wanted[name] else ""
-        requirements += ["-e", f"{folder}{extras}"] if args.editable else [f"{name}{extras} @ {folder.as_uri()}"]
+        suffix = f"[{','.join(sorted(wanted[name]))}]" if wanted[name] else ""
+        requirements += ["-e", f"{folder}{suffix}"] if args.editable else [f"{name}{suffix} @ {folder.as_uri()}"]
     command = _installer(args.installer)
-    if command[0] != sys.executable:  # uv: build each from its folder again (the sources may have changed)
+    if command[0] != sys.executable:
+        # uv keeps what it built from a folder until its pyproject.toml changes: build each anew,
+        # as pip does, so that changed sources are what is installed
         command += [arg for name in sorted(wanted) for arg in ("--reinstall-package", name)]
     named = ", ".join(sorted(roots))
     brought = "".join(f", {name} (for {why[name]})" for name in sorted(why))

@@ -65,7 +65,7 @@ def test_each_distribution_brings_the_clones_osmosis_distributions_it_depends_on
             assert not name.startswith("osmosis") or name in distributions, (distribution.pyproject, requirement)
 
 
-def test_a_name_or_folder_the_clone_does_not_hold_is_refused_with_the_names_it_has(tmp_path):
+def test_a_name_folder_or_version_the_clone_does_not_hold_is_refused_with_what_it_has(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "_install.py"), "osmosis-gatewy"], capture_output=True, text=True
     )
@@ -77,6 +77,11 @@ def test_a_name_or_folder_the_clone_does_not_hold_is_refused_with_the_names_it_h
     )
     assert proc.returncode != 0
     assert f"{tmp_path} is not one of this clone's distributions" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "_install.py"), "osmosis-gateway>=99"], capture_output=True, text=True
+    )
+    assert proc.returncode != 0
+    assert "'osmosis-gateway>=99': name a distribution (and extras), not a version" in proc.stderr
 
 
 # -- against an index that offers an impostor -------------------------------------------------------------
@@ -184,6 +189,7 @@ def _environment(**more: str) -> dict[str, str]:
 
 
 @pytest.mark.install
+@pytest.mark.timeout(900)  # a machine whose caches are cold downloads every dependency
 def test_the_documented_command_installs_the_clones_gateway_not_a_higher_versioned_impostor(tmp_path, impostor_index):
     """``scripts/install osmosis-core osmosis-strands osmosis-harbor`` (uv) with an index that offers
     osmosis-gateway 99.0: the gateway harbor depends on is the clone's."""
@@ -219,6 +225,7 @@ def test_the_documented_command_installs_the_clones_gateway_not_a_higher_version
 
 
 @pytest.mark.install
+@pytest.mark.timeout(900)  # a machine whose caches are cold downloads every dependency
 def test_with_pip_the_gateway_by_name_is_the_clones_not_a_higher_versioned_impostor(tmp_path, impostor_index):
     """The same with the environment's pip (``--installer pip``): a name maps to the clone's folder."""
     index, _ = impostor_index
@@ -268,6 +275,7 @@ def _shims(folder: Path) -> Path:
 
 
 @pytest.mark.install
+@pytest.mark.timeout(900)  # a machine whose caches are cold downloads every dependency
 def test_a_second_demo_installs_nothing_and_a_changed_pyproject_installs_again(tmp_path):
     clone = tmp_path / "clone"
     shutil.copytree(
