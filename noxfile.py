@@ -3,7 +3,8 @@
 Sessions (`nox -l` lists them):
   tests-3.12, tests-3.13   the core alone, on every supported Python installed here
   faults                    the slow fault tests (process-group SIGTERM in a loop, ...), core alone
-  package                   the built wheel installed alone: template apply, run, validate
+  package                   the built wheel installed alone: template apply, run, validate; then
+                            scripts/install and scripts/demo from this clone (tests marked `install`)
   lint                      ruff (lint + format check) and import-linter (the layers, the plugin API)
   types                     mypy --strict on osmosis_core (each plugin session types its plugin)
   plugin(plugin='<name>')   the core plus one plugin from plugins/ (and the plugins/ folders it depends
@@ -87,7 +88,7 @@ def tests(session: nox.Session) -> None:
     """The core's tests on its own (no plugin installed); the slow fault tests run in `faults`."""
     session.install("-e", ".", *_group("test"))
     _compile_sources(session, "osmosis_core")
-    session.run("pytest", "tests", "-m", "not slow", *session.posargs)
+    session.run("pytest", "tests", "-m", "not slow and not install", *session.posargs)
 
 
 @nox.session(python=PYTHONS[0])
@@ -113,6 +114,11 @@ def package(session: nox.Session) -> None:
     session.chdir(workspace)
     session.run("osmosis", "run", "configs/eval/multiply-plain.toml", "--stub-policy", "--limit", "5")
     session.run("osmosis", "validate", "configs/training/multiply-plain.toml")
+    # installing from the clone: scripts/install against an index that offers an impostor, and
+    # scripts/demo's second run (tests/test_install.py: virtualenvs of their own, uv's and pip's caches)
+    session.chdir(ROOT)
+    session.install(*_group("test"))
+    session.run("pytest", "tests/test_install.py", "-m", "install", *session.posargs)
 
 
 @nox.session(python=PYTHONS[0])

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
@@ -20,6 +21,7 @@ from osmosis_core.testing import Fault, ScriptedPolicyServer
 
 KEY = "sk-KEYSECRET-0123456789abcdef"
 USER = [{"role": "user", "content": "6 * 7"}]
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_a_dropped_post_is_never_sent_again():
@@ -232,3 +234,87 @@ def test_the_openai_extra_is_not_needed_by_the_core():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+LOOP_END_SCRIPT = r"""
+import asyncio, gc, sys
+import anyio
+from osmosis_core import ExecutionRequest, LocalBackend, PolicyEndpoint
+from osmosis_core.plugin import client_session, http_request, on_close
+from osmosis_core.testing import ScriptedPolicyServer
+
+sys.path.insert(0, sys.argv[1])
+from main import MultiplyGrader, MultiplyWorkflow
+
+sessions, closed, alive = {}, [], []
+
+
+async def rollout(name, url):
+    results = []
+
+    async def keep(result):
+        results.append(result)
+
+    prompt = [{"role": "user", "content": "val1 = 6\nval2 = 7"}]
+    request = ExecutionRequest(name, prompt, PolicyEndpoint(url, "m"), label="42")
+    await LocalBackend(MultiplyWorkflow, grader=MultiplyGrader).execute(request, keep, keep)
+    assert [r.ok for r in results] == [True, True], results
+    sessions[name] = client_session()
+
+    async def closer():
+        closed.append(name)
+
+    on_close(closer)
+
+
+async def stream(url):
+    try:
+        yield
+    finally:  # still calls the server while the loop shuts its generators down
+        await asyncio.sleep(0.05)
+        async with http_request("GET", url + "/models") as response:
+            assert response.status == 200
+        print("the generator's last request: 200")
+
+
+async def with_a_live_generator(url):
+    await rollout("a generator alive at the end", url)
+    generator = stream(url)
+    await anext(generator)
+    alive.append(generator)
+
+
+with ScriptedPolicyServer() as server:
+    asyncio.run(rollout("asyncio.run", server.url))
+    with asyncio.Runner() as runner:
+        runner.run(rollout("asyncio.Runner", server.url))
+    anyio.run(rollout, "anyio.run", server.url)
+    asyncio.run(with_a_live_generator(server.url))
+gc.collect()
+for name, session in sessions.items():
+    print(f"{name}: session {'closed' if session.closed else 'OPEN'}, closer {'ran' if name in closed else 'NOT run'}")
+"""
+
+
+def test_a_loops_http_clients_close_when_it_shuts_down(tmp_path, clean_env):
+    """A script that runs LocalBackend with chat_completion under asyncio.run (or asyncio.Runner,
+    anyio.run) and never closes anything ends with the loop's session and its on_close closers
+    closed, and without "Unclosed client session"; a generator the loop closes at its end may still
+    send a request from its finally."""
+    script = tmp_path / "script.py"
+    script.write_text(LOOP_END_SCRIPT)
+    rollout = REPO / "rollouts" / "multiply-plain"
+    env = {**clean_env, "PYTHONDEVMODE": "1"}  # ResourceWarnings shown, asyncio's debug checks on
+    proc = subprocess.run(
+        [sys.executable, str(script), str(rollout)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "the generator's last request: 200",
+        "asyncio.run: session closed, closer ran",
+        "asyncio.Runner: session closed, closer ran",
+        "anyio.run: session closed, closer ran",
+        "a generator alive at the end: session closed, closer ran",
+    ], proc.stdout + proc.stderr
+    for unwanted in ("Unclosed", "unclosed", "Traceback", "exception"):
+        assert unwanted not in proc.stderr, proc.stderr

@@ -22,22 +22,29 @@ Send requests with :func:`http_request`: it adds the proxy that ``HTTP_PROXY`` /
 the environment and ``~/.netrc`` again in a thread for every request: two thread hops, a third of
 the client's CPU at a hundred concurrent calls, ``bench/http_transport.py``.)
 
-**Closing.** The clients of a loop live until :func:`aclose_http` is awaited on that loop. Whoever
-runs a loop closes them before the loop ends, with ``async with http_scope():`` around the loop's
-work or by awaiting :func:`aclose_http` last. Every loop osmosis runs does (``osmosis run``, the
-worker processes, the runner inside a Harbor trial, :func:`osmosis_core.testing.run_rollout_sync`,
-the rollout server's shutdown), and so does the local backend's ``aclose()``; in your own
-program, :func:`http_scope`. A module that keeps its own per-loop client registers how to close
-it with :func:`on_close`.
+**Closing.** The clients of a loop are closed when the loop shuts down, with no help from its
+owner: ``asyncio.run``, ``asyncio.Runner``, ``anyio.run`` and ``uvloop.run`` end by closing the
+loop's asynchronous generators (``loop.shutdown_asyncgens()``), and the first client of a loop
+starts one whose ``finally`` closes them, after every other generator that was being closed then
+(whose own ``finally`` may still send a request). A script that runs ``asyncio.run(main())`` with a
+:class:`~osmosis_core.LocalBackend` or a rollout client so ends without "Unclosed client session".
+Whoever wants them closed earlier, or runs a loop that is closed without that shutdown
+(``loop.close()`` alone), awaits :func:`aclose_http` (or ``async with http_scope():``) on the
+loop: every loop osmosis runs does (``osmosis run``, the worker processes, the runner inside a
+Harbor trial, :func:`osmosis_core.testing.run_rollout_sync`, the rollout server's shutdown), and so
+does the local backend's ``aclose()``. A module that keeps its own per-loop client registers how to
+close it with :func:`on_close`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
+import sys
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -83,14 +90,64 @@ _Closer = Callable[[], Awaitable[None]]
 
 
 class _LoopClients:
-    __slots__ = ("closers", "session")
+    """One loop's HTTP clients, and the generator that closes them when the loop shuts down."""
+
+    __slots__ = ("closed", "closers", "sentinel", "session")
 
     def __init__(self) -> None:
         self.session: aiohttp.ClientSession | None = None
         self.closers: list[_Closer] = []
+        self.closed = False
+        self.sentinel: AsyncGenerator[None] | None = None
+
+    async def aclose(self) -> None:
+        """Close the session and every registered closer, once (a second call returns at once)."""
+        if self.closed:
+            return
+        self.closed = True
+        session, closers = self.session, self.closers
+        self.session, self.closers = None, []
+        errors: list[BaseException] = []
+        for closer in reversed(closers):
+            try:
+                await closer()
+            except Exception as exc:  # close the rest anyway
+                errors.append(exc)
+        if session is not None and not session.closed:
+            await session.close()
+        if errors:
+            raise errors[0]
 
 
 _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClients] = weakref.WeakKeyDictionary()
+_ACLOSE = "async_generator_athrow"
+
+
+async def _closed_at_loop_shutdown(clients: _LoopClients) -> AsyncGenerator[None]:
+    """Suspended at its ``yield`` for the loop's life; the loop closes it at its shutdown
+    (``loop.shutdown_asyncgens()``, which ``asyncio.run`` and its kin await), and ``finally`` closes
+    ``clients`` there."""
+    try:
+        yield
+    finally:
+        if not clients.closed:
+            await _after_other_generators()
+            loop = asyncio.get_running_loop()
+            if _loops.get(loop) is clients:
+                del _loops[loop]
+            await clients.aclose()
+
+
+async def _after_other_generators() -> None:
+    """Wait for the other asynchronous generators the loop is closing now: a ``finally`` of theirs
+    may still send a request on the session (e.g. ``RolloutClient.run_many`` cancelling what it had
+    in flight). The loop closes each in a task of its own whose coroutine is the generator's
+    ``aclose()``; the task that awaits them all (the loop's ``shutdown_asyncgens``) is not one."""
+    current = asyncio.current_task()
+    # (CPython's name for that awaitable; elsewhere nothing is waited for)
+    others = [task for task in asyncio.all_tasks() if task is not current and type(task.get_coro()).__name__ == _ACLOSE]
+    if others:
+        await asyncio.wait(others)
 
 
 def _clients() -> _LoopClients:
@@ -98,6 +155,15 @@ def _clients() -> _LoopClients:
     clients = _loops.get(loop)
     if clients is None:
         clients = _loops[loop] = _LoopClients()
+        if sys.get_asyncgen_hooks().firstiter is not None:  # the loop tracks its generators (asyncio's and uvloop's do)
+            # Start the generator that closes them at the loop's shutdown: calling __anext__() hands
+            # it to the running loop's first-iteration hook (which keeps it, weakly, among the
+            # generators shutdown_asyncgens closes); one synchronous step runs it to its yield.
+            sentinel = clients.sentinel = _closed_at_loop_shutdown(clients)
+            try:
+                sentinel.__anext__().send(None)
+            except StopIteration:
+                pass
     return clients
 
 
@@ -176,20 +242,21 @@ def on_close(closer: _Closer) -> None:
 
 
 async def aclose_http() -> None:
-    """Close the running loop's HTTP clients (the session and every registered closer). Idempotent."""
+    """Close the running loop's HTTP clients (the session and every registered closer) now. Idempotent.
+
+    The next :func:`client_session` on the loop makes a new session (closed in turn at the loop's
+    shutdown, or by the next ``aclose_http``).
+    """
     clients = _loops.pop(asyncio.get_running_loop(), None)
     if clients is None:
         return
-    errors: list[BaseException] = []
-    for closer in reversed(clients.closers):
-        try:
-            await closer()
-        except Exception as exc:  # close the rest anyway
-            errors.append(exc)
-    if clients.session is not None and not clients.session.closed:
-        await clients.session.close()
-    if errors:
-        raise errors[0]
+    try:
+        await clients.aclose()
+    finally:
+        sentinel = clients.sentinel
+        # done with: its finally finds the clients closed (unless it is what is running this)
+        if sentinel is not None and inspect.getasyncgenstate(sentinel) != inspect.AGEN_RUNNING:
+            await sentinel.aclose()
 
 
 @asynccontextmanager

@@ -1,7 +1,9 @@
 """``RolloutClient``: what a trainer drives a rollout server with (ours, or osmosis-ai's).
 
-Async, on the running loop's shared aiohttp session (:func:`osmosis_core.plugin.http_request`);
-whoever owns the loop closes it (``async with http_scope():``). It speaks the reference protocol,
+Async, on aiohttp. ``async with RolloutClient(url) as client:`` gives the client a connection pool
+of its own, closed when the block ends; a client used without ``async with`` rides on the running
+loop's shared session (:func:`osmosis_core.plugin.http_request`), which closes when the loop shuts
+down (``asyncio.run`` ends) or at :func:`osmosis_core.plugin.aclose_http`. It speaks the reference protocol,
 so it also drives an osmosis-ai 0.3.8 rollout server; against ours it uses a few additions
 (``callback_url``, ``model``, ``row``/``sample_index``, the osmosis error category).
 
@@ -19,17 +21,15 @@ so it also drives an osmosis-ai 0.3.8 rollout server; against ours it uses a few
 A training step, end to end (needs a server: ``osmosis serve configs/training/multiply-plain.toml``)::
 
     import asyncio
-    from osmosis_core.plugin import http_scope
     from osmosis_server import RolloutClient, RolloutRequest
 
     async def step(rows, policy_url, n=8):
-        client = RolloutClient("http://127.0.0.1:8000")      # token from $OSMOSIS_SERVER_TOKEN
         requests = [
             RolloutRequest(rollout_id=f"row{i}-s{k}", initial_messages=row["messages"],
                            chat_completions_url=policy_url, label=row["label"], row=i, sample_index=k)
             for i, row in enumerate(rows) for k in range(n)
         ]
-        async with http_scope():
+        async with RolloutClient("http://127.0.0.1:8000") as client:    # token from $OSMOSIS_SERVER_TOKEN
             return [r async for r in client.run_many(requests, concurrency=64)]
 
 A server restarted on the same run folder answers the rollouts it recorded and reports those it
@@ -48,7 +48,8 @@ import os
 import time
 import urllib.parse
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
-from typing import Any, Final, NoReturn
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import attrs
 
@@ -56,6 +57,9 @@ from osmosis_core import ErrorCategory, ErrorInfo, Message, OsmosisError, Rollou
 from osmosis_server.protocol import LEASE_HEADER, RolloutStatus, retry_after_seconds
 from osmosis_server.retry import RetryLater, delay_of, retrying
 from osmosis_server.settings import DEFAULT_TOKEN_ENV
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "Admission",
@@ -300,6 +304,9 @@ def _detail(body: bytes) -> str:
 class RolloutClient:
     """A client of one rollout server.
 
+    Use it as ``async with RolloutClient(url) as client:`` (its own connection pool, closed when the
+    block ends), or as a plain object whose requests share the running loop's session.
+
     :param url: the server's base URL, e.g. ``http://127.0.0.1:8000``.
     :param token: its bearer token; default ``$OSMOSIS_SERVER_TOKEN`` (none: no header).
     :param admission_timeout_sec: give up waiting for admission (429s) after this long; None: wait.
@@ -323,11 +330,45 @@ class RolloutClient:
         self.retry_delays = retry_delays
         self.request_timeout_sec = request_timeout_sec
         self._wait_hint = 30.0  # the server's poll wait, learnt from its admissions
+        self._session: aiohttp.ClientSession | None = None  # its own, inside ``async with``
 
     def __repr__(self) -> str:
         return f"RolloutClient({self.url!r})"
 
+    async def __aenter__(self) -> RolloutClient:
+        """Open the client's own connection pool (keep-alive connections to its server)."""
+        import aiohttp
+
+        from osmosis_core.plugin import KEEPALIVE_SEC
+
+        if self._session is not None:
+            raise RuntimeError(f"{self!r} is already open: enter `async with` once at a time")
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_SEC)
+        self._session = aiohttp.ClientSession(connector=connector)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the pool ``async with`` opened (what the block ends with); idempotent. The client
+        stays usable, on the loop's shared session."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
     # -- plumbing --------------------------------------------------------------------------------
+
+    def _request(self, method: str, url: str, **options: Any) -> Any:
+        """``async with`` one request: on the client's own pool inside ``async with``, else on the
+        running loop's shared session (each with the environment's proxy for ``url``)."""
+        from osmosis_core.plugin import http_request, proxy_options
+
+        if self._session is None:
+            return http_request(method, url, **options)
+        return self._session.request(method, url, **proxy_options(url), **options)
 
     async def _call(
         self, method: str, path: str, body: bytes | None, headers: Mapping[str, str], timeout: float
@@ -336,15 +377,13 @@ class RolloutClient:
         was sent more than once. :raises ServerUnavailable."""
         import aiohttp
 
-        from osmosis_core.plugin import http_request
-
         client_timeout = aiohttp.ClientTimeout(total=timeout)
         try:
             async for attempt in retrying(self.retry_delays):
                 with attempt:
                     delay = delay_of(self.retry_delays, attempt.num)
                     try:
-                        async with http_request(
+                        async with self._request(
                             method,
                             self.url + path,
                             data=body,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -204,3 +207,83 @@ def test_a_503_waits_its_retry_after_and_a_cancellation_ends_the_wait_at_once():
     assert len(gaps) == 2, gaps
     assert all(gap >= 0.38 for gap in gaps), gaps  # Retry-After, not the 0.01 s delay
     assert cancel_took < 0.2
+
+
+def test_the_client_works_as_async_with_and_closes_its_connections_on_exit(serve):
+    """Inside ``async with`` the client keeps its connection to the server alive (its own pool); the
+    block's end closes it, and the client still works after, on the loop's shared session."""
+    served = serve(LocalBackend(Sleepy, grader=EndsWithLabel))
+    connections = served.server.server_state.connections  # uvicorn's open connections
+
+    async def until_closed() -> int:
+        for _ in range(500):  # uvicorn sees the close within a few ms
+            if not connections:
+                break
+            await asyncio.sleep(0.01)
+        return len(connections)
+
+    async def go():
+        client = RolloutClient(served.url, token=TOKEN)
+        async with client as entered:
+            assert entered is client
+            first = await client.run(request("inside"))
+            open_inside = len(connections)
+        left_open = await until_closed()
+        after = await client.run(request("after"))
+        return first, open_inside, left_open, after
+
+    first, open_inside, left_open, after = run(go)
+    assert first.ok
+    assert first.reward == 1.0
+    assert open_inside == 1  # kept alive in the client's pool
+    assert left_open == 0  # closed when the block ended
+    assert after.ok
+
+
+CLIENT_SCRIPT = r"""
+import asyncio, gc, sys
+import uvloop
+from osmosis_server import RolloutClient, RolloutRequest
+
+url, token = sys.argv[1], sys.argv[2]
+
+
+def request(rollout_id):
+    prompt = [{"role": "user", "content": "hi"}]
+    return RolloutRequest(rollout_id=rollout_id, initial_messages=prompt, chat_completions_url="http://127.0.0.1:9/v1",
+                          label="42")
+
+
+async def plain(rollout_id):
+    result = await RolloutClient(url, token=token).run(request(rollout_id))
+    print(rollout_id, result.status.value)
+
+
+async def entered(rollout_id):
+    async with RolloutClient(url, token=token) as client:
+        results = [r async for r in client.run_many([request(rollout_id)])]
+    print(rollout_id, results[0].status.value)
+
+
+asyncio.run(plain("asyncio.run"))
+uvloop.run(plain("uvloop.run"))
+asyncio.run(entered("async-with"))
+gc.collect()
+"""
+
+
+def test_a_script_with_the_client_under_asyncio_run_ends_without_unclosed_sessions(serve, tmp_path):
+    """``asyncio.run`` (or ``uvloop.run``) of a client that nobody closes: the loop's session closes
+    with the loop; ``async with`` closes the client's own."""
+    served = serve(LocalBackend(Sleepy, grader=EndsWithLabel))
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OSMOSIS_")}
+    env["PYTHONDEVMODE"] = "1"  # ResourceWarnings shown, asyncio's debug checks on
+    proc = subprocess.run(
+        [sys.executable, str(script), served.url, TOKEN], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["asyncio.run success", "uvloop.run success", "async-with success"], proc.stderr
+    for unwanted in ("Unclosed", "unclosed", "Traceback"):
+        assert unwanted not in proc.stderr, proc.stderr
