@@ -121,6 +121,8 @@ class RunOutcome:
     """Why the run stopped before its end on its own (the backend became unusable); resumable."""
     failing: str | None = None
     """Why the run counts as failed (every rollout failed, or more than ``[run] max_failure_rate``)."""
+    written: tuple[tuple[str, Path], ...] = ()
+    """``(plugin name, path)`` of the files the progress hooks wrote at the end (``report.html``)."""
 
 
 def _latest_run(root: Path, name: str) -> Path | None:
@@ -397,6 +399,8 @@ class _Execution:
         self.started = time.perf_counter()
         self.replaced: dict[int, Any] = {}
         """The signal handlers :meth:`stop_now` replaced, restored at the end."""
+        self.written: tuple[tuple[str, Path], ...] = ()
+        """The files the progress hooks wrote at the end (their plugin's name, the path)."""
 
     # the rollouts
 
@@ -582,7 +586,9 @@ class _Execution:
                     await self.tell_the_end(listening)
         assert self.summary is not None  # (written above, or its error raised)
         failing = None if signalled or self.stopped else _failing(self.summary, plan.config.run.max_failure_rate)
-        return RunOutcome(self.summary, plan.run_dir, signalled, stopped=self.stopped, failing=failing)
+        return RunOutcome(
+            self.summary, plan.run_dir, signalled, stopped=self.stopped, failing=failing, written=self.written
+        )
 
     async def close_all(self) -> None:
         """Close the backend, the traces, the HTTP clients and the lock, shielded from cancellation."""
@@ -602,7 +608,8 @@ class _Execution:
         """Tell the progress hooks the run's end (shielded), then give back the signal handlers."""
         if listening:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(True))
+                written = await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(True))
+                self.written = tuple(written)
         for signum, handler in self.replaced.items():
             signal.signal(signum, handler)
 
