@@ -275,10 +275,12 @@ def grader_metrics(result: ExecutionResult, workflow_metrics: dict[str, Any] | N
 
 
 def _same(a: Any, b: Any) -> bool:
+    """Equal, a NaN equal to a NaN (a worker process sends the workflow's and the grader's results
+    apart: the same NaN arrives as two objects)."""
     if a is b:
         return True
     try:
-        return bool(a == b)
+        return bool(finite_json(a) == finite_json(b))
     except Exception:  # an object whose comparison raises (an array): counted as changed
         return False
 
