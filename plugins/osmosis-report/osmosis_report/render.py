@@ -33,7 +33,7 @@ import markupsafe
 
 from osmosis_core.frontend import NONFINITE, percentile
 from osmosis_report import charts
-from osmosis_report.compare import Comparison, compare, row_passes
+from osmosis_report.compare import Comparison, Mismatch, compare, row_passes
 from osmosis_report.load import Rollout, RunData, load_run
 from osmosis_report.stats import Interval, mean_interval, pass_at_k_curve
 from osmosis_report.units import duration_unit, format_duration, format_durations
@@ -127,7 +127,7 @@ def run_figures(run: RunData) -> dict[str, Any]:
 def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[charts.Chart]:
     rollouts = [r for r in run.rollouts if r.status != "cancelled"]
     rewards = [r.reward for r in rollouts if r.ok and r.reward is not None]
-    failed_graded = [0.0 for r in rollouts if not r.ok and r.graded]
+    failed_graded = [0.0 for r in rollouts if not r.ok and r.graded] if rewards else []  # (no grader: no zeros)
     slug = f"r{index}"
     out = [
         charts.histogram(
@@ -192,6 +192,11 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
     )
     out.extend(_metric_charts(rollouts, slug))
     return out
+
+
+def _scores(run: RunData, rewarded: bool) -> list[float]:
+    """Every graded rollout's reward, a failure as 0 (none when no rollout has a reward: no grader)."""
+    return [v for row in run.rows.values() for v in row.scores()] if rewarded else []
 
 
 def _metric_charts(rollouts: Sequence[Rollout], slug: str) -> list[charts.Chart]:
@@ -328,7 +333,7 @@ def _rows_json(runs: Sequence[RunData], comparison: Comparison | None) -> list[d
 
     Comparing, every row any run has gets an entry; a run shows a row's rollouts only when the
     row matches the baseline's (same prompt hash; a row the baseline lacks: the first run's that
-    has it), and ``u`` lists the runs that have the row but do not match.
+    has it); ``u`` lists the runs that have the row but do not match, ``x`` those without it.
     """
     offsets: list[dict[int, list[int]]] = []
     for run in runs:
@@ -359,6 +364,9 @@ def _rows_json(runs: Sequence[RunData], comparison: Comparison | None) -> list[d
         unmatched = [k for k in range(len(runs)) if found[k] is not None and rows[k] is None]
         if unmatched:
             entry["u"] = unmatched
+        absent = [k for k in range(len(runs)) if found[k] is None]
+        if absent:
+            entry["x"] = absent
         means, passes = [], []
         for row in rows:
             scores = row.scores() if row is not None else []
@@ -376,6 +384,20 @@ def _rows_json(runs: Sequence[RunData], comparison: Comparison | None) -> list[d
             entry["fl"] = flips
         out.append(entry)
     return out
+
+
+def mismatch_groups(mismatches: Sequence[Mismatch]) -> list[tuple[str, Mismatch]]:
+    """Runs of consecutive rows not matched for the same reason, as ``("rows 5-39", first)``; a row
+    whose prompts differ stands alone (its hashes are shown)."""
+    groups: list[tuple[int, int, Mismatch]] = []
+    for m in mismatches:
+        if groups and m.reason != "different prompts" and groups[-1][2].reason == m.reason:
+            first, last, head = groups[-1]
+            if last + 1 == m.index:
+                groups[-1] = (first, m.index, head)
+                continue
+        groups.append((m.index, m.index, m))
+    return [(f"row {a}" if a == b else f"rows {a}\u2013{b}", m) for a, b, m in groups]
 
 
 def _script_json(data: Any) -> markupsafe.Markup:
@@ -400,6 +422,7 @@ def _environment() -> jinja2.Environment:
     env.filters["durations"] = format_durations
     env.filters["interval"] = lambda i: "\u2013" if i is None else f"{i.value:.3f} [{i.low:.3f}, {i.high:.3f}]"
     env.filters["signed"] = _signed
+    env.globals["mismatch_groups"] = mismatch_groups
     return env
 
 
@@ -458,8 +481,8 @@ def render_runs(
             charts.histogram(
                 "Reward distribution, side by side",
                 [
-                    (f"{i + 1}. {run.name}", colours[i], [v for row in run.rows.values() for v in row.scores()])
-                    for i, run in enumerate(runs)
+                    (f"{i + 1}. {run.name}", colours[i], _scores(run, f["interval"] is not None))
+                    for i, (run, f) in enumerate(zip(runs, figures, strict=True))
                 ],
                 x_label="reward",
                 stacked=False,

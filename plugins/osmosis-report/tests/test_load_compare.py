@@ -186,6 +186,7 @@ def test_rows_are_matched_with_the_baseline_run_by_run(tmp_path):
     assert comparison.rows == list(range(20))
     html = build_report([base.path, full.path, partial.path], tmp_path / "three.html").path.read_text()
     assert re.findall(r'data-rows="(\d+)"', html) == ["20", "5"]
+    assert "<li>rows 5\u201319: missing in run 3</li>" in html  # one line for the rows it lacks
     data = json.loads(re.search(r'id="report-data">(.*?)</script>', html, re.S).group(1))
     assert len(data["rows"]) == 20  # every row stays in the table
     assert data["rows"][7]["r"][2] == []  # the partial run has no row 7

@@ -164,9 +164,9 @@
     const k = col.run;
     if (col.kind === "chips") {
       if (!row.r[k].length && COMPARE) {
-        const other = (row.u || []).includes(k);
-        return el("td", { class: "muted", text: other ? "other prompt" : "missing",
-          title: other ? "run " + (k + 1) + "'s row " + row.i + " has another prompt than the one shown: not compared" : "run " + (k + 1) + " has no row " + row.i });
+        const [text, title] = (row.u || []).includes(k) ? ["other prompt", "run " + (k + 1) + "'s row " + row.i + " has another prompt than the one shown: not compared"]
+          : (row.x || []).includes(k) ? ["missing", "run " + (k + 1) + " has no row " + row.i] : ["not run", "run " + (k + 1) + " has no result for row " + row.i + " (yet)"];
+        return el("td", { class: "muted", text, title });
       }
       return el("td", {}, el("div", { class: "chips" }, row.r[k].map((i) => {
         const ro = D.rollouts[k][i];
