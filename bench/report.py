@@ -154,7 +154,7 @@ def page_ready_seconds(page: Path, tries: int = 3) -> list[float] | None:
             times.append(driver.execute_script("return performance.now()") / 1000)
         # and a trajectory opens (its chunk unpacked) promptly
         start = time.perf_counter()
-        driver.execute_script("document.querySelector('button.chip').click()")
+        driver.execute_script("document.querySelector('#row-table a.chip').click()")
         while not driver.execute_script("return document.querySelector('#viewer-body .msg')"):
             time.sleep(0.02)
         print(f"open a trajectory (unpack its chunk, draw it): {time.perf_counter() - start:.2f} s")

@@ -3,9 +3,11 @@
 
 Running: :func:`load_run` loads a config's rollout once and builds its backend as ``osmosis run``
 builds it; :class:`RunFiles` is a run folder's lock and its ``results.jsonl`` / ``traces.jsonl``,
-written in ``osmosis run``'s line format with every secret redacted. Reading: ``latest_records``,
-``ResultStats``, ``Summary`` and friends count a folder's results as ``osmosis run``'s summary
-does. A command takes ``osmosis run``'s config flags with :func:`config_options`.
+written in ``osmosis run``'s line format with every secret redacted. Reading: ``scan_results``,
+``latest_records``, ``ResultStats``, ``Summary`` and friends count a folder's results as ``osmosis
+run``'s summary does; ``nonfinite_paths`` and ``finite_json`` find and spell the NaN and infinite
+numbers an older or hand-written file may hold. A command takes ``osmosis run``'s config flags
+with :func:`config_options`.
 
 A frontend that runs one prompt through a config's rollout and keeps its result, as a server
 does (``url``: an OpenAI-compatible endpoint, e.g. ``osmosis_core.testing.ScriptedPolicyServer``)::
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     from osmosis_core._engine.results import Summary as Summary
     from osmosis_core._engine.results import latest_records as latest_records
     from osmosis_core._engine.results import percentile as percentile
+    from osmosis_core._engine.results import scan_results as scan_results
     from osmosis_core._engine.results import summary_fields as summary_fields
     from osmosis_core.cli.common import config_options as config_options
     from osmosis_core.cli.common import make_console as make_console
@@ -71,6 +74,9 @@ if TYPE_CHECKING:
     from osmosis_core.traces import make_trace_gateway as make_trace_gateway
     from osmosis_core.traces import trace_from_line as trace_from_line
     from osmosis_core.traces import traces_enabled as traces_enabled
+    from osmosis_core.wire import NONFINITE as NONFINITE
+    from osmosis_core.wire import finite_json as finite_json
+    from osmosis_core.wire import nonfinite_paths as nonfinite_paths
     from osmosis_core.wire import result_line as result_line
 
 if TYPE_CHECKING:  # for the annotations below
@@ -87,10 +93,17 @@ __getattr__, _dir, _lazy = _reexport.attach(
         "_engine.dataset": ["DatasetRow", "fingerprint", "read_dataset"],
         "_engine.http_session": ["http_scope"],
         "_engine.loader": ["LoadedRollout"],
-        "_engine.results": ["ResultStats", "Summary", "latest_records", "percentile", "summary_fields"],
+        "_engine.results": [
+            "ResultStats",
+            "Summary",
+            "latest_records",
+            "percentile",
+            "scan_results",
+            "summary_fields",
+        ],
         "cli.common": ["config_options", "make_console", "resolve_config"],
         "traces": ["TRACES", "make_trace_gateway", "trace_from_line", "traces_enabled"],
-        "wire": ["result_line"],
+        "wire": ["NONFINITE", "finite_json", "nonfinite_paths", "result_line"],
     },
     into=__name__,
 )

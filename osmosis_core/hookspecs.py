@@ -20,6 +20,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
 
     import click
 
@@ -113,7 +114,7 @@ def osmosis_register_commands(cli: click.Group) -> None:
 
 
 @hookspec
-def osmosis_run_progress(progress: RunProgress) -> None:
+def osmosis_run_progress(progress: RunProgress) -> Path | None:
     """Hear how a run (``osmosis run``) or a server (``osmosis serve``) is going: to write a report,
     or send the figures to W&B, MLflow or a dashboard.
 
@@ -122,6 +123,8 @@ def osmosis_run_progress(progress: RunProgress) -> None:
     raises is logged once and never fails the run; one that is slow delays only the next call.
 
     :param progress: the run folder, the summary so far, ``final``, ``kind`` and the run's config.
+    :returns: the path of a file the hook wrote (osmosis-report's ``report.html``), or None; the
+        summary table at the end of ``osmosis run`` names each one, under the plugin's name.
 
     Example::
 

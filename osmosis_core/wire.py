@@ -5,6 +5,11 @@ results are all written and read by :data:`converter`, so a record means the sam
 nothing invalid gets in quietly: reading back a result whose reward is not a finite number, whose
 status has no error, or whose category is unknown fails with a message naming the field.
 
+Every format is strict JSON. A metric that is NaN or infinite (``0/0`` of a precision with no
+predictions) is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (protobuf's
+JSON spelling; ``float()`` reads each back), so it neither fails its rollout nor breaks a reader;
+a non-finite number anywhere else in a sample is an error that :func:`nonfinite_paths` names.
+
 >>> from osmosis_core import ExecutionResult, ExecutionStage, ExecutionStatus, RolloutSample
 >>> r = ExecutionResult("r1", ExecutionStage.WORKFLOW, ExecutionStatus.SUCCESS,
 ...                     sample=RolloutSample(messages=[{"role": "user", "content": "hi"}], reward=1))
@@ -25,6 +30,7 @@ from typing import Any
 
 import attrs
 import cattrs
+import cattrs.gen
 from cattrs.errors import ClassValidationError
 
 from osmosis_core.records import (
@@ -40,7 +46,11 @@ from osmosis_core.records import (
 )
 
 __all__ = [
+    "NONFINITE",
     "converter",
+    "finite_json",
+    "grader_metrics",
+    "nonfinite_paths",
     "policy_from_json",
     "policy_to_json",
     "register_strict_scalars",
@@ -106,6 +116,48 @@ for _passed in (list[Message], dict[str, Any], dict[str, float]):
     converter.register_unstructure_hook_func(_is(_passed), _plain)
 
 
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""How a non-finite metric is written (strict JSON has no such number), and the value each spelling stands for."""
+
+
+def _spelling(value: float) -> str:
+    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
+def nonfinite_paths(value: Any, path: str = "$") -> list[tuple[str, float]]:
+    """``(path, value)`` of every NaN or infinite float in ``value`` (dicts, lists and tuples walked),
+    the path written from ``path`` as ``metrics.accuracy`` / ``messages[2].content``.
+
+    >>> nonfinite_paths({"loss": float("nan"), "steps": [1.0, float("inf")]}, "metrics")
+    [('metrics.loss', nan), ('metrics.steps[1]', inf)]
+    """
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(path, value)]
+    found: list[tuple[str, float]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = str(key)
+            found += nonfinite_paths(item, f"{path}.{name}" if name.isidentifier() else f"{path}[{name!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found += nonfinite_paths(item, f"{path}[{i}]")
+    return found
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with each NaN or infinite float replaced by its :data:`NONFINITE` spelling (the same
+    object when it holds none)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _spelling(value)
+    if isinstance(value, dict):
+        items = {k: finite_json(v) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
+    if isinstance(value, (list, tuple)):
+        out = [finite_json(v) for v in value]
+        return value if all(a is b for a, b in zip(out, value, strict=True)) else out
+    return value
+
+
 def _messages(value: Any, _type: Any) -> list[Message]:
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
         raise ValueError(f"expected a list of message objects, got {type(value).__name__}")
@@ -134,6 +186,17 @@ def _timings(value: Any, _type: Any) -> dict[str, float]:
 
 
 converter.register_structure_hook_func(_is(dict[str, float]), _timings)
+
+_sample_fields = cattrs.gen.make_dict_unstructure_fn(RolloutSample, converter)
+
+
+def _sample(sample: RolloutSample) -> dict[str, Any]:
+    data: dict[str, Any] = _sample_fields(sample)
+    data["metrics"] = finite_json(data["metrics"])
+    return data
+
+
+converter.register_unstructure_hook(RolloutSample, _sample)
 
 
 def _problem(exc: BaseException, type_: Any) -> str:
@@ -201,14 +264,40 @@ def policy_from_json(data: Any, api_key: str | None, headers: dict[str, str] | N
     )
 
 
-def result_line(row: int, sample_index: int, result: ExecutionResult) -> dict[str, Any]:
+def grader_metrics(result: ExecutionResult, workflow_metrics: dict[str, Any] | None) -> list[str] | None:
+    """The names of the metrics the grader set or changed: those of a grader stage's sample that are
+    not in ``workflow_metrics`` (the workflow result's, copied when it was reported) with the same
+    value. None when it cannot be told (no workflow metrics known, or not a grader stage's result)."""
+    if workflow_metrics is None or result.stage is not ExecutionStage.GRADER or result.sample is None:
+        return None
+    metrics = result.sample.metrics
+    return sorted(str(k) for k, v in metrics.items() if k not in workflow_metrics or not _same(workflow_metrics[k], v))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, a NaN equal to a NaN (a worker process sends the workflow's and the grader's results
+    apart: the same NaN arrives as two objects)."""
+    if a is b:
+        return True
+    try:
+        return bool(finite_json(a) == finite_json(b))
+    except Exception:  # an object whose comparison raises (an array): counted as changed
+        return False
+
+
+def result_line(
+    row: int, sample_index: int, result: ExecutionResult, *, workflow_metrics: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``results.jsonl`` record of one finished rollout (the same form ``osmosis serve`` writes).
 
-    ``finished_at`` is the wall-clock time it was made (Unix seconds): reports plot a run over time with it.
+    ``finished_at`` is the wall-clock time it was made (Unix seconds): reports plot a run over time
+    with it. With ``workflow_metrics`` (the workflow result's metrics, copied when it was reported),
+    ``grader_metrics`` lists the metrics the grader set (see :func:`grader_metrics`), so a report
+    can show the two apart; a line without it does not say which stage set which.
     """
     data = result_to_json(result)
     sample = data.pop("sample")
-    return {
+    line = {
         "row": row,
         "sample_index": sample_index,
         "rollout_id": data["rollout_id"],
@@ -227,3 +316,7 @@ def result_line(row: int, sample_index: int, result: ExecutionResult) -> dict[st
             "chat_messages": sample["chat_messages"],
         },
     }
+    graders = grader_metrics(result, workflow_metrics)
+    if graders is not None:
+        line["grader_metrics"] = graders
+    return line

@@ -145,3 +145,24 @@ def test_last_text_flattens_content_parts():
     s.chat_messages = [{"role": "assistant", "content": "chat"}]
     assert s.last_text() == "chat"
     assert ErrorInfo(ErrorCategory.TIMEOUT, "x").category.value == "timeout"
+
+
+def test_a_non_finite_metric_crosses_every_format_as_a_string_and_the_grader_metrics_are_told_apart():
+    import pickle
+
+    from osmosis_core.wire import grader_metrics, nonfinite_paths, result_line, result_to_json
+
+    sample = RolloutSample(messages=[], reward=1.0, metrics={"acc": math.nan, "steps": [1.0, -math.inf], "n": 2})
+    graded = ExecutionResult("r", ExecutionStage.GRADER, ExecutionStatus.SUCCESS, sample=sample)
+    assert result_to_json(graded)["sample"]["metrics"] == {"acc": "NaN", "steps": [1.0, "-Infinity"], "n": 2}
+    assert math.isnan(sample.metrics["acc"])  # the sample itself is left as it is
+    assert nonfinite_paths(sample.metrics, "metrics") == [
+        ("metrics.acc", sample.metrics["acc"]),
+        ("metrics.steps[1]", -math.inf),
+    ]
+    # the workflow's metrics as a worker process sends them (other objects, the same NaN): not the grader's
+    before = pickle.loads(pickle.dumps({"acc": math.nan, "steps": [1.0, -math.inf]}))
+    sample.metrics["score"] = 0.5
+    assert grader_metrics(graded, before) == ["n", "score"]
+    assert result_line(0, 0, graded, workflow_metrics=before)["grader_metrics"] == ["n", "score"]
+    assert "grader_metrics" not in result_line(0, 0, graded)  # not known: not said

@@ -172,21 +172,29 @@ class Workflow(MultiplyWorkflow):
 """
 
 
-def test_a_workflow_that_raises_cancel_exit_or_interrupt_fails_only_its_rollout(workspace, osmosis_exe, clean_env):
+def run_own_classes(
+    workspace: Path, osmosis_exe: str, clean_env: dict[str, str], code: str, names: str, prompts: list[str]
+) -> tuple[subprocess.CompletedProcess, dict[int, dict]]:
+    """``osmosis run`` of the example with ``code`` added to its main.py and the run config naming
+    its classes (``names``, e.g. ``workflow = "Workflow"``), over ``prompts`` (each labelled 6);
+    and its results by row, read as strict JSON (no NaN, no Infinity)."""
     main = workspace / "rollouts" / "multiply-plain" / "main.py"
-    main.write_text(main.read_text() + STRAY_EXITS)
+    main.write_text(main.read_text() + code)
     config = workspace / "configs" / "eval" / "multiply-plain.toml"
-    config.write_text(
-        config.read_text().replace('entrypoint = "main.py"', 'entrypoint = "main.py"\nworkflow = "Workflow"')
-    )
-    data = workspace / "stray.jsonl"
-    rows = ["cancel", "exit", "interrupt", "val1 = 2\nval2 = 3"]
-    data.write_text("".join(json.dumps({"user_prompt": r, "ground_truth": "6"}) + "\n" for r in rows))
-    r = osmosis(osmosis_exe, *RUN, "--stub-policy", "--dataset", "stray.jsonl", "--output", "out",
+    config.write_text(config.read_text().replace('entrypoint = "main.py"', f'entrypoint = "main.py"\n{names}'))
+    data = workspace / "own.jsonl"
+    data.write_text("".join(json.dumps({"user_prompt": p, "ground_truth": "6"}) + "\n" for p in prompts))
+    r = osmosis(osmosis_exe, *RUN, "--stub-policy", "--dataset", "own.jsonl", "--output", "out",
                 cwd=workspace, env=clean_env, timeout=60)  # fmt: skip
+    text = (workspace / "out" / "results.jsonl").read_text() if r.returncode in (0, 1) else ""
+    return r, {x["row"]: x for x in (json.loads(line, parse_constant=pytest.fail) for line in text.splitlines())}
+
+
+def test_a_workflow_that_raises_cancel_exit_or_interrupt_fails_only_its_rollout(workspace, osmosis_exe, clean_env):
+    prompts = ["cancel", "exit", "interrupt", "val1 = 2\nval2 = 3"]
+    r, records = run_own_classes(workspace, osmosis_exe, clean_env, STRAY_EXITS, 'workflow = "Workflow"', prompts)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
-    records = {x["row"]: x for x in lines(workspace / "out" / "results.jsonl")}
     assert sorted(records) == [0, 1, 2, 3]  # every rollout is recorded, the run went on
     assert records[0]["error"]["category"] == "agent_error"
     assert "CancelledError" in records[0]["error"]["message"]
@@ -302,3 +310,49 @@ def test_a_secret_is_redacted_wherever_it_sits_in_a_line(tmp_path):
     assert key not in text
     assert "LIVE-0123" not in text
     assert [json.loads(x) for x in text.splitlines()][1]["metrics"]["err"].startswith("RuntimeError(")
+
+
+NON_FINITE = """
+class Workflow(MultiplyWorkflow):
+    async def run(self, ctx):
+        answer = {"role": "assistant", "content": "#### 6"}
+        metrics = {"turns": 1}
+        if ctx.user_prompt.startswith("nan-metric"):
+            metrics["accuracy"] = float("nan")
+        if ctx.user_prompt.startswith("nan-message"):
+            answer["score"] = float("nan")
+        return RolloutSample(messages=[*ctx.prompt, answer], metrics=metrics)
+
+
+class Grader(MultiplyGrader):
+    async def grade(self, ctx):
+        ctx.sample.metrics["ratio"] = float("inf") if ctx.prompt[-1]["content"].startswith("inf") else 0.5
+        return 1.0
+"""
+
+
+def test_a_non_finite_metric_is_kept_as_a_string_naming_its_field_and_stage(workspace, osmosis_exe, clean_env):
+    """A NaN metric used to fail its rollout at stage "grader" with "Out of range float values are not
+    JSON compliant" and no field: the rollout now keeps its reward, results.jsonl holds the metric as
+    "NaN" (strict JSON), and the run names the field and the stage that set it. A NaN in the
+    messages still fails the rollout, at the workflow stage, naming where it is."""
+    names = 'workflow = "Workflow"\ngrader = "Grader"'
+    prompts = ["nan-metric", "inf-ratio", "nan-message", "plain"]
+    r, records = run_own_classes(workspace, osmosis_exe, clean_env, NON_FINITE, names, prompts)
+    assert r.returncode == 0, r.stderr
+    assert records[0]["status"] == "success"
+    assert records[0]["reward"] == 1.0
+    assert records[0]["metrics"] == {"turns": 1, "accuracy": "NaN", "ratio": 0.5}
+    assert records[0]["grader_metrics"] == ["ratio"]
+    assert records[1]["metrics"]["ratio"] == "Infinity"
+    assert "metrics.accuracy, set by the workflow, is nan" in r.stderr
+    assert "metrics.ratio, set by the grader, is inf" in r.stderr
+    assert r.stderr.count("metrics.accuracy") == 1  # once per metric
+    broken = records[2]
+    assert (broken["status"], broken["stage"]) == ("failure", "workflow")
+    assert broken["error"]["category"] == "validation_error"
+    assert "sample.messages[1].score is nan" in broken["error"]["message"]
+    # the headline mean counts the failure as 0, as the pass rate does; the mean of the graded stays
+    summary = json.loads((workspace / "out" / "summary.json").read_text())
+    assert (summary["mean_reward"], summary["mean_reward_graded"], summary["pass_rate"]) == (0.75, 1.0, 0.75)
+    assert "mean reward (graded)" in r.stdout

@@ -91,3 +91,30 @@ def test_osmosis_report_without_its_plugin_says_what_to_install(workspace, osmos
     r = subprocess.run([osmosis_exe, "report", "runs/x"], cwd=workspace, env=env, capture_output=True, text=True)
     assert r.returncode == 2
     assert "`osmosis report` comes with osmosis-report: pip install osmosis-report" in r.stderr
+
+
+class Writer:
+    """A plugin that writes a page at the run's end and says where (as osmosis-report does)."""
+
+    @hookimpl
+    def osmosis_run_progress(self, progress):
+        if progress.final:
+            page = progress.run_dir / "page.html"
+            page.write_text("<p>done</p>")
+            return page
+        return None
+
+
+def test_the_files_hooks_wrote_at_the_end_are_named_in_the_summary(workspace, osmosis_registry):
+    from rich.console import Console
+
+    from osmosis_core.cli.display import print_summary
+
+    osmosis_registry.register(Writer(), "pages")
+    osmosis_registry.register(Listener(), "listener")  # returns None: names nothing
+    outcome = run_with(workspace, osmosis_registry, latency=0.0, every=60)
+    assert outcome.written == (("pages", workspace / "out" / "page.html"),)
+    console = Console(record=True, width=200)
+    print_summary(console, outcome.summary, outcome.run_dir, written=outcome.written)
+    [row] = [line for line in console.export_text().splitlines() if "page.html" in line]
+    assert [cell.strip() for cell in row.split("│")[1:3]] == ["pages", str(workspace / "out" / "page.html")]

@@ -23,6 +23,7 @@ import logging
 import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -395,12 +396,18 @@ class PluginRegistry:
         """Whether any plugin implements ``osmosis_run_progress`` (else a run builds no progress records)."""
         return bool(self.pm.hook.osmosis_run_progress.get_hookimpls())
 
-    def tell_progress(self, progress: RunProgress) -> None:
+    def tell_progress(self, progress: RunProgress) -> list[tuple[str, Path]]:
         """Call every plugin's ``osmosis_run_progress``; one that raises is logged (once per plugin) and
-        the others are still called: a progress hook never fails a run or a server."""
+        the others are still called: a progress hook never fails a run or a server.
+
+        :returns: ``(plugin name, path)`` of each file a hook says it wrote (a report).
+        """
+        written: list[tuple[str, Path]] = []
         for impl in self.pm.hook.osmosis_run_progress.get_hookimpls():
             try:
-                impl.function(progress)
+                path = impl.function(progress)
+                if isinstance(path, (str, os.PathLike)):
+                    written.append((self._info(impl.plugin).name, Path(path)))
             except Exception as exc:
                 name = self._info(impl.plugin).name
                 if name not in self._told_failure:
@@ -411,6 +418,7 @@ class PluginRegistry:
                         type(exc).__name__,
                         exc,
                     )
+        return written
 
 
 _FIRST_PARTY: dict[tuple[str, str], str] = {

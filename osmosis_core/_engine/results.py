@@ -246,8 +246,20 @@ class ResultStats:
         return self.finished - self.succeeded
 
     @property
+    def graded(self) -> int:
+        """Rollouts that count for the pass rate and the mean reward: every finished one but the
+        ungraded (a failure counts, as reward 0 and not passing)."""
+        return self.finished - self.ungraded
+
+    @property
     def mean_reward(self) -> float | None:
-        """Mean reward over the successful, rewarded rollouts."""
+        """Mean reward over the graded rollouts, a failed rollout counting as 0 (the rollouts the
+        pass rate counts); None while no rollout has a reward."""
+        return sum(self.rewards) / self.graded if self.rewards else None
+
+    @property
+    def mean_reward_graded(self) -> float | None:
+        """Mean reward over the rollouts that have one (the successful, rewarded ones): failures left out."""
         return sum(self.rewards) / len(self.rewards) if self.rewards else None
 
 
@@ -263,6 +275,7 @@ class Summary:
     failed: int
     ungraded: int
     mean_reward: float | None
+    """Over the graded rollouts, a failed one counting as 0 (the rollouts ``pass_rate`` counts)."""
     pass_rate: float | None
     pass_threshold: float
     errors_by_category: dict[str, int]
@@ -271,6 +284,8 @@ class Summary:
     wall_sec: float
     interrupted: bool
     stub_policy: bool
+    mean_reward_graded: float | None = None
+    """Over the rollouts that have a reward, failures left out (what ``mean_reward`` meant before 0.2)."""
 
     @classmethod
     def from_stats(
@@ -294,7 +309,8 @@ class Summary:
             failed=stats.failed,
             ungraded=stats.ungraded,
             mean_reward=stats.mean_reward,
-            pass_rate=(stats.passed / (stats.finished - stats.ungraded)) if rewarded else None,
+            mean_reward_graded=stats.mean_reward_graded,
+            pass_rate=(stats.passed / stats.graded) if rewarded else None,
             pass_threshold=stats.pass_threshold,
             errors_by_category=dict(sorted(stats.errors.items())),
             latency_p50_sec=percentile(stats.latencies, 0.5),

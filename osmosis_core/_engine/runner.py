@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import datetime as _dt
 import json
+import logging
 import os
 import re
 import secrets
@@ -45,10 +46,12 @@ from osmosis_core.records import (
     PolicyEndpoint,
 )
 from osmosis_core.traces import TRACES, RunTraces, make_trace_gateway, traces_enabled
-from osmosis_core.wire import result_line
+from osmosis_core.wire import finite_json, nonfinite_paths, result_line
 from osmosis_core.workflow import ConcurrencyConfig
 
 __all__ = ["Reporter", "RunOutcome", "RunPlan", "execute_run", "prepare_run"]
+
+log = logging.getLogger("osmosis.run")
 
 RUN_META = "run.json"
 RESULTS = "results.jsonl"
@@ -121,6 +124,8 @@ class RunOutcome:
     """Why the run stopped before its end on its own (the backend became unusable); resumable."""
     failing: str | None = None
     """Why the run counts as failed (every rollout failed, or more than ``[run] max_failure_rate``)."""
+    written: tuple[tuple[str, Path], ...] = ()
+    """``(plugin name, path)`` of the files the progress hooks wrote at the end (``report.html``)."""
 
 
 def _latest_run(root: Path, name: str) -> Path | None:
@@ -397,24 +402,73 @@ class _Execution:
         self.started = time.perf_counter()
         self.replaced: dict[int, Any] = {}
         """The signal handlers :meth:`stop_now` replaced, restored at the end."""
+        self.written: tuple[tuple[str, Path], ...] = ()
+        """The files the progress hooks wrote at the end (their plugin's name, the path)."""
+        self.told_nonfinite: set[tuple[str, str]] = set()
+        """(metric path, stage) of the NaN or infinite metrics already said."""
 
     # the rollouts
 
-    def record(self, row: int, sample_index: int, result: ExecutionResult) -> None:
-        """Write one rollout's final result; a sample that is not JSON fails the rollout, not the run."""
-        line = result_line(row, sample_index, result)
+    def record(
+        self, row: int, sample_index: int, result: ExecutionResult, workflow_metrics: dict[str, Any] | None = None
+    ) -> None:
+        """Write one rollout's final result; a sample that is not JSON fails the rollout, not the run.
+
+        ``workflow_metrics`` (the workflow result's, copied when it was reported) tell the grader's
+        metrics from the workflow's. A NaN or infinite metric is written as a string (see
+        :mod:`osmosis_core.wire`) and said once per metric, naming the stage that set it; one
+        anywhere else in the sample fails the rollout at the workflow stage, naming where it is.
+        """
+        line = result_line(row, sample_index, result, workflow_metrics=workflow_metrics)
+        if result.sample is not None and result.sample.metrics:
+            self.tell_nonfinite_metrics(row, sample_index, result, line.get("grader_metrics"))
         try:
             self.writer.write(line)
         except (TypeError, ValueError) as exc:
             info = error_info(exc, category=ErrorCategory.VALIDATION_ERROR)
+            stage, message = result.stage, f"the sample cannot be written as JSON: {info.message}"
+            found = nonfinite_paths(line.get("sample"), "sample")
+            if found:  # the messages are the workflow's
+                where, value = found[0]
+                stage = ExecutionStage.WORKFLOW
+                message = (
+                    f"the workflow's sample cannot be written as JSON: {where} is {value!r} "
+                    f"(results.jsonl is strict JSON; {len(found)} such value{'s' if len(found) > 1 else ''})"
+                )
             failed = ExecutionResult(
-                result.rollout_id, result.stage, ExecutionStatus.FAILURE, error=info, timings=result.timings
+                result.rollout_id, stage, ExecutionStatus.FAILURE, error=info, timings=result.timings
             )
             line = result_line(row, sample_index, failed)
-            line["error"]["message"] = f"the sample cannot be written as JSON: {info.message}"
+            line["error"]["message"] = message
             self.writer.write(line)
         self.stats.add(line)
         self.reporter.advance(line, self.stats)
+
+    def tell_nonfinite_metrics(
+        self, row: int, sample_index: int, result: ExecutionResult, graders: list[str] | None
+    ) -> None:
+        """Say (once per metric and stage) that a metric is NaN or infinite, which stage set it, and
+        how ``results.jsonl`` holds it."""
+        assert result.sample is not None
+        for key, item in result.sample.metrics.items():
+            for where, value in nonfinite_paths({key: item}, "metrics"):
+                if graders is not None:
+                    stage = "grader" if str(key) in graders else "workflow"
+                else:
+                    stage = "workflow" if result.stage is ExecutionStage.WORKFLOW else "workflow or grader"
+                if (where, stage) in self.told_nonfinite:
+                    continue
+                self.told_nonfinite.add((where, stage))
+                log.warning(
+                    "row %d sample %d: %s, set by the %s, is %r: results.jsonl holds it as the string %r "
+                    "(said once per metric)",
+                    row,
+                    sample_index,
+                    where,
+                    stage,
+                    value,
+                    finite_json(value),
+                )
 
     async def rollout(self, row_index: int, sample_index: int, scope: anyio.CancelScope) -> None:
         """Run one (row, sample) pair on the backend and record its final result."""
@@ -431,8 +485,11 @@ class _Execution:
             grader_timeout_sec=run.grader_timeout_sec,
         )
         final: list[ExecutionResult] = []
+        workflow_metrics: list[dict[str, Any]] = []
 
         async def keep(result: ExecutionResult) -> None:
+            if result.stage is ExecutionStage.WORKFLOW and result.sample is not None:
+                workflow_metrics.append(dict(result.sample.metrics))  # the grader may add to the same dict
             final.append(result)
 
         try:
@@ -461,7 +518,7 @@ class _Execution:
             traces.finish(rollout_id, row_index, sample_index, write=last.status is not ExecutionStatus.CANCELLED)
         if last.status is ExecutionStatus.CANCELLED:
             return
-        self.record(row_index, sample_index, last)
+        self.record(row_index, sample_index, last, workflow_metrics[0] if workflow_metrics else None)
 
     async def worker(self, scope: anyio.CancelScope) -> None:
         """Take pending pairs one at a time until none is left (``in_flight`` workers share them)."""
@@ -582,7 +639,9 @@ class _Execution:
                     await self.tell_the_end(listening)
         assert self.summary is not None  # (written above, or its error raised)
         failing = None if signalled or self.stopped else _failing(self.summary, plan.config.run.max_failure_rate)
-        return RunOutcome(self.summary, plan.run_dir, signalled, stopped=self.stopped, failing=failing)
+        return RunOutcome(
+            self.summary, plan.run_dir, signalled, stopped=self.stopped, failing=failing, written=self.written
+        )
 
     async def close_all(self) -> None:
         """Close the backend, the traces, the HTTP clients and the lock, shielded from cancellation."""
@@ -602,7 +661,8 @@ class _Execution:
         """Tell the progress hooks the run's end (shielded), then give back the signal handlers."""
         if listening:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(True))
+                written = await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(True))
+                self.written = tuple(written)
         for signum, handler in self.replaced.items():
             signal.signal(signum, handler)
 

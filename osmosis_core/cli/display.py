@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,10 @@ def make_reporter(console: Console) -> RichReporter | PlainReporter:
     return RichReporter(console) if console.is_terminal else PlainReporter(console)
 
 
-def print_summary(console: Console, summary: Summary, run_dir: Path) -> None:
-    """The end-of-run table."""
+def print_summary(
+    console: Console, summary: Summary, run_dir: Path, *, written: Sequence[tuple[str, Path]] = ()
+) -> None:
+    """The end-of-run table; ``written``: ``(plugin name, path)`` of the files plugins wrote (``report.html``)."""
     table = Table(
         title="osmosis run summary" + (" (interrupted)" if summary.interrupted else ""),
         show_header=False,
@@ -98,7 +101,10 @@ def print_summary(console: Console, summary: Summary, run_dir: Path) -> None:
     table.add_row("rows x samples", f"{summary.rows} x {summary.n_samples} = {summary.expected}")
     ungraded = f", {summary.ungraded} ungraded" if summary.ungraded else ""
     table.add_row("finished", f"{summary.finished} ({summary.succeeded} ok{ungraded}, {summary.failed} failed)")
-    table.add_row("mean reward", _fmt(summary.mean_reward))
+    counted = " (a failed rollout counts as 0)" if summary.failed and summary.mean_reward is not None else ""
+    table.add_row("mean reward", _fmt(summary.mean_reward) + counted)
+    if counted:
+        table.add_row("mean reward (graded)", f"{_fmt(summary.mean_reward_graded)} (failed rollouts left out)")
     pass_rate = "-" if summary.pass_rate is None else f"{summary.pass_rate:.1%}"
     table.add_row("pass rate", f"{pass_rate} (reward >= {summary.pass_threshold:g})")
     errors = ", ".join(f"{k} {v}" for k, v in summary.errors_by_category.items()) or "none"
@@ -109,6 +115,8 @@ def print_summary(console: Console, summary: Summary, run_dir: Path) -> None:
     )
     table.add_row("wall time", f"{summary.wall_sec:.1f} s")
     table.add_row("results", str(run_dir / "results.jsonl"))
+    for name, path in written:
+        table.add_row(name, str(path))
     if summary.stub_policy:
         table.add_row("policy", "[yellow]stub (scripted calculator server, not a model)[/yellow]")
     console.print(table)

@@ -132,7 +132,7 @@ def run(
     finally:
         if stub is not None:
             stub.stop()
-    print_summary(console, outcome.summary, outcome.run_dir)
+    print_summary(console, outcome.summary, outcome.run_dir, written=outcome.written)
     if outcome.interrupted or outcome.stopped:
         why = f"stopped: {outcome.stopped}" if outcome.stopped else "interrupted"
         err.print(

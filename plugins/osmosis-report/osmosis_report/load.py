@@ -3,7 +3,13 @@
 ``results.jsonl`` is read as a stream and never written (a run may still be writing it): a
 damaged line is listed as ``file:line`` and skipped, a last line still being written is left for
 the next report. A (row, sample) pair with several records (retries) counts by its latest, as the
-core's summary counts it (:func:`osmosis_core.frontend.latest_records`). Prompts and labels come from
+core's summary counts it (:func:`osmosis_core.frontend.latest_records`).
+
+A NaN or infinite number (an older osmosis or a hand-written line; strict JSON has none) is listed
+as ``file:line: field is NaN`` and shown as such: a metric or a message keeps it, spelled as
+``osmosis run`` now writes a non-finite metric (``"NaN"``, ``"Infinity"``, ``"-Infinity"``); a
+non-finite reward makes its rollout a failure (``validation_error``), as a grader's non-finite
+reward is one now; a non-finite timing or time is left out. Prompts and labels come from
 the dataset named in ``run.json`` when it is still the file the run read (same SHA-256); else from
 the samples' own leading messages. ``traces.jsonl``, when the run captured traces, gives token
 counts per rollout.
@@ -14,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import tomllib
 from collections import Counter
@@ -24,12 +31,22 @@ from typing import Any
 import attrs
 
 from osmosis_core import OsmosisError
-from osmosis_core.frontend import ResultStats, Summary, fingerprint, latest_records, read_dataset, summary_fields
+from osmosis_core.frontend import (
+    ResultStats,
+    Summary,
+    fingerprint,
+    finite_json,
+    nonfinite_paths,
+    read_dataset,
+    scan_results,
+    summary_fields,
+)
 
 __all__ = ["Rollout", "Row", "RunData", "Tokens", "load_run", "prompt_hash", "prompt_text"]
 
-MAX_STRING = 20_000
-"""Characters kept of any one string of a trajectory (a longer one is clipped, and says so)."""
+MAX_STRING = 200_000
+"""Characters kept of any one string of a trajectory (a longer one is clipped, and says where the
+whole of it is); the viewer shows a long message folded, with a button that unfolds it."""
 
 
 @attrs.define(slots=True)
@@ -58,6 +75,9 @@ class Rollout:
     timings: dict[str, float]
     finished_at: float | None
     metrics: dict[str, Any]
+    """A NaN or infinite metric spelled ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
+    grader_metrics: list[str] | None
+    """The names of the metrics the grader set (None: the line does not say, written before 0.2)."""
     attempts: int
     trajectory: str | None
     """The compact JSON of the messages, system prompt, metrics, error and timings (None: no sample)."""
@@ -103,7 +123,13 @@ class Row:
         return len(graded), sum(bool(r.passed) for r in graded)
 
     def rewards(self) -> list[float]:
+        """The rewards of the rollouts that have one (failures left out: the graded mean's)."""
         return [r.reward for r in self.rollouts if r.ok and r.reward is not None]
+
+    def scores(self) -> list[float]:
+        """A value per graded rollout, a failure counting as 0: what the mean reward and the pass
+        rate both count (the same rollouts as :meth:`counts`)."""
+        return [r.reward if r.ok and r.reward is not None else 0.0 for r in self.rollouts if r.graded]
 
 
 @attrs.define
@@ -116,6 +142,8 @@ class RunData:
     summary: Summary
     rows: dict[int, Row]
     damaged: list[str]
+    nonfinite: list[str]
+    """``file:line: field is NaN`` for each NaN or infinite number the results held (see the module)."""
     pass_threshold: float
     prompt_source: str
     """``dataset`` (the file the run read) or ``samples`` (each row's first sample)."""
@@ -170,16 +198,18 @@ def _text(content: Any) -> str:
     return "" if content is None else json.dumps(content, ensure_ascii=False, default=str)
 
 
-def clip_strings(value: Any, limit: int = MAX_STRING) -> Any:
-    """``value`` with every string longer than ``limit`` cut, saying how much was cut."""
+def clip_strings(value: Any, limit: int = MAX_STRING, *, where: str = "") -> Any:
+    """``value`` with every string longer than ``limit`` cut, saying how much was cut (and, given
+    ``where``, the ``file:line`` that holds the whole of it)."""
     if isinstance(value, str):
         if len(value) <= limit:
             return value
-        return value[:limit] + f"\u2026 [clipped: {len(value) - limit:,} more characters]"
+        whole = f"; the whole of it is in {where}" if where else ""
+        return value[:limit] + f"\u2026 [clipped: {len(value) - limit:,} more characters{whole}]"
     if isinstance(value, dict):
-        return {k: clip_strings(v, limit) for k, v in value.items()}
+        return {k: clip_strings(v, limit, where=where) for k, v in value.items()}
     if isinstance(value, list):
-        return [clip_strings(v, limit) for v in value]
+        return [clip_strings(v, limit, where=where) for v in value]
     return value
 
 
@@ -318,17 +348,22 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
     damaged: list[str] = []
     attempts: Counter[tuple[int, int]] = Counter()
     total = _count_lines(results)
-    read = [0]
-
-    def keep(line: dict[str, Any]) -> tuple[Rollout, dict[str, Any]]:
+    latest: dict[tuple[int, int], tuple[Rollout, dict[str, Any]]] = {}
+    odd: dict[tuple[int, int], tuple[int, list[str]]] = {}
+    """(line number, its NaN and infinite numbers) of each pair whose latest line holds some."""
+    for read, (number, line) in enumerate(scan_results(results, repair=False, damaged=damaged), start=1):
         pair = (line["row"], line["sample_index"])
         attempts[pair] += 1
-        read[0] += 1
-        if on_lines is not None and read[0] % 500 == 0:
-            on_lines(read[0], total)
-        return _rollout(line), summary_fields(line)
-
-    latest = latest_records(results, keep, repair=False, damaged=damaged)
+        if on_lines is not None and read % 500 == 0:
+            on_lines(read, total)
+        found: list[str] = []
+        line = _finite(line, f"{results}:{number}", found)
+        latest[pair] = _rollout(line, f"{results}:{number}", found), summary_fields(line)
+        if found:
+            odd[pair] = (number, found)
+        else:
+            odd.pop(pair, None)  # a later record of the pair counts, not the earlier one
+    nonfinite = [problem for _, found in sorted(odd.values()) for problem in found]
     size = results.stat().st_size if results.exists() else 0
     if on_lines is not None:
         on_lines(total, total)
@@ -380,6 +415,7 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
         summary=summary,
         rows=dict(sorted(rows.items())),
         damaged=damaged,
+        nonfinite=nonfinite,
         pass_threshold=threshold,
         prompt_source="dataset" if from_dataset is not None else "samples",
         live=live,
@@ -401,7 +437,51 @@ def _span(latest: Any) -> float:
     return (max(times) - min(times)) if len(times) > 1 else 0.0
 
 
-def _rollout(line: dict[str, Any]) -> Rollout:
+def _spelled(value: Any) -> str:
+    return str(finite_json(value))
+
+
+def _finite(line: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
+    """``line`` with its NaN and infinite numbers dealt with as the module says (each one listed in
+    ``problems`` as ``where: field is NaN``); the sample's are left to :func:`_rollout`."""
+    reward, timings, finished = line.get("reward"), line.get("timings"), line.get("finished_at")
+    metrics = line.get("metrics")
+    bad_reward = isinstance(reward, float) and not math.isfinite(reward)
+    bad_timings = isinstance(timings, dict) and any(
+        isinstance(v, float) and not math.isfinite(v) for v in timings.values()
+    )
+    bad_time = isinstance(finished, float) and not math.isfinite(finished)
+    bad_metrics = nonfinite_paths(metrics, "metrics") if isinstance(metrics, dict) else []
+    if not (bad_reward or bad_timings or bad_time or bad_metrics):
+        return line
+    line = dict(line)
+    if bad_reward:
+        spelled = _spelled(reward)
+        if line.get("status") == "success":
+            line["status"] = "failure"
+            line["error"] = {"category": "validation_error", "message": f"the reward is {spelled} ({where})"}
+            problems.append(f"{where}: reward is {spelled}: counted as a failed rollout (validation_error)")
+        else:
+            problems.append(f"{where}: reward is {spelled}: left out")
+        line["reward"] = None
+    if bad_timings:
+        assert isinstance(timings, dict)
+        for key, value in timings.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                problems.append(f"{where}: timings.{key} is {_spelled(value)}: left out")
+        line["timings"] = {k: v for k, v in timings.items() if not (isinstance(v, float) and not math.isfinite(v))}
+    if bad_time:
+        problems.append(f"{where}: finished_at is {_spelled(finished)}: left out")
+        line["finished_at"] = None
+    if bad_metrics:
+        problems.extend(f"{where}: {path} is {_spelled(value)}" for path, value in bad_metrics)
+        line["metrics"] = finite_json(metrics)
+    return line
+
+
+def _rollout(line: dict[str, Any], where: str = "", problems: list[str] | None = None) -> Rollout:
+    """The :class:`Rollout` of one (finite, see :func:`_finite`) line; a NaN or infinite number in its
+    sample is listed in ``problems`` and kept in the trajectory, spelled as a string."""
     error = line.get("error") if isinstance(line.get("error"), dict) else None
     sample = line.get("sample") if isinstance(line.get("sample"), dict) else None
     reward = line.get("reward")
@@ -423,9 +503,17 @@ def _rollout(line: dict[str, Any]) -> Rollout:
         body = {"messages": messages, "system_prompt": sample.get("system_prompt")}
         if isinstance(readable, list):
             body["native"] = len(sample.get("messages") or [])
-        trajectory = json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=str)
+        try:
+            trajectory = json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=str, allow_nan=False)
+        except ValueError:  # a NaN or infinity (a strict JSON line has none): named, and spelled as a string
+            if problems is not None:
+                found = nonfinite_paths(sample, "sample")
+                problems.extend(f"{where}: {path} is {_spelled(value)}" for path, value in found)
+            body = finite_json(body)
+            trajectory = json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=str)
         if len(trajectory) > MAX_STRING:  # (else no string in it can be longer than the limit)
-            trajectory = json.dumps(clip_strings(body), ensure_ascii=False, separators=(",", ":"), default=str)
+            clipped = clip_strings(body, where=where)
+            trajectory = json.dumps(clipped, ensure_ascii=False, separators=(",", ":"), default=str)
     return Rollout(
         row=line["row"],
         sample=line["sample_index"],
@@ -438,6 +526,7 @@ def _rollout(line: dict[str, Any]) -> Rollout:
         timings=timings,
         finished_at=float(finished_at) if isinstance(finished_at, (int, float)) else None,
         metrics=clip_strings(metrics, 2000),
+        grader_metrics=[str(k) for k in graders] if isinstance(graders := line.get("grader_metrics"), list) else None,
         attempts=1,
         trajectory=trajectory,
         first_messages=first,

@@ -4,7 +4,8 @@
 * ``osmosis_run_progress``: writes ``report.html`` into each run folder (of ``osmosis run`` and
   ``osmosis serve``) while it goes and when it ends, unless ``[report] enabled = false`` or
   ``osmosis run --no-report``. A report that takes long is written less often: at most every
-  minute, and never more than 5% of the time.
+  minute, and never more than 5% of the time. It returns the page's path, which the summary
+  table at the end of ``osmosis run`` names.
 
 It stays light: Jinja2 and the readers are imported when a report is written.
 """
@@ -42,7 +43,9 @@ def osmosis_register_commands(cli: click.Group) -> None:
 
 
 @hookimpl
-def osmosis_run_progress(progress: RunProgress) -> None:
+def osmosis_run_progress(progress: RunProgress) -> Path | None:
+    """Write ``report.html`` into the run folder (not more often than :data:`SHARE` allows while the
+    run goes); the path it wrote, which the run's summary names, or None."""
     from osmosis_core.plugin import structure_table
     from osmosis_report.render import build_report
     from osmosis_report.settings import ReportSettings
@@ -52,13 +55,14 @@ def osmosis_run_progress(progress: RunProgress) -> None:
     source = str(config.source) if config is not None and config.source is not None else "<config>"
     settings = structure_table(table, ReportSettings, "$.report", source)
     if not settings.enabled:
-        return
+        return None
     folder = Path(progress.run_dir)
     now = time.monotonic()
     with _lock:
         last = _last.get(folder)
         if not progress.final and last is not None and now - last[0] < last[1] / SHARE:
-            return
-    build_report([folder], folder / REPORT_FILE, max_bytes=int(settings.max_mb * 2**20))
+            return None
+    built = build_report([folder], folder / REPORT_FILE, max_bytes=int(settings.max_mb * 2**20))
     with _lock:
         _last[folder] = (time.monotonic(), time.monotonic() - now)
+    return built.path

@@ -31,11 +31,12 @@ import attrs
 import jinja2
 import markupsafe
 
-from osmosis_core.frontend import percentile
+from osmosis_core.frontend import NONFINITE, percentile
 from osmosis_report import charts
-from osmosis_report.compare import Comparison, compare, row_passes
+from osmosis_report.compare import Comparison, Mismatch, compare, row_passes
 from osmosis_report.load import Rollout, RunData, load_run
 from osmosis_report.stats import Interval, mean_interval, pass_at_k_curve
+from osmosis_report.units import duration_unit, format_duration, format_durations
 
 __all__ = ["DEFAULT_MAX_BYTES", "Built", "build_report", "render_runs", "run_figures"]
 
@@ -73,7 +74,9 @@ def run_figures(run: RunData) -> dict[str, Any]:
     """The header figures of one run (the page's and the terminal's summary)."""
     s = run.summary
     rows = list(run.rows.values())
-    interval = mean_interval([row.rewards() for row in rows])
+    rewarded = any(row.rewards() for row in rows)  # (as the summary: no mean before a first reward)
+    interval = mean_interval([row.scores() for row in rows]) if rewarded else None
+    graded_interval = mean_interval([row.rewards() for row in rows])
     curve = pass_at_k_curve([row.counts() for row in rows if row.counts()[0]])
     rollouts = run.rollouts
     latencies = [r.latency for r in rollouts if r.status != "cancelled"]
@@ -102,6 +105,9 @@ def run_figures(run: RunData) -> dict[str, Any]:
         "rate": (s.finished / wall) if wall else None,
         "summary": s,
         "interval": interval,
+        "interval_graded": graded_interval,
+        "graded": sum(len(row.scores()) for row in rows),
+        "rewarded": sum(len(row.rewards()) for row in rows),
         "pass_at_k": curve,
         "never_solved": never,
         "latency": {q: percentile(latencies, q / 100) for q in (50, 95, 99)},
@@ -110,6 +116,7 @@ def run_figures(run: RunData) -> dict[str, Any]:
         "live": run.live,
         "stub": s.stub_policy,
         "damaged": run.damaged,
+        "nonfinite": run.nonfinite,
         "prompt_source": run.prompt_source,
         "cancelled": run.cancelled,
         "traces": run.traces,
@@ -120,11 +127,12 @@ def run_figures(run: RunData) -> dict[str, Any]:
 def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[charts.Chart]:
     rollouts = [r for r in run.rollouts if r.status != "cancelled"]
     rewards = [r.reward for r in rollouts if r.ok and r.reward is not None]
+    failed_graded = [0.0 for r in rollouts if not r.ok and r.graded] if rewards else []  # (no grader: no zeros)
     slug = f"r{index}"
     out = [
         charts.histogram(
             "Reward distribution",
-            [("rollouts", "s0", rewards)],
+            [("rewarded", "s0", rewards), ("failed (counted as 0)", "fail", failed_graded)],
             x_label="reward",
             rules=[("mean", figures["interval"].value)] if figures["interval"] else (),
             note="" if rewards else "no rewarded rollout",
@@ -135,6 +143,7 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
             [("pass@k", "s0", [(k, v) for k, v, _ in figures["pass_at_k"]])],
             x_label="k (samples)",
             y_label="pass@k",
+            tip="pass@{x} = {y}: the chance that at least one of {x} samples of a row passes",
             note="" if figures["pass_at_k"] else "nothing graded",
             slug=f"{slug}-passk",
         ),
@@ -143,14 +152,16 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
     failed = [r.latency for r in rollouts if not r.ok]
     lat = figures["latency"]
     top = max([*ok, *failed], default=0.0)
+    unit, size = duration_unit(top)
     out.append(
         charts.histogram(
             "Latency (workflow + grader)",
-            [("succeeded", "ok", ok), ("failed", "fail", failed)],
-            x_label="seconds",
+            [("succeeded", "ok", [v / size for v in ok]), ("failed", "fail", [v / size for v in failed])],
+            x_label="latency",
+            unit=unit,
             lo=0.0,
-            hi=top * 1.02 if top else None,
-            rules=[(f"p{q}", v) for q, v in lat.items() if v is not None],
+            hi=top / size * 1.02 if top else None,
+            rules=[(f"p{q}", v / size) for q, v in lat.items() if v is not None],
             slug=f"{slug}-latency",
         )
     )
@@ -161,7 +172,9 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
         charts.bars(
             "Errors by category and stage",
             [(cat, [counts.get((cat, st), 0) for st in stages]) for cat in categories],
-            [(st, f"st-{st}") for st in stages],
+            [(f"{st} stage", f"st-{st}") for st in stages],
+            counted="failed rollouts",
+            tip="{group} in the {stack}: {n} {counted}",
             empty="no errors",
             slug=f"{slug}-errors",
         )
@@ -181,19 +194,32 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
     return out
 
 
+def _scores(run: RunData, rewarded: bool) -> list[float]:
+    """Every graded rollout's reward, a failure as 0 (none when no rollout has a reward: no grader)."""
+    return [v for row in run.rows.values() for v in row.scores()] if rewarded else []
+
+
 def _metric_charts(rollouts: Sequence[Rollout], slug: str) -> list[charts.Chart]:
     """A histogram per numeric metric and the commonest values of each short text metric (``reason``)."""
     numbers: dict[str, list[float]] = {}
+    odd: Counter[str] = Counter()
+    """NaN or infinite values per numeric metric (left out of its histogram, and said so)."""
     texts: dict[str, Counter[str]] = {}
     for r in rollouts:
         for key, value in r.metrics.items():
             if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
                 numbers.setdefault(key, []).append(float(value))
+            elif isinstance(value, float) or (isinstance(value, str) and value in NONFINITE):
+                odd[key] += 1
             elif isinstance(value, str):
                 texts.setdefault(key, Counter())[value[:40]] += 1
     out = []
-    for key in sorted(numbers)[:6]:
-        out.append(charts.histogram(f"metric: {key}", [(key, "s1", numbers[key])], x_label=key, slug=f"{slug}-m-{key}"))
+    for key in sorted({*numbers, *odd})[:6]:
+        note = f"{odd[key]} NaN or infinite value{'s' if odd[key] != 1 else ''} left out" if odd[key] else ""
+        chart = charts.histogram(
+            f"metric: {key}", [(key, "s1", numbers.get(key, []))], x_label=key, note=note, slug=f"{slug}-m-{key}"
+        )
+        out.append(chart)
     for key in sorted(texts)[:4]:
         common = texts[key].most_common(8)
         if len(texts[key]) > 60 and key != "reason":
@@ -202,7 +228,12 @@ def _metric_charts(rollouts: Sequence[Rollout], slug: str) -> list[charts.Chart]
         note = f"{len(texts[key])} distinct values; the 8 commonest shown ({rest} others)" if rest else ""
         out.append(
             charts.bars(
-                f"metric: {key}", [(v, [n]) for v, n in common], [(key, "s1")], note=note, slug=f"{slug}-t-{key}"
+                f"metric: {key}",
+                [(v, [n]) for v, n in common],
+                [(key, "s1")],
+                tip="{stack} = {group}: {n} {counted}",
+                note=note,
+                slug=f"{slug}-t-{key}",
             )
         )
     return out
@@ -224,6 +255,8 @@ def _rollout_json(r: Rollout, t0: float | None) -> dict[str, Any]:
         item["t"] = {k: round(v, 3) for k, v in r.timings.items()}
     if r.metrics:
         item["x"] = r.metrics
+    if r.grader_metrics is not None:
+        item["gm"] = r.grader_metrics
     if r.attempts > 1:
         item["a"] = r.attempts
     if r.finished_at is not None and t0 is not None:
@@ -286,31 +319,58 @@ def _pack(
     return all_chunks, places, note, embedded
 
 
+LABEL_SHORT = 200
+"""Characters of a label the row table holds; the viewer shows up to :data:`LABEL_LONG`."""
+LABEL_LONG = 4000
+
+
+def _label_text(label: Any) -> str:
+    return "" if label is None else label if isinstance(label, str) else json.dumps(label, default=str)
+
+
 def _rows_json(runs: Sequence[RunData], comparison: Comparison | None) -> list[dict[str, Any]]:
-    """One entry per row (matched rows first when comparing), with each run's rollouts and figures."""
+    """One entry per row, with each run's rollouts and figures.
+
+    Comparing, every row any run has gets an entry; a run shows a row's rollouts only when the
+    row matches the baseline's (same prompt hash; a row the baseline lacks: the first run's that
+    has it); ``u`` lists the runs that have the row but do not match, ``x`` those without it.
+    """
     offsets: list[dict[int, list[int]]] = []
     for run in runs:
         by_row: dict[int, list[int]] = {}
         for i, r in enumerate(run.rollouts):
             by_row.setdefault(r.row, []).append(i)
         offsets.append(by_row)
-    indices = comparison.matched if comparison is not None else list(runs[0].rows)
+    indices = comparison.rows if comparison is not None else list(runs[0].rows)
     out = []
     for index in indices:
-        rows = [run.rows.get(index) for run in runs]
-        first = next(r for r in rows if r is not None)
-        label = first.label
+        found = [run.rows.get(index) for run in runs]
+        first = next(r for r in found if r is not None)
+        rows = [
+            row if row is first or (row is not None and row.hash and row.hash == first.hash) else None for row in found
+        ]
+        label = _label_text(first.label)
         entry: dict[str, Any] = {
             "i": index,
             "p": first.text[:400],
-            "l": ("" if label is None else label if isinstance(label, str) else json.dumps(label, default=str))[:200],
+            "l": label[:LABEL_SHORT],
             "h": first.hash,
-            "r": [offsets[k].get(index, []) for k in range(len(runs))],
+            "r": [offsets[k].get(index, []) if rows[k] is not None else [] for k in range(len(runs))],
         }
+        if len(label) > LABEL_SHORT:
+            entry["L"] = label[:LABEL_LONG] + (
+                f"\u2026 [clipped: {len(label) - LABEL_LONG:,} more characters]" if len(label) > LABEL_LONG else ""
+            )
+        unmatched = [k for k in range(len(runs)) if found[k] is not None and rows[k] is None]
+        if unmatched:
+            entry["u"] = unmatched
+        absent = [k for k in range(len(runs)) if found[k] is None]
+        if absent:
+            entry["x"] = absent
         means, passes = [], []
         for row in rows:
-            rewards = row.rewards() if row is not None else []
-            means.append(round(sum(rewards) / len(rewards), 6) if rewards else None)
+            scores = row.scores() if row is not None else []
+            means.append(round(sum(scores) / len(scores), 6) if scores else None)
             n, c = row.counts() if row is not None else (0, 0)
             passes.append([c, n])
         entry["m"] = means
@@ -324,6 +384,20 @@ def _rows_json(runs: Sequence[RunData], comparison: Comparison | None) -> list[d
             entry["fl"] = flips
         out.append(entry)
     return out
+
+
+def mismatch_groups(mismatches: Sequence[Mismatch]) -> list[tuple[str, Mismatch]]:
+    """Runs of consecutive rows not matched for the same reason, as ``("rows 5-39", first)``; a row
+    whose prompts differ stands alone (its hashes are shown)."""
+    groups: list[tuple[int, int, Mismatch]] = []
+    for m in mismatches:
+        if groups and m.reason != "different prompts" and groups[-1][2].reason == m.reason:
+            first, last, head = groups[-1]
+            if last + 1 == m.index:
+                groups[-1] = (first, m.index, head)
+                continue
+        groups.append((m.index, m.index, m))
+    return [(f"row {a}" if a == b else f"rows {a}\u2013{b}", m) for a, b, m in groups]
 
 
 def _script_json(data: Any) -> markupsafe.Markup:
@@ -344,9 +418,11 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["num"] = _fmt_num
     env.filters["pct"] = lambda v: "\u2013" if v is None else f"{v:.1%}"
-    env.filters["secs"] = lambda v: "\u2013" if v is None else (f"{v:.2f} s" if v < 100 else f"{v:,.0f} s")
+    env.filters["secs"] = format_duration
+    env.filters["durations"] = format_durations
     env.filters["interval"] = lambda i: "\u2013" if i is None else f"{i.value:.3f} [{i.low:.3f}, {i.high:.3f}]"
     env.filters["signed"] = _signed
+    env.globals["mismatch_groups"] = mismatch_groups
     return env
 
 
@@ -384,6 +460,7 @@ def render_runs(
                 ],
                 x_label="k (samples)",
                 y_label="pass@k",
+                tip="{series}: pass@{x} = {y}",
                 slug="cmp-passk",
             )
         )
@@ -394,22 +471,22 @@ def render_runs(
                 [(c, [f["summary"].errors_by_category.get(c, 0) for f in figures]) for c in categories],
                 [(f"{i + 1}. {f['name']}", colours[i]) for i, f in enumerate(figures)],
                 grouped=True,
+                counted="failed rollouts",
+                tip="{group} in {stack}: {n} {counted}",
                 empty="no errors in any run",
                 slug="cmp-errors",
             )
         )
         compare_charts.append(
             charts.histogram(
-                "Reward distribution, stacked by run",
+                "Reward distribution, side by side",
                 [
-                    (
-                        f"{i + 1}. {run.name}",
-                        colours[i],
-                        [r.reward for r in run.rollouts if r.ok and r.reward is not None],
-                    )
-                    for i, run in enumerate(runs)
+                    (f"{i + 1}. {run.name}", colours[i], _scores(run, f["interval"] is not None))
+                    for i, (run, f) in enumerate(zip(runs, figures, strict=True))
                 ],
                 x_label="reward",
+                stacked=False,
+                note="Every graded rollout of each run; a failed rollout counts as 0.",
                 slug="cmp-reward",
             )
         )

@@ -66,6 +66,10 @@ def report(runs: tuple[Path, ...], output: Path | None, open_: bool, max_mb: flo
     for data in built.runs:
         for problem in data.damaged[:10]:
             err.print(f"damaged line skipped: {problem}", markup=False, soft_wrap=True)
+        for problem in data.nonfinite[:10]:
+            err.print(f"not a finite number: {problem}", markup=False, soft_wrap=True)
+        if len(data.nonfinite) > 10:
+            err.print(f"and {len(data.nonfinite) - 10} more NaN or infinite numbers (listed in the report)")
     console.print(
         f"wrote {built.path} ({built.bytes / 2**20:.1f} MB, {built.rollouts:,} rollouts, "
         f"{built.embedded:,} trajectories, {built.seconds:.1f} s)",
@@ -73,7 +77,17 @@ def report(runs: tuple[Path, ...], output: Path | None, open_: bool, max_mb: flo
         soft_wrap=True,
     )
     if open_:
-        webbrowser.open(built.path.resolve().as_uri())
+        uri = built.path.resolve().as_uri()
+        try:
+            opened = webbrowser.open(uri)
+        except webbrowser.Error:
+            opened = False
+        if not opened:
+            err.print(
+                f"--open: no browser found to open it (set BROWSER to one); open {uri} yourself",
+                markup=False,
+                soft_wrap=True,
+            )
 
 
 class _progress:
@@ -116,6 +130,7 @@ def print_report_summary(console: Any, built: Built) -> None:
     from rich.table import Table
 
     from osmosis_report.render import run_figures
+    from osmosis_report.units import format_durations
 
     figures = [run_figures(run) for run in built.runs]
     title = "osmosis report" + ("" if len(figures) == 1 else f": {len(figures)} runs against {figures[0]['name']}")
@@ -142,6 +157,10 @@ def print_report_summary(console: Any, built: Built) -> None:
             for f in figures
         ],
     )
+    row(
+        "mean reward (graded)",
+        ["-" if f["interval_graded"] is None else f"{f['interval_graded'].value:.3f}" for f in figures],
+    )
     row("pass rate", ["-" if f["summary"].pass_rate is None else f"{f['summary'].pass_rate:.1%}" for f in figures])
     row(
         "pass@k",
@@ -156,19 +175,19 @@ def print_report_summary(console: Any, built: Built) -> None:
         "errors",
         [", ".join(f"{k} {v}" for k, v in f["summary"].errors_by_category.items()) or "none" for f in figures],
     )
-    row(
-        "latency p50/p95/p99",
-        [" / ".join(num(f["latency"][q], ".2f") for q in (50, 95, 99)) + " s" for f in figures],
-    )
+    row("latency p50/p95/p99", [format_durations([f["latency"][q] for q in (50, 95, 99)]) for f in figures])
     row("rollouts/s", [num(f["rate"], ".1f") for f in figures])
     if built.comparison is not None:
         deltas = built.comparison.deltas
         row("Δ mean reward [95% CI]", ["(baseline)"] + [_signed(d.reward) for d in deltas])
         row("Δ pass rate [95% CI]", ["(baseline)"] + [_signed(d.pass_rate) for d in deltas])
         row("pass → fail / fail → pass", ["(baseline)"] + [f"{len(d.broke)} / {len(d.fixed)}" for d in deltas])
-        row("matched rows", [str(len(built.comparison.matched))] * len(figures))
-        if built.comparison.mismatches:
-            row("not matched", [str(len(built.comparison.mismatches))] * len(figures))
+        row(
+            "rows compared",
+            ["(baseline)"] + [f"{len(d.rows)} (of {len(d.matched)} matched)" for d in deltas],
+        )
+        if any(d.mismatches for d in deltas):
+            row("not matched", ["(baseline)"] + [str(len(d.mismatches)) for d in deltas])
     console.print(table)
 
 

@@ -1,8 +1,10 @@
 """Helpers for real runs of the multiply example to report on: `osmosis run` against the scripted server, with
-rows it answers wrongly, a row whose tool call breaks the workflow, and injected HTTP faults."""
+rows it answers wrongly, a row whose tool call breaks the workflow, and injected HTTP faults; and run folders
+written line by line (:func:`line`, :func:`write_run`) for what a real run rarely holds."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -85,3 +87,50 @@ def make_run(
         )
     assert r.returncode in (0, 1), r.stderr
     return workspace / "runs" / name
+
+
+def line(row, sample, *, status="success", reward=1.0, category=None, prompt=None, rollout_id=None, t=None):
+    """A ``results.jsonl`` line as ``osmosis run`` writes it (a failure: ``agent_error`` in the workflow)."""
+    messages = [
+        {"role": "user", "content": prompt or f"val1 = {row}\nval2 = 2"},
+        {"role": "assistant", "content": "#### 2"},
+    ]
+    return {
+        "row": row,
+        "sample_index": sample,
+        "rollout_id": rollout_id or f"x-{row}-{sample}",
+        "status": status,
+        "stage": "grader" if status == "success" else "workflow",
+        "error": None
+        if status == "success"
+        else {"category": category or "agent_error", "message": "boom (at main.py:3 in run)"},
+        "reward": reward if status == "success" else None,
+        "metrics": {},
+        "timings": {"workflow": 0.5, "grader": 0.1},
+        "finished_at": t,
+        "sample": {"messages": messages, "system_prompt": None, "chat_messages": None},
+    }
+
+
+def write_run(folder: Path, lines, *, rows=3, n_samples=1, raw_tail: bytes = b"", labels=None) -> Path:
+    """A run folder of ``lines`` (dicts, or raw text for a damaged line); ``labels``: a dataset of
+    ``rows`` prompts (as :func:`line` writes them) with these labels, named in ``run.json``."""
+    from osmosis_core.frontend import fingerprint
+
+    folder.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"rows": rows, "n_samples": n_samples, "dataset": None}
+    if labels is not None:
+        data = folder.parent / f"{folder.name}-dataset.jsonl"
+        data.write_text(
+            "".join(
+                json.dumps({"user_prompt": f"val1 = {row}\nval2 = 2", "ground_truth": label}) + "\n"
+                for row, label in enumerate(labels)
+            )
+        )
+        meta.update(dataset=str(data), dataset_sha256=fingerprint(data))
+    (folder / "run.json").write_text(json.dumps(meta))
+    with (folder / "results.jsonl").open("wb") as handle:
+        for item in lines:
+            handle.write((item if isinstance(item, str) else json.dumps(item)).encode() + b"\n")
+        handle.write(raw_tail)
+    return folder

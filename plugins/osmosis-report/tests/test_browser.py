@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from report_helpers import REPO
+from report_helpers import REPO, line, write_run
 
 from osmosis_report.render import build_report
 
@@ -43,10 +43,12 @@ def browser():
     driver.quit()
 
 
-def open_page(driver, path: Path) -> None:
+def open_page(driver, path: Path, fragment: str = "") -> None:
     driver.get_log("performance")  # forget what earlier pages did
     driver.get_log("browser")
-    driver.get(path.resolve().as_uri())
+    if fragment:
+        driver.get("about:blank")  # (else a new fragment of the same page would not load it again)
+    driver.get(path.resolve().as_uri() + fragment)
     deadline = time.monotonic() + 10
     while driver.execute_script("return document.body.dataset.ready") != "1":
         assert time.monotonic() < deadline, "the page's script never finished"
@@ -86,7 +88,7 @@ def test_one_run_in_the_browser(browser, run_a, tmp_path):
     shot(browser, "report-one-run.png")
     rows = "return document.querySelectorAll('#row-table tbody tr').length"
     assert browser.execute_script(rows) == 21
-    assert browser.execute_script("return document.querySelectorAll('button.chip').length") == 42
+    assert browser.execute_script("return document.querySelectorAll('a.chip').length") == 42
     assert browser.execute_script("return document.querySelectorAll('svg').length") >= 6
 
     # filters: only failures (rows 0 and 2 hold failed rollouts), never solved (0, 1, 2), a category
@@ -107,7 +109,7 @@ def test_one_run_in_the_browser(browser, run_a, tmp_path):
     )
 
     # a trajectory: row 3's first sample shows its multiply tool call with its arguments, and the result
-    browser.execute_script("document.querySelector('tr[data-row=\"3\"] button.chip').click()")
+    browser.execute_script("document.querySelector('tr[data-row=\"3\"] a.chip').click()")
     assert wait_for(browser, "return document.querySelector('#viewer-body .tool-call')")
     text = browser.execute_script("return document.getElementById('viewer-body').innerText")
     assert "multiply" in text
@@ -117,14 +119,14 @@ def test_one_run_in_the_browser(browser, run_a, tmp_path):
     shot(browser, "report-trajectory.png")
 
     # a failed rollout: its category, stage and where it was raised
-    browser.execute_script("document.querySelector('tr[data-row=\"2\"] button.chip').click()")
+    browser.execute_script("document.querySelector('tr[data-row=\"2\"] a.chip').click()")
     assert wait_for(browser, "return document.querySelector('#viewer-body .error-box')")
     error = browser.execute_script("return document.querySelector('#viewer-body .error-box').innerText")
     assert "validation_error" in error
     assert "raised at main.py:" in error
 
     # the hostile row: its text is on the page, as text; nothing of it ran
-    browser.execute_script("document.querySelector('tr[data-row=\"20\"] button.chip').click()")
+    browser.execute_script("document.querySelector('tr[data-row=\"20\"] a.chip').click()")
     assert wait_for(browser, "return document.getElementById('viewer-body').innerText.includes('<script>')")
     assert browser.execute_script("return document.title").startswith("osmosis report")
     assert browser.execute_script("return document.querySelectorAll('main img, #viewer img').length") == 0
@@ -168,9 +170,112 @@ def test_two_runs_in_the_browser_show_the_rows_that_flipped(browser, run_a, run_
     flips = "return [...document.querySelectorAll('td[data-flip]')].map(td => td.dataset.flip)"
     assert browser.execute_script(flips) == ["up", "up", "down"]
     # a rollout of the second run opens from its own column
-    browser.execute_script('document.querySelector(\'tr[data-row="3"] button.chip[data-run="1"]\').click()')
+    browser.execute_script('document.querySelector(\'tr[data-row="3"] a.chip[data-run="1"]\').click()')
     assert wait_for(browser, "return document.getElementById('viewer-title').innerText.includes('2. b')")
     browser.execute_script("document.getElementById('rows').scrollIntoView()")
     shot(browser, "report-comparison.png")
     assert console_errors(browser) == []
     assert [u for u in requests_made(browser) if u != page.resolve().as_uri()] == []
+
+
+CHARTS = """
+return [...document.querySelectorAll('figure.chart svg')].map((svg) => {
+  const ticks = [...svg.querySelectorAll('text.tick[text-anchor="end"]')]
+    .map((t) => [Number(t.textContent.replace('k', 'e3')), Number(t.getAttribute('y')) - 3.5]);
+  const top = ticks.reduce((a, b) => (b[0] > a[0] ? b : a));
+  const bars = [...svg.querySelectorAll('rect')].map((r) => {
+    const title = r.querySelector('title').textContent;
+    const at = (name) => Number(r.getAttribute(name));
+    return [title, Number((/: (\\d+) /.exec(title) || [0, -1])[1]), at('y'), at('x'), at('height')];
+  });
+  const labels = [...svg.querySelectorAll('.rule-label')]
+    .map((t) => { const b = t.getBBox(); return [b.x, b.y, b.width, b.height]; });
+  const yTitle = (svg.querySelector('.y-title') || {}).textContent;
+  return { chart: svg.closest('figure').dataset.chart, top, bars, labels, yTitle };
+});
+"""
+
+
+def test_every_chart_reaches_its_data_titles_its_axes_and_keeps_its_labels_apart(browser, run_a, run_b, tmp_path):
+    page = build_report([run_a, run_b], tmp_path / "charts.html").path
+    open_page(browser, page)
+    browser.execute_script("document.querySelectorAll('details').forEach((d) => d.open = true)")
+    charts = browser.execute_script(CHARTS)
+    assert len(charts) >= 12
+    for chart in charts:
+        (top_value, top_y), name = chart["top"], chart["chart"]
+        assert chart["yTitle"], f"{name}: no y-axis title"
+        for title, count, y, _, _ in chart["bars"]:
+            assert count >= 1, f"{name}: {title!r} does not say what it counts"
+            assert "rollout" in title, f"{name}: {title!r} does not say what it counts"
+            assert count <= top_value, f"{name}: {title!r} goes past the axis's last tick, {top_value}"
+            assert y >= top_y - 0.5, f"{name}: {title!r} is drawn above the axis's last tick"
+        boxes = chart["labels"]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1 :]:
+                apart = a[0] + a[2] <= b[0] or b[0] + b[2] <= a[0] or a[1] + a[3] <= b[1] or b[1] + b[3] <= a[1]
+                assert apart, f"{name}: rule labels overlap: {a} and {b}"
+    # the runs' reward histograms side by side: in each bin, one bar per run, each from the axis
+    reward = next(c for c in charts if c["chart"] == "cmp-reward")
+    bins: dict[str, list] = {}
+    for title, _, y, x, h in reward["bars"]:
+        bins.setdefault(title.split(":")[0], []).append((x, y + h))
+    assert len(bins) >= 2
+    for bars in bins.values():
+        assert len({x for x, _ in bars}) == len(bars) == 2
+        assert len({round(base, 1) for _, base in bars}) == 1
+    assert console_errors(browser) == []
+
+
+def test_the_viewer_shows_the_label_the_metrics_by_stage_a_link_long_text_and_hidden_characters(browser, tmp_path):
+    first, second = line(0, 0, rollout_id="r-0"), line(1, 0, rollout_id="r-1")
+    first["metrics"] = {"turns": 3, "exact.score": 1.0, "exact.reason": "match"}
+    first["grader_metrics"] = ["exact.reason", "exact.score"]
+    first["sample"]["messages"].append(
+        {"role": "tool", "tool_call_id": "c1", "content": "saved as invoice_\u202egnp.exe"}
+    )
+    second["sample"]["messages"][1]["content"] = "x" * 5000 + "THE END"
+    run = write_run(tmp_path / "v", [first, second], rows=2, labels=["42", "\u202e24"])
+    page = build_report([run], tmp_path / "v.html").path
+    open_page(browser, page)
+    chips = "return [...document.querySelectorAll('#row-table a.chip')].map((a) => a.getAttribute('href'))"
+    assert browser.execute_script(chips) == ["#rollout=0:r-0", "#rollout=0:r-1"]  # a link to each trajectory
+    label = "return document.querySelector('tr[data-row=\"1\"] td.label').innerText"
+    assert browser.execute_script(label) == "U+202E24"  # an RTL override in a label shows, and turns nothing round
+
+    browser.execute_script("document.querySelector('tr[data-row=\"0\"] a.chip').click()")
+    assert wait_for(browser, "return document.querySelector('#viewer-body .msg.tool')")
+    body = browser.execute_script("return document.getElementById('viewer-body').innerText")
+    sections = browser.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#viewer-body .v-sec')]"
+        ".map((s) => [s.querySelector('h3').textContent, s.innerText]))"
+    )
+    assert "label\t42" in sections["row"].replace("\n", "\t")
+    assert "turns" in sections["workflow metrics"]
+    assert "exact" not in sections["workflow metrics"]
+    assert "exact.score" in sections["grader metrics"]
+    assert "exact.reason" in sections["grader metrics"]
+    assert "turns" not in sections["grader metrics"]
+    # the override is drawn as a named marker, and never reaches the page as a character
+    assert "invoice_U+202Egnp.exe" in body
+    shown = "return document.querySelector('main').textContent + document.getElementById('viewer').textContent"
+    assert "\u202e" not in browser.execute_script(shown)
+    marker = "return document.querySelector('#viewer-body .hidden-char').title"
+    assert browser.execute_script(marker) == "U+202E RIGHT-TO-LEFT OVERRIDE"
+    assert browser.execute_script("return location.hash") == "#rollout=0:r-0"
+    link = "return document.getElementById('viewer-link').getAttribute('href')"
+    assert browser.execute_script(link) == "#rollout=0:r-0"
+
+    # the link opens its trajectory: a long message shows folded, and unfolds
+    open_page(browser, page, "#rollout=0:r-1")
+    assert wait_for(browser, "return document.querySelector('#viewer-body button.unfold')")
+    assert browser.execute_script("return document.getElementById('viewer-title').innerText").startswith("row 1")
+    text = "return document.querySelector('#viewer-body .msg.assistant .text').textContent"
+    assert len(browser.execute_script(text)) < 2100
+    browser.execute_script("document.querySelector('#viewer-body button.unfold').click()")
+    assert browser.execute_script(text) == "x" * 5000 + "THE END"
+    button = "return document.querySelector('#viewer-body button.unfold').textContent"
+    assert browser.execute_script(button) == "show less"
+    shot(browser, "report-viewer-unfolded.png")
+    assert console_errors(browser) == []
+    assert [u for u in requests_made(browser) if not u.startswith(page.resolve().as_uri())] == []

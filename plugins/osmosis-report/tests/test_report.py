@@ -227,3 +227,28 @@ def _drive_the_server(serve, policy, folder, while_running):
 
 def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
     check_lazy_exports("osmosis_report")
+
+
+def test_the_run_summary_names_the_report_it_wrote(workspace):
+    with ScriptedPolicyServer() as server:
+        r = subprocess.run(
+            [osmosis_exe(), "run", "configs/eval/multiply-plain.toml", "--policy-url", server.url, "--limit", "2",
+             "--output", "runs/named"],
+            cwd=workspace, env=clean_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    page = workspace / "runs" / "named" / "report.html"
+    assert page.is_file()
+    [row] = [line for line in r.stdout.splitlines() if "report.html" in line]
+    assert [cell.strip() for cell in row.split("│")[1:3]] == ["report", str(page)]
+
+
+def test_open_without_a_browser_says_so_and_names_the_file(run_a, workspace, tmp_path):
+    out = tmp_path / "open.html"
+    env = {k: v for k, v in clean_env().items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env.update(BROWSER=str(tmp_path / "no-such-browser"), PATH=str(tmp_path))  # nothing to open it with
+    r = osmosis("report", str(run_a), "-o", str(out), "--open", cwd=workspace, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "--open: no browser found to open it" in r.stderr
+    assert out.resolve().as_uri() in r.stderr
+    assert out.is_file()

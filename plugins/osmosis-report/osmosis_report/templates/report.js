@@ -1,6 +1,8 @@
 "use strict";
 // osmosis report: the row table (sort, filter, pages) and the trajectory viewer.
-// Every piece of run content is put on screen as text (textContent), never parsed as markup.
+// Every piece of run content is put on screen as text (text nodes), never parsed as markup, and
+// characters that would hide or reorder it (bidirectional controls, zero-width and control
+// characters) are drawn as visible markers.
 (function () {
   const D = JSON.parse(document.getElementById("report-data").textContent);
   const RUNS = D.runs.length;
@@ -9,23 +11,64 @@
   const state = { text: "", failures: false, never: false, category: "", flip: "", sort: null, page: 0 };
   const $ = (id) => document.getElementById(id);
 
+  // Characters that show nothing themselves but change how the text around them reads: the
+  // bidirectional controls (a RIGHT-TO-LEFT OVERRIDE shows "gnp.exe" as "exe.png"), zero-width
+  // ones, and control characters other than tab, newline and carriage return.
+  const HIDDEN = "[\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f\\u061c\\u200b\\u200e\\u200f\\u202a-\\u202e\\u2060\\u2066-\\u2069\\ufeff]";
+  const HAS_HIDDEN = new RegExp(HIDDEN);
+  const SPLIT_HIDDEN = new RegExp("(" + HIDDEN + ")");
+  const HIDDEN_NAMES = {
+    0x061c: "ARABIC LETTER MARK", 0x200b: "ZERO WIDTH SPACE", 0x200e: "LEFT-TO-RIGHT MARK", 0x200f: "RIGHT-TO-LEFT MARK",
+    0x202a: "LEFT-TO-RIGHT EMBEDDING", 0x202b: "RIGHT-TO-LEFT EMBEDDING", 0x202c: "POP DIRECTIONAL FORMATTING",
+    0x202d: "LEFT-TO-RIGHT OVERRIDE", 0x202e: "RIGHT-TO-LEFT OVERRIDE", 0x2060: "WORD JOINER",
+    0x2066: "LEFT-TO-RIGHT ISOLATE", 0x2067: "RIGHT-TO-LEFT ISOLATE", 0x2068: "FIRST STRONG ISOLATE",
+    0x2069: "POP DIRECTIONAL ISOLATE", 0xfeff: "ZERO WIDTH NO-BREAK SPACE",
+  };
+  const codeOf = (ch) => "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+  // text for an attribute (a hover title): each hidden character written as <U+202E>
+  const plain = (text) => String(text).split(SPLIT_HIDDEN).map((part, n) => (n % 2 ? "<" + codeOf(part) + ">" : part)).join("");
+  // nodes for the page: each hidden character as a marked, named box
+  function shown(text) {
+    text = String(text);
+    if (!HAS_HIDDEN.test(text)) return [document.createTextNode(text)];
+    return text.split(SPLIT_HIDDEN).filter((part) => part !== "").map((part) => {
+      if (!HAS_HIDDEN.test(part)) return document.createTextNode(part);
+      const span = document.createElement("span");
+      span.className = "hidden-char";
+      span.title = codeOf(part) + (HIDDEN_NAMES[part.codePointAt(0)] ? " " + HIDDEN_NAMES[part.codePointAt(0)] : " (a control character)");
+      span.textContent = codeOf(part);
+      return span;
+    });
+  }
+
   function el(tag, props, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(props || {})) {
       if (v === null || v === undefined || v === false) continue;
       if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = v;
+      else if (k === "text") node.replaceChildren(...shown(v));
       else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else if (k === "title") node.setAttribute(k, plain(v));
       else node.setAttribute(k, v === true ? "" : String(v));
     }
     for (const child of children.flat()) {
       if (child === null || child === undefined || child === false) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+      node.append(...(child instanceof Node ? [child] : shown(child)));
     }
     return node;
   }
   const fmt = (v, d = 3) => (v === null || v === undefined ? "\u2013" : Number(v).toFixed(d));
-  const secs = (v) => (v === null || v === undefined ? "\u2013" : v < 100 ? v.toFixed(2) + " s" : Math.round(v).toLocaleString() + " s");
+  // a duration in the unit that suits it (osmosis_report.units, the same rules)
+  const UNITS = [["\u00b5s", 1e-6, 1e-3], ["ms", 1e-3, 1], ["s", 1, 600], ["min", 60, 36000], ["h", 3600, Infinity]];
+  const amount = (v) => (Math.abs(v) >= 100 || v === 0 ? Math.round(v).toLocaleString() : v.toFixed(2 - Math.floor(Math.log10(Math.abs(v)))));
+  function secs(v) {
+    if (v === null || v === undefined) return "\u2013";
+    const [unit, size] = UNITS.find((u) => Math.abs(v) < u[2]);
+    return amount(v / size) + " " + unit;
+  }
+  const ROWS = new Map(D.rows.map((row) => [row.i, row]));
+  // a trajectory's address in this page: #rollout=<run>:<rollout id> (opens it when the page loads)
+  const linkOf = (run, i) => "rollout=" + run + ":" + encodeURIComponent(D.rollouts[run][i].id || "@" + i);
 
   // --- rows --------------------------------------------------------------------------------
   const rows = D.rows.map((row) => {
@@ -73,16 +116,16 @@
   for (let k = 0; k < RUNS; k++) {
     const name = COMPARE ? (k + 1) + ". " : "";
     columns.push({ title: name + "samples", run: k, kind: "chips" });
-    columns.push({ title: name + "mean", run: k, kind: "mean", key: (x) => x.row.m[k], cls: "num" });
-    columns.push({ title: name + "pass", run: k, kind: "pass", key: (x) => (x.row.pc[k][1] ? x.row.pc[k][0] / x.row.pc[k][1] : null), cls: "num" });
+    columns.push({ title: name + "mean", run: k, kind: "mean", key: (x) => x.row.m[k], cls: "num", tip: "mean reward of the row's graded rollouts, a failed rollout counting as 0" });
+    columns.push({ title: name + "pass", run: k, kind: "pass", key: (x) => (x.row.pc[k][1] ? x.row.pc[k][0] / x.row.pc[k][1] : null), cls: "num", tip: "graded rollouts that passed, of the row's graded rollouts (a failure counts, as not passing)" });
   }
-  if (COMPARE) for (let k = 1; k < RUNS; k++) columns.push({ title: "\u0394 " + (k + 1) + " vs 1", kind: "delta", run: k, key: (x) => x.delta[k - 1], cls: "num" });
+  if (COMPARE) for (let k = 1; k < RUNS; k++) columns.push({ title: "\u0394 " + (k + 1) + " vs 1", kind: "delta", run: k, key: (x) => x.delta[k - 1], cls: "num", tip: "the row's mean reward in run " + (k + 1) + " minus in run 1 (a failed rollout counting as 0)" });
   columns.push({ title: "errors", key: (x) => x.errors.length || null });
 
   function head() {
     const tr = el("tr");
     columns.forEach((col) => {
-      const th = el("th", { class: col.key ? "sortable" : null, text: col.title });
+      const th = el("th", { class: col.key ? "sortable" : null, text: col.title, title: col.tip || null });
       if (col.key) th.addEventListener("click", () => {
         const same = state.sort && state.sort.col === col;
         state.sort = { col, key: col.key, dir: same ? -state.sort.dir : (col.kind ? -1 : 1) };
@@ -120,10 +163,15 @@
     if (col.title === "errors") return el("td", {}, x.errors.map((c) => el("span", { class: "tag cat", text: c })));
     const k = col.run;
     if (col.kind === "chips") {
+      if (!row.r[k].length && COMPARE) {
+        const [text, title] = (row.u || []).includes(k) ? ["other prompt", "run " + (k + 1) + "'s row " + row.i + " has another prompt than the one shown: not compared"]
+          : (row.x || []).includes(k) ? ["missing", "run " + (k + 1) + " has no row " + row.i] : ["not run", "run " + (k + 1) + " has no result for row " + row.i + " (yet)"];
+        return el("td", { class: "muted", text, title });
+      }
       return el("td", {}, el("div", { class: "chips" }, row.r[k].map((i) => {
         const ro = D.rollouts[k][i];
-        return el("button", { type: "button", class: "chip " + chipClass(ro), title: chipTitle(ro), "data-run": k, "data-rollout": i,
-          onclick: () => openViewer(k, i, rowOrder()) });
+        return el("a", { href: "#" + linkOf(k, i), class: "chip " + chipClass(ro), title: chipTitle(ro), "data-run": k, "data-rollout": i,
+          onclick: (e) => { e.preventDefault(); openViewer(k, i, rowOrder()); } });
       })));
     }
     if (col.kind === "mean") return el("td", { class: "num", text: fmt(row.m[k]) });
@@ -210,6 +258,28 @@
     return "";
   }
 
+  // a long text shows its start, with a button that unfolds the whole of it (and folds it again)
+  const FOLD_CHARS = 2000, FOLD_LINES = 40;
+  function longText(tag, cls, text) {
+    text = String(text === null || text === undefined ? "" : text);
+    let cut = -1;
+    if (text.length > FOLD_CHARS) cut = FOLD_CHARS;
+    else {
+      const lines = text.split("\n");
+      if (lines.length > FOLD_LINES) cut = lines.slice(0, FOLD_LINES).join("\n").length;
+    }
+    if (cut < 0) return el(tag, { class: cls, text });
+    const box = el(tag, { class: cls + " folded", text: text.slice(0, cut) + "\u2026" });
+    const rest = (text.length - cut).toLocaleString();
+    const button = el("button", { type: "button", class: "unfold", text: "show all (" + rest + " more characters)" });
+    button.addEventListener("click", () => {
+      const folded = box.classList.toggle("folded");
+      box.replaceChildren(...shown(folded ? text.slice(0, cut) + "\u2026" : text));
+      button.textContent = folded ? "show all (" + rest + " more characters)" : "show less";
+    });
+    return el("div", { class: "long" }, box, button);
+  }
+
   function renderMessage(m, names) {
     const role = String(m.role || m.type || "item");
     const head = el("div", { class: "role" }, el("span", { text: role }));
@@ -219,24 +289,24 @@
     const content = m.content;
     const blocks = [];
     if (typeof content === "string" || content === null || content === undefined) {
-      box.append(el("div", { class: "text", text: content || "" }));
+      box.append(longText("div", "text", content || ""));
     } else if (Array.isArray(content)) {
       for (const part of content) {
-        if (typeof part === "string" || (part && typeof part.text === "string" && Object.keys(part).length <= 2)) box.append(el("div", { class: "text", text: typeof part === "string" ? part : part.text }));
-        else if (part && part.toolUse) blocks.push(el("div", { class: "call tool-call" }, el("div", { class: "fn", text: "\u2192 " + part.toolUse.name + " \u00b7 " + (part.toolUse.toolUseId || "") }), el("pre", { text: pretty(part.toolUse.input) })));
-        else if (part && part.toolResult) blocks.push(el("div", { class: "call" }, el("div", { class: "fn", text: "\u2190 result \u00b7 " + (part.toolResult.toolUseId || "") + " " + (part.toolResult.status || "") }), el("pre", { text: textOf(part.toolResult.content) || pretty(part.toolResult.content) })));
+        if (typeof part === "string" || (part && typeof part.text === "string" && Object.keys(part).length <= 2)) box.append(longText("div", "text", typeof part === "string" ? part : part.text));
+        else if (part && part.toolUse) blocks.push(el("div", { class: "call tool-call" }, el("div", { class: "fn", text: "\u2192 " + part.toolUse.name + " \u00b7 " + (part.toolUse.toolUseId || "") }), longText("pre", "", pretty(part.toolUse.input))));
+        else if (part && part.toolResult) blocks.push(el("div", { class: "call" }, el("div", { class: "fn", text: "\u2190 result \u00b7 " + (part.toolResult.toolUseId || "") + " " + (part.toolResult.status || "") }), longText("pre", "", textOf(part.toolResult.content) || pretty(part.toolResult.content))));
         else if (part && (part.type === "image_url" || part.image)) box.append(el("div", { class: "text muted", text: "[image not shown]" }));
-        else blocks.push(el("pre", { class: "json", text: pretty(part) }));
+        else blocks.push(longText("pre", "json", pretty(part)));
       }
     } else {
-      blocks.push(el("pre", { class: "json", text: pretty(content) }));
+      blocks.push(longText("pre", "json", pretty(content)));
     }
     for (const call of m.tool_calls || []) {
       const fn = call.function || {};
       names[call.id] = fn.name;
-      blocks.push(el("div", { class: "call tool-call" }, el("div", { class: "fn", text: "\u2192 " + (fn.name || "?") + (call.id ? " \u00b7 " + call.id : "") }), el("pre", { class: "args", text: pretty(fn.arguments) })));
+      blocks.push(el("div", { class: "call tool-call" }, el("div", { class: "fn", text: "\u2192 " + (fn.name || "?") + (call.id ? " \u00b7 " + call.id : "") }), longText("pre", "args", pretty(fn.arguments))));
     }
-    if (!m.role && !m.content) blocks.push(el("pre", { class: "json", text: pretty(m) }));
+    if (!m.role && !m.content) blocks.push(longText("pre", "json", pretty(m)));
     box.append(...blocks);
     return box;
   }
@@ -258,6 +328,11 @@
     viewer.hidden = false;
     viewer.dataset.run = run;
     viewer.dataset.rollout = i;
+    const link = "#" + linkOf(run, i);
+    $("viewer-link").setAttribute("href", link);
+    if (location.hash !== link) {
+      try { history.replaceState(null, "", link); } catch (e) { /* a page that may not change its address */ }
+    }
     const status = ro.st === 0 ? "success" : ro.st === 1 ? "failure" : "cancelled";
     $("viewer-title").replaceChildren(el("span", { text: (COMPARE ? (run + 1) + ". " + D.runs[run].name + " \u00b7 " : "") + "row " + ro.w + ", sample " + ro.s }),
       el("span", { class: "sub", text: status + (ro.rw !== undefined ? " \u00b7 reward " + fmt(ro.rw) : "") }));
@@ -270,6 +345,12 @@
         el("div", { text: where ? (ro.m || "").slice(0, where.index).trim() : ro.m || "" }),
         where ? el("div", { class: "where", text: "raised at " + where[1] }) : null)));
     }
+    const row = ROWS.get(ro.w);
+    const own = row && !(row.u || []).includes(run);
+    parts.push(section("row", kv([
+      ["row", String(ro.w)],
+      ["label", !own ? "(this run's row has another prompt than the one shown)" : row.L || row.l || "none"],
+    ])));
     parts.push(section("rollout", kv([
       ["rollout id", ro.id], ["status", status], ["reward", ro.rw === undefined ? "none" : fmt(ro.rw, 4)],
       ["passed", ro.p === undefined ? "not graded" : ro.p ? "yes" : "no"], ["attempts", ro.a || 1],
@@ -279,8 +360,15 @@
       parts.push(section("tokens (trace)", kv([["model calls", ro.k[0]], ["prompt tokens", ro.k[1].toLocaleString()], ["generated tokens", ro.k[2].toLocaleString()], ["trace complete", ro.k[3] ? "yes" : "no"],
         ["per call (prompt / generated)", ro.k[4].map((c) => c[0] + " / " + c[1]).join(", ")]])));
     }
-    if (ro.x && Object.keys(ro.x).length) {
-      parts.push(section("grader metrics", kv(Object.entries(ro.x).map(([k, v]) => [k, typeof v === "string" ? v : JSON.stringify(v)]))));
+    const metric = ([k, v]) => [k, typeof v === "string" ? v : JSON.stringify(v)];
+    const metrics = Object.entries(ro.x || {});
+    if (ro.gm) {
+      const byGrader = new Set(ro.gm);
+      const own = metrics.filter(([k]) => !byGrader.has(k)), grader = metrics.filter(([k]) => byGrader.has(k));
+      if (own.length) parts.push(section("workflow metrics", kv(own.map(metric))));
+      if (grader.length) parts.push(section("grader metrics", kv(grader.map(metric))));
+    } else if (metrics.length) {
+      parts.push(section("metrics", el("div", { class: "muted", text: "which stage set each is not recorded (results written before osmosis 0.2)" }), kv(metrics.map(metric))));
     }
     const loading = el("div", { class: "muted", text: "unpacking\u2026" });
     parts.push(loading);
@@ -297,14 +385,29 @@
     const msgs = (t.messages || []);
     const sys = t.system_prompt;
     const content = [];
-    if (sys) content.push(section("system prompt", el("div", { class: "msg system" }, el("div", { class: "text", text: sys }))));
+    if (sys) content.push(section("system prompt", el("div", { class: "msg system" }, longText("div", "text", sys))));
     content.push(section("messages (" + msgs.length + (t.native !== undefined ? ", chat-shaped copy; " + t.native + " native items" : "") + ")", msgs.map((m) => renderMessage(m, names))));
     loading.replaceWith(...content);
   }
   function closeViewer() {
     viewer.hidden = true;
     document.querySelectorAll(".chip.current").forEach((c) => c.classList.remove("current"));
+    if (location.hash) {
+      try { history.replaceState(null, "", location.pathname + location.search); } catch (e) { /* as above */ }
+    }
   }
+  // #rollout=<run>:<rollout id>: open that trajectory (a link copied from the viewer or a square)
+  function openFromHash() {
+    const match = /^#rollout=(\d+):(.*)$/.exec(location.hash);
+    if (!match) return;
+    const run = Number(match[1]), id = decodeURIComponent(match[2]);
+    const list = D.rollouts[run] || [];
+    const i = id.startsWith("@") && !list.some((ro) => ro.id === id) ? Number(id.slice(1)) : list.findIndex((ro) => ro.id === id);
+    if (i >= 0 && i < list.length && (viewer.hidden || viewer.dataset.run !== String(run) || viewer.dataset.rollout !== String(i))) {
+      openViewer(run, i, rows.flatMap((x) => x.row.r.flatMap((l, k) => l.map((j) => [k, j]))));
+    }
+  }
+  window.addEventListener("hashchange", openFromHash);
   function step(by) {
     if (!order.length) return;
     const next = Math.min(Math.max(position + by, 0), order.length - 1);
@@ -321,5 +424,6 @@
   });
 
   draw();
+  openFromHash();
   document.body.dataset.ready = "1";
 })();
