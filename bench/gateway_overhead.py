@@ -11,23 +11,16 @@ without popping a trace and reads the gateway's RSS growth.
     python bench/gateway_overhead.py [--rollouts 1000] [--concurrency 100] [--latency 0.1] [--repeat 3] [--stream]
     python bench/gateway_overhead.py --instructions [--stream]    # callgrind: instructions per call
 
-The gateway serves on its own HTTP server (``osmosis_gateway.server``, httptools: 0.415 ms of CPU per
-call on aiohttp's server before it, 0.310 ms after, one loaded run each).
-
-The gateway runs on uvloop, as ``osmosis gateway`` does (``GATEWAY_BENCH_UVLOOP=0``: asyncio's loop:
-1.39 M instructions per call instead of 1.21 M, before the lean client). It calls the stand-in with
-its lean client (``osmosis_gateway.upstream``, whole answers and streams; ``GATEWAY_BENCH_CLIENT=aiohttp``:
-with aiohttp's, as https and proxied upstreams are: 1.15 M instructions per call instead of 0.77 M
-for whole answers, callgrind on this child, 300 calls; streamed, about 0.58 ms of CPU per call
-instead of 0.33 ms).
+The gateway is served and calls the stand-in with aiohttp (its low-level server and the core's
+pooled client session), and runs on uvloop, as ``osmosis gateway`` does (``GATEWAY_BENCH_UVLOOP=0``:
+asyncio's loop).
 
 It also prints the stand-in's and the driver's CPU per call in the gateway phase and the machine's
-load average before and after: on a shared machine the CPU times are noisy (the same build read
-0.25 to 0.29 ms in three runs back to back), and ``--instructions`` is the steady measure: the
+load average before and after: on a shared machine the CPU times are noisy (the same build reads
+differently from run to run), and ``--instructions`` is the steady measure: the
 gateway child under ``valgrind --tool=callgrind``, its user-space instructions per call over 300
 two-call rollouts (concurrency 20, 10 ms per call) after 100 to warm up; the kernel's share (the
-sockets' send and receive, about a fifth of the CPU time) is not counted. 0.77 M instructions per
-call on aiohttp's server, 0.53 M now (whole answers; 0.86 M streamed).
+sockets' send and receive, about a fifth of the CPU time) is not counted.
 
 What the ratio depends on: every ratio printed is taken within this one run (each repeat times
 the rollouts without the gateway, then through it, then through a byte relay; each pair's ratio is
@@ -41,12 +34,11 @@ were on average.
 
 The hop's floor: the third side of each repeat goes through a byte relay (``_Relay``: plain
 asyncio protocols on the same loop, each side's bytes written to the other as they come, no HTTP
-read, nothing captured). It costs about 0.05 ms of CPU per call and 0.99 to 1.0 of the throughput
+read, nothing captured). It costs about 0.05 ms of CPU per call and 0.98 to 1.0 of the throughput
 without it, so the hop itself (a third process, two more sockets) is nearly free, and what the
-gateway loses beyond it is its own CPU per call: 0.90 to 0.96 of the throughput at 0.28 to 0.33
-ms (runs on one day of this machine; see "throughput with the gateway / through the relay").
+gateway loses beyond it is its own CPU per call.
 
-Targets: throughput with the gateway over without it >= 0.95; gateway CPU per call <= 0.3 ms.
+Targets: throughput with the gateway over without it >= 0.93; gateway CPU per call <= 0.45 ms.
 """
 
 from __future__ import annotations
@@ -355,9 +347,9 @@ def main() -> None:
     print(f"  with gateway:    {best_through:.2f} s ({ideal / best_through:.2f} of ideal)  runs {through}")
     pairs = [round(d / t, 3) for d, t in zip(direct, through, strict=True)]
     print(f"  throughput with / without: {best_direct / best_through:.3f} (best of each; each repeat's pair {pairs})"
-          "   (target >= 0.95)")  # fmt: skip
+          "   (target >= 0.93)")  # fmt: skip
     per_call = min(cpu) / calls * 1000
-    print(f"  gateway CPU per call: {per_call:.3f} ms   (target <= 0.3; per phase {[round(c, 2) for c in cpu]} s)")
+    print(f"  gateway CPU per call: {per_call:.3f} ms   (target <= 0.45; per phase {[round(c, 2) for c in cpu]} s)")
     best = cpu.index(min(cpu))
     stub_cpu, driver_cpu = others[best]
     busy = (cpu[best] + stub_cpu + driver_cpu) / through[best]

@@ -9,7 +9,8 @@ changes nothing). Until then its status is ``pending``; a call that ends any oth
 * ``upstream_error``: the upstream answered an error status (passed on to the rollout, redacted),
   could not be reached, or its answer was over ``max_response_bytes`` (502);
 * ``no_answer``: nothing came from the upstream for ``read_timeout_sec`` (504);
-* ``unreadable``: the upstream's answer (or one event of its stream) is not a chat completion;
+* ``unreadable``: the upstream's answer (or one event of its stream) is not a chat completion, or
+  not even HTTP (502);
 * ``cut``: the upstream's connection broke off, or its stream ended without ``[DONE]`` (the rollout
   sees the same: its connection is dropped or its stream cut);
 * ``client_gone``: the rollout hung up before the end (the upstream call is cancelled: its
@@ -207,7 +208,7 @@ class ModelCall:
 
     async def answer(self, body: bytes) -> web.StreamResponse:
         """Send the call upstream and give the rollout its answer, recording the call."""
-        from aiohttp import ClientConnectorError, ClientError
+        from aiohttp import ClientConnectorError, ClientError, ClientResponseError
 
         record = self.record
         try:
@@ -251,6 +252,10 @@ class ModelCall:
             message = f"the upstream sent nothing for {self.upstream.read_timeout_sec:g} s"
             self.finish("no_answer", message, 504)
             return error_response(504, message)
+        except ClientResponseError as exc:  # (raise_for_status is off: what aiohttp could not read as HTTP)
+            message = self._message(f"the upstream's answer is not HTTP: {exc.message}")
+            self.finish("unreadable", message, 502)
+            return error_response(502, message)
         except (ClientError, OSError) as exc:  # the upstream dropped the call: so does the gateway
             self.finish("cut", self._message(f"the upstream dropped the call: {type(exc).__name__}: {exc}"), None)
             return _drop(self.request)
@@ -337,14 +342,8 @@ class ModelCall:
                 lines = (pending + data).split(b"\n")
                 pending = lines.pop()
                 done = self._events(lines)
-                if done is not None:  # the answer is whole: recorded now, then its end written
-                    self._complete(200)
-                    try:
-                        await response.write(self._redact(b"\n".join([*lines[:done], b""]) + _DONE))
-                    except (ConnectionError, RuntimeError):
-                        self.finish("client_gone", "the rollout hung up before the stream's end", 200, late=True)
-                        return response
-                    return await _end(response)
+                if done is not None:
+                    return await self._done(response, lines[:done])
                 if lines:
                     try:
                         await response.write(self._redact(b"\n".join(lines) + b"\n"))
@@ -358,11 +357,26 @@ class ModelCall:
         except (ClientError, OSError) as exc:
             self.finish("cut", self._message(f"the upstream's stream broke off: {type(exc).__name__}: {exc}"), 200)
             return _cut(self.request, response)
+        lines = [pending] if pending else []
+        done = self._events(lines)  # (a last line without its line break)
+        if done is not None:
+            return await self._done(response, lines[:done])
         self.finish("cut", "the upstream's stream ended without [DONE]", 200)
         try:
             if pending:
                 await response.write(self._redact(pending))
         except (ConnectionError, RuntimeError):
+            return response
+        return await _end(response)
+
+    async def _done(self, response: web.StreamResponse, lines: list[bytes]) -> web.StreamResponse:
+        """The stream's ``[DONE]`` came after ``lines``: the answer is whole, recorded now; then the
+        lines and the ``[DONE]`` are written and the stream ended (the upstream's rest is not awaited)."""
+        self._complete(200)
+        try:
+            await response.write(self._redact(b"\n".join([*lines, b""]) + _DONE))
+        except (ConnectionError, RuntimeError):
+            self.finish("client_gone", "the rollout hung up before the stream's end", 200, late=True)
             return response
         return await _end(response)
 

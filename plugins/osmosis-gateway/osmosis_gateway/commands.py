@@ -32,6 +32,15 @@ BANNER = "osmosis gateway listening on "
 @click.option("--port", type=click.IntRange(0, 65535), default=0, help="The port (0: a free one).")
 @click.option("--bearer-env", metavar="VAR", help="Take the gateway's bearer from this variable (else one is made).")
 @click.option("--policy-version", help="The policy version recorded on calls that name none.")
+@click.option(
+    "--read-timeout",
+    "read_timeout_sec",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    metavar="SEC",
+    help="Give up a call when the upstream sends nothing this long.",
+)
 def gateway(
     upstream_url: str,
     model: str,
@@ -41,6 +50,7 @@ def gateway(
     port: int,
     bearer_env: str | None,
     policy_version: str | None,
+    read_timeout_sec: float,
 ) -> None:
     """Run a policy gateway in front of an inference server until Ctrl-C.
 
@@ -86,6 +96,7 @@ def gateway(
             port=port,
             bearer=bearer,
             policy_version=policy_version,
+            read_timeout_sec=read_timeout_sec,
         )
         try:
             await server.start()

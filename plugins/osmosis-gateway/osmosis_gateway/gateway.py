@@ -30,9 +30,10 @@ that never completed.
 HTTP is aiohttp's, both ways: its low-level server (keep-alive, pipelining, flow control, limits;
 a request line or header over 64 KiB gets 431, a body over 64 MiB 413; a connection idle 75 s is
 closed) and the core's pooled client session (one path for plain http, https and proxies). One
-process serves about 2,500 calls a second per core (``bench/gateway_overhead.py``: about 0.4 ms of
-the gateway's CPU per call); past that, run one gateway per process (``osmosis gateway --workers``
-spreads rollouts over several processes behind one admin port).
+process takes about 0.4 ms of CPU per call (``bench/gateway_overhead.py``): some 2,500 calls a
+second per core. Rollouts are independent, so more is more gateways, each a process (one per
+upstream, as ``osmosis serve --traces`` keeps them, or one per trainer node), never a protocol of
+our own.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from osmosis_core import PolicyEndpoint
 from osmosis_core.plugin import client_session, proxy_options, redact_data, start_http_server
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, json_bytes
 from osmosis_gateway.call import POLICY_VERSION_FIELD, ModelCall, error_response
+from osmosis_gateway.settings import READ_TIMEOUT_SEC
 from osmosis_gateway.trace import RolloutTrace, TraceCall
 
 if TYPE_CHECKING:
@@ -69,9 +71,6 @@ __all__ = [
 ROLLOUT_ID_HEADER: Final = "X-Osmosis-Rollout-Id"
 POLICY_VERSION_HEADER: Final = "X-Osmosis-Policy-Version"
 """A trainer tags a call with the policy version that serves it (recorded per call)."""
-READ_TIMEOUT_SEC: Final = 600.0
-"""How long the upstream may send nothing (before its answer's head, or between two pieces of it)
-before the call is given up (``no_answer``, or ``cut`` mid-stream): as the core's client waits."""
 CONNECT_TIMEOUT_SEC: Final = 30.0
 
 _ROLLOUT_ROUTE: Final = re.compile(r"^/v1/rollouts/([^/]+)(/.*)?$")

@@ -5,12 +5,13 @@ adapter = "vllm"            # how the upstream is asked for tokens: vllm, sglang
 policy_version = "step-0"   # recorded on every call that names none
 # host = "127.0.0.1"        # where the gateway listens (a bearer is always required)
 # port = 0                  # 0 picks a free port
+# read_timeout_sec = 600    # the upstream sending nothing this long fails the call (no_answer)
 # enabled = false           # keep the table, turn traces off
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -18,7 +19,11 @@ from osmosis_core import PolicyEndpoint
 from osmosis_core.plugin import structure_table
 from osmosis_gateway.adapters import AdapterName
 
-__all__ = ["TracesSettings", "gateway_from_settings"]
+READ_TIMEOUT_SEC: Final = 600.0
+"""How long the upstream may send nothing (before its answer's head, or between two pieces of it)
+before a call is given up (``no_answer``, or ``cut`` mid-stream): as long as the core's client waits."""
+
+__all__ = ["READ_TIMEOUT_SEC", "TracesSettings", "gateway_from_settings"]
 
 
 @attrs.define(kw_only=True)
@@ -30,6 +35,7 @@ class TracesSettings:
     policy_version: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
+    read_timeout_sec: float = attrs.field(default=READ_TIMEOUT_SEC, validator=attrs.validators.gt(0))
 
 
 def gateway_from_settings(upstream: PolicyEndpoint, settings: dict[str, Any], source: str) -> Any:
@@ -46,4 +52,5 @@ def gateway_from_settings(upstream: PolicyEndpoint, settings: dict[str, Any], so
         host=checked.host,
         port=checked.port,
         policy_version=checked.policy_version,
+        read_timeout_sec=checked.read_timeout_sec,
     )

@@ -518,6 +518,19 @@ def test_the_gateway_binds_loopback_by_default():
     assert run(main).startswith("http://127.0.0.1:")
 
 
+def test_a_wildcard_host_listens_everywhere_and_hands_out_loopback_urls():
+    async def main():
+        async with stack(host="0.0.0.0") as (_server, gateway):
+            policy = gateway.open_rollout("r")
+            status, _ = await post(policy.chat_completions_url, ask(), token=policy.api_key)
+            return gateway.url, policy.base_url, status
+
+    url, base_url, status = run(main)
+    assert url.startswith("http://127.0.0.1:")
+    assert base_url.startswith(url)
+    assert status == 200
+
+
 def test_gateway_and_server_share_nothing_but_http():
     # the stand-in's request log knows the rollout by the header the gateway forwards
     async def main():

@@ -178,3 +178,31 @@ def test_a_trace_read_while_a_call_is_in_flight_says_so():
     assert during["calls"][0]["status"] == "pending"
     assert after.complete
     assert json.dumps(after.to_json())  # (the trace taken out holds no pending call)
+
+
+def test_an_upstream_that_answers_no_http_is_unreadable_and_a_502():
+    async def main():
+        async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"GARBAGE, NOT HTTP\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        upstream = await asyncio.start_server(garbage, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}/v1"
+        try:
+            async with PolicyGateway(PolicyEndpoint(url, "m")) as gateway:
+                policy = gateway.open_rollout("r")
+                async with aiohttp.ClientSession() as session:
+                    headers = {"Authorization": f"Bearer {policy.api_key}"}
+                    async with session.post(policy.chat_completions_url, json=ask(), headers=headers) as response:
+                        status, body = response.status, await response.json()
+                return status, body, gateway.pop_trace("r")
+        finally:
+            upstream.close()
+
+    status, body, trace = run(main)
+    assert status == 502
+    assert "not HTTP" in body["error"]["message"]
+    assert trace.calls[0].status == "unreadable"
+    assert not trace.complete

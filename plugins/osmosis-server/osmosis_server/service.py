@@ -52,7 +52,7 @@ from osmosis_core import (
     PolicyEndpoint,
     RolloutSample,
 )
-from osmosis_core.plugin import SharedGateways, clip, error_info, warn_deprecated
+from osmosis_core.plugin import SharedGateways, clip, error_info, redact, redact_data, warn_deprecated
 from osmosis_server.ledger import Known
 from osmosis_server.protocol import (
     CancelBody,
@@ -746,7 +746,7 @@ class RolloutService:
         if problem is None:
             try:
                 document = result_document(final, label=entry.label, lease_expired=lease_expired)
-                return final, dumps(self._with_trace(entry, document))
+                return final, self._dumps(entry, self._with_trace(entry, document))
             except (TypeError, ValueError, RecursionError) as exc:
                 info = error_info(exc, secrets=self._server_secrets + entry.secrets)
                 category, problem = (
@@ -757,7 +757,21 @@ class RolloutService:
         else:
             category, stage = ErrorCategory.INFRA_ERROR, _WF
         failure = ExecutionResult(entry.id, stage, ExecutionStatus.FAILURE, error=ErrorInfo(category, problem))
-        return failure, dumps(self._with_trace(entry, result_document(failure, label=entry.label)))
+        return failure, self._dumps(entry, self._with_trace(entry, result_document(failure, label=entry.label)))
+
+    def _dumps(self, entry: Rollout, document: dict[str, Any]) -> bytes:
+        """A result document as the trainer gets it, without the server's or the request's secrets.
+
+        The rollout itself redacts with the policy it was given; with traces on that is its gateway
+        endpoint, so a message that carries what the upstream echoed of its key (a 401 passed on) is
+        cleaned here, with the key the request brought (``llm_api_key``)."""
+        body = dumps(document)
+        secrets = self._server_secrets + entry.secrets
+        if secrets:
+            text = body.decode("utf-8", "surrogateescape")
+            if redact(text, secrets) is not text:
+                body = dumps(redact_data(document, secrets))
+        return body
 
     def _with_trace(self, entry: Rollout, document: dict[str, Any]) -> dict[str, Any]:
         """``document`` with the rollout's ``trace`` when traces are on (null when it has none)."""
@@ -814,7 +828,7 @@ class RolloutService:
             body = body[:-1] + b',"final":true}'
         else:
             try:
-                body = dumps({**result_document(result, label=entry.label), "final": final})
+                body = self._dumps(entry, {**result_document(result, label=entry.label), "final": final})
             except (TypeError, ValueError, RecursionError):
                 return  # the final delivery reports why
         done = self._delivered(entry) if final else None

@@ -97,6 +97,59 @@ def test_a_pushed_result_carries_the_trace(serve):
     assert final["trace"]["calls"][0]["completion_token_ids"]
 
 
+def test_an_upstream_that_echoes_the_key_leaves_none_of_it_in_the_result(serve):
+    """A 401 that echoes the key the request brought (whole, and masked as providers do): with
+    traces on, the failed result's message, its trace and the files hold no 8 characters of it."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    from osmosis_core.testing import Fault
+
+    key = "sk-proj-Zq8wXv3Nk7Rb2Yt6Hm4Jc1Lp"
+    served = serve(LocalBackend(OneCall), traces={"adapter": "vllm"}, settings=ServerSettings(grace_sec=1))
+    with ScriptedPolicyServer(flavor="vllm") as upstream:
+        echo = f"Incorrect API key provided: {key} (or {key[:12]}****{key[-4:]})"
+        upstream.inject(Fault("status", status=401, message=echo), rollout_id="leak")
+        request = _request("leak", upstream.url, llm_api_key=key, grade=False)
+        result = run(lambda: RolloutClient(served.url, token=TOKEN).run(request))
+    assert not result.ok
+    assert result.error.category == "policy_error"
+    assert "401" in result.error.message
+    everything = json.dumps({"error": result.error.message, "trace": result.trace})
+    folder = served.service.folder
+    folder.flush()
+    everything += (folder.path / "results.jsonl").read_text() + (folder.path / "traces.jsonl").read_text()
+    assert [key[i : i + 8] for i in range(len(key) - 7) if key[i : i + 8] in everything] == []
+
+
+def test_a_rollout_the_drain_cancels_has_its_call_in_flight_recorded_as_cancelled(serve):
+    """The drain cancels a rollout whose model call is in flight: its trace says the call was
+    cancelled and is incomplete (it was an empty "ok" call in a complete trace)."""
+    pytest.importorskip("osmosis_gateway", reason="traces need osmosis-gateway")
+    from osmosis_core.testing import Fault
+
+    served = serve(LocalBackend(OneCall), traces={"adapter": "vllm"}, settings=ServerSettings(grace_sec=0.2))
+    with ScriptedPolicyServer(flavor="vllm") as upstream:
+        upstream.inject(Fault("delay", delay=30), rollout_id="slow")
+
+        async def go():
+            client = RolloutClient(served.url, token=TOKEN)
+            admission = await client.submit(_request("slow", upstream.url, grade=False))
+            for _ in range(200):
+                if upstream.requests:
+                    break
+                await asyncio.sleep(0.02)
+            served.call(served.service.drain)
+            return await client.poll(admission, until_final=True)
+
+        result = run(go)
+    assert result.status.value == "cancelled"
+    trace = result.trace
+    assert trace is not None
+    assert trace["complete"] is False
+    [call] = trace["calls"]
+    assert call["status"] == "cancelled"
+    assert trace["incomplete_reason"].startswith("call 0 cancelled")
+
+
 def test_without_traces_a_result_has_no_trace_field(serve):
     served = serve(LocalBackend(OneCall), settings=ServerSettings(grace_sec=1))
     with ScriptedPolicyServer() as upstream:
