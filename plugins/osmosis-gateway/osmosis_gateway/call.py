@@ -32,8 +32,17 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
+from aiohttp import ClientConnectorError, ClientError, ClientResponse, ClientResponseError, web
 
-from osmosis_core.plugin import ResponseTooLarge, clip, read_limited, redact, redact_data
+from osmosis_core.plugin import (
+    ResponseTooLarge,
+    clip,
+    cut_response,
+    drop_connection,
+    read_limited,
+    redact,
+    redact_data,
+)
 from osmosis_gateway.adapters import (
     CallCapture,
     completion_events,
@@ -45,8 +54,6 @@ from osmosis_gateway.adapters import (
 from osmosis_gateway.trace import CallStatus, RolloutTrace, TraceCall
 
 if TYPE_CHECKING:
-    from aiohttp import ClientResponse, web
-
     from osmosis_gateway.gateway import Upstream
 
 __all__ = ["POLICY_VERSION_FIELD", "ModelCall", "error_response"]
@@ -73,8 +80,6 @@ _READ_FIELDS: Final = (
 
 def error_response(status: int, message: str, **headers: str) -> web.Response:
     """An OpenAI-shaped error answer."""
-    from aiohttp import web
-
     kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "server_error"
     body = json_bytes({"error": {"message": message, "type": kind, "param": None, "code": status}})
     return web.Response(status=status, body=body, content_type="application/json", headers=headers or None)
@@ -208,8 +213,6 @@ class ModelCall:
 
     async def answer(self, body: bytes) -> web.StreamResponse:
         """Send the call upstream and give the rollout its answer, recording the call."""
-        from aiohttp import ClientConnectorError, ClientError, ClientResponseError
-
         record = self.record
         try:
             request, by_json = read_request(body)
@@ -274,8 +277,6 @@ class ModelCall:
 
     def _whole(self, status: int, kind: str, content: bytes) -> web.Response:
         """A whole answer: recorded, then handed to the rollout."""
-        from aiohttp import web
-
         content_type = kind.split(";", 1)[0].strip() or "application/octet-stream"
         if status >= 400:
             self.finish("upstream_error", self._message(f"the upstream answered {status}: {_detail(content)}"), status)
@@ -295,8 +296,6 @@ class ModelCall:
     async def _stream_whole(self, content: bytes) -> web.StreamResponse:
         """A whole answer streamed to a rollout that asked for a stream (an upstream that gives no ids
         in one was asked for the whole answer)."""
-        from aiohttp import web
-
         capture = self.capture
         assert capture is not None
         try:
@@ -322,8 +321,6 @@ class ModelCall:
     async def _relay(self, answer: ClientResponse) -> web.StreamResponse:
         """Pass an event stream through as it comes, each event read and stripped; recorded at its
         ``[DONE]`` (what follows it is not waited for), bounded like a whole answer."""
-        from aiohttp import ClientError, web
-
         response = web.StreamResponse(status=200, headers=_stream_headers())
         try:
             await response.prepare(self.request)
@@ -414,13 +411,5 @@ async def _end(response: web.StreamResponse) -> web.StreamResponse:
     return response
 
 
-def _drop(request: web.BaseRequest) -> web.Response:
-    from osmosis_core.plugin import drop_connection
-
-    return drop_connection(request)
-
-
-def _cut(request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
-    from osmosis_core.plugin import cut_response
-
-    return cut_response(request, response)
+_drop: Final = drop_connection
+_cut: Final = cut_response

@@ -45,19 +45,18 @@ import re
 import secrets
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 from urllib.parse import quote, unquote
 
+import aiohttp
+from aiohttp import web
+
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import client_session, proxy_options, redact_data, start_http_server
+from osmosis_core.plugin import client_session, drop_connection, proxy_options, redact_data, start_http_server
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, json_bytes
 from osmosis_gateway.call import POLICY_VERSION_FIELD, ModelCall, error_response
 from osmosis_gateway.settings import READ_TIMEOUT_SEC
 from osmosis_gateway.trace import RolloutTrace, TraceCall
-
-if TYPE_CHECKING:
-    import aiohttp
-    from aiohttp import web
 
 __all__ = [
     "POLICY_VERSION_FIELD",
@@ -103,8 +102,6 @@ def check_rollout_id(rollout_id: object) -> str:
 
 
 def _json(data: object, status: int = 200) -> web.Response:
-    from aiohttp import web
-
     return web.Response(status=status, body=json_bytes(data), content_type="application/json")
 
 
@@ -124,6 +121,7 @@ class Upstream:
     """What every call to the upstream is sent with: its URL, headers (the key), proxy, limits."""
 
     __slots__ = (
+        "_session",
         "adapter",
         "headers",
         "max_response_bytes",
@@ -134,7 +132,6 @@ class Upstream:
     )
 
     def __init__(self, endpoint: PolicyEndpoint, adapter: AdapterName, read_timeout_sec: float) -> None:
-        import aiohttp
         from yarl import URL
 
         self.url = URL(endpoint.chat_completions_url)  # (parsed once, not per call)
@@ -149,10 +146,15 @@ class Upstream:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SEC, sock_read=read_timeout_sec)
         self.options: dict[str, Any] = {"timeout": timeout, **(proxy_options(str(self.url)) or {"proxy": None})}
 
-    @staticmethod
-    def session() -> aiohttp.ClientSession:
-        """The running loop's pooled session (the core's: closed with the loop's other clients)."""
-        return client_session()
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        """The running loop's pooled session (the core's: closed with the loop's other clients),
+        held between calls (a gateway serves on one loop) while it is open."""
+        session = self._session
+        if session is None or session.closed:
+            session = self._session = client_session()
+        return session
 
 
 class _Slot:
@@ -418,8 +420,6 @@ class PolicyGateway:
     async def _model_call(self, request: web.BaseRequest, rollout_id: str) -> web.StreamResponse:
         """A model call of ``rollout_id``: refused from its head when its token opens no such rollout
         (its body is never read), else read, sent, answered and recorded."""
-        from aiohttp import web
-
         slot, refused = self._authorize(request, rollout_id)
         if refused is not None:
             return refused
@@ -463,7 +463,4 @@ class PolicyGateway:
             slot.calls.pop(call, None)
 
 
-def _hang_up(request: web.BaseRequest) -> web.Response:
-    from osmosis_core.plugin import drop_connection
-
-    return drop_connection(request)
+_hang_up: Final = drop_connection
