@@ -292,3 +292,25 @@ def test_an_answer_over_the_limit_is_refused_streamed_or_not(run, stream: bool) 
             assert raw.startswith(b"HTTP/1.1 502 ")
 
     run(main)
+
+
+def test_the_gateway_speaks_http_only_through_aiohttp() -> None:
+    """No protocol code of the gateway's own: serving and calling the upstream are aiohttp's (the
+    httptools server and client it once carried are gone, and so is the dependency)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, osmosis_gateway.gateway, osmosis_gateway.call\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('httptools', 'aiohttp')"
+        " and m.split('.')[-1] in ('httptools', 'web_server', 'client')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "httptools" not in out
+    assert "'aiohttp.web_server'" in out
+    assert "'aiohttp.client'" in out
+    import osmosis_gateway
+
+    package = Path(osmosis_gateway.__file__).parent
+    assert not (package / "server.py").exists()
+    assert not (package / "upstream.py").exists()
