@@ -33,6 +33,7 @@ from osmosis_core._engine.loader import LoadedRollout, load_rollout
 from osmosis_core._engine.registry import PluginRegistry, get_registry
 from osmosis_core._engine.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
 from osmosis_core._engine.run_lock import RunLock
+from osmosis_core._engine.spelling import did_you_mean
 from osmosis_core.backend import BackendSetup, BackendSpec, ExecutionBackend, RunLimits
 from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
 from osmosis_core.records import (
@@ -163,9 +164,12 @@ def build_backend(
         spec = registry.backend(name)
     except PluginError as exc:
         raise ConfigError(source, [f"{exc} @ $.run.backend"]) from None
-    unknown = sorted(set(config.backend) - {b.name for b in registry.backends()})
+    names = [b.name for b in registry.backends()]
+    unknown = sorted(set(config.backend) - set(names))
     if unknown:
-        raise ConfigError(source, [f"no backend is called {n!r} @ $.backend.{n}" for n in unknown])
+        raise ConfigError(
+            source, [f"no backend is called {n!r}{did_you_mean(n, names)} @ $.backend.{n}" for n in unknown]
+        )
     backend_config = backend_config_of(spec, config.backend.get(name, {}), source)
     setup = BackendSetup(
         workflow_class=rollout.workflow_class,
