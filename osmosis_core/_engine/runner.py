@@ -274,7 +274,7 @@ def prepare_run(
     created = not run_dir.exists()
     lock = RunLock(run_dir).acquire()
     try:
-        stats = ResultStats(pass_threshold=config.run.pass_threshold)
+        stats = ResultStats(pass_threshold=config.run.pass_threshold, secrets=policy.secrets())
         done: set[tuple[int, int]] = set()
         retried = 0
         results = run_dir / RESULTS
