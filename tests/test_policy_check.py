@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from osmosis_core import PolicyEndpoint
+from osmosis_core._engine.http_server import start_http_server
 from osmosis_core._engine.http_session import http_scope
 from osmosis_core._engine.policy_check import PolicyCheck, check_policy, check_policy_sync
 from osmosis_core.testing import ScriptedPolicyServer
@@ -33,19 +34,14 @@ def free_port() -> int:
 
 @asynccontextmanager
 async def answering(status: int, body: object) -> AsyncIterator[str]:
-    """An HTTP server whose every answer is ``status`` with ``body`` (JSON); the base URL."""
+    """An HTTP server whose every answer is ``status`` with ``body`` (JSON, ``$AUTH``: the request's
+    Authorization header, as a server that echoes it); the base URL."""
 
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(request: web.BaseRequest) -> web.Response:
         text = json.dumps(body).replace("$AUTH", request.headers.get("Authorization", ""))
         return web.Response(status=status, text=text, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await start_http_server(handle, "127.0.0.1", 0, max_body=1 << 20)
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:

@@ -25,14 +25,24 @@ No message holds the key or a header value (:func:`~osmosis_core.errors.clip`).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from osmosis_core.errors import clip
 from osmosis_core.records import PolicyEndpoint
 
-__all__ = ["CONNECT_TIMEOUT_SEC", "TIMEOUT_SEC", "PolicyCheck", "check_policy", "check_policy_sync"]
+if TYPE_CHECKING:
+    from osmosis_core._engine.config import RunConfig
+
+__all__ = [
+    "CONNECT_TIMEOUT_SEC",
+    "TIMEOUT_SEC",
+    "PolicyCheck",
+    "check_config_policy",
+    "check_policy",
+    "check_policy_sync",
+]
 
 CONNECT_TIMEOUT_SEC = 3.0
 """How long the connection may take: a refused or unresolvable host fails at once, a host that
@@ -180,3 +190,15 @@ def check_policy_sync(policy: PolicyEndpoint, *, key_source: str | None = None, 
             return await check_policy(policy, key_source=key_source, **limits)
 
     return anyio.run(ask)
+
+
+def check_config_policy(config: RunConfig) -> tuple[PolicyEndpoint, PolicyCheck]:
+    """A run config's ``[policy]`` endpoint (its key read from ``api_key_env``), and what it answered.
+
+    :raises ConfigError: the key's variable is named but not set.
+    """
+    from osmosis_core._engine.config import policy_endpoint
+
+    policy = policy_endpoint(config)
+    key_source = f"${config.policy.api_key_env}" if config.policy.api_key_env else None
+    return policy, check_policy_sync(policy, key_source=key_source)

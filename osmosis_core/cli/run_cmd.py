@@ -186,14 +186,11 @@ def _check_policy(config: Any, err: Any) -> None:
 
     :raises click.ClickException: the endpoint is unreachable.
     """
-    from osmosis_core._engine.config import policy_endpoint
-    from osmosis_core._engine.policy_check import check_policy_sync
+    from osmosis_core._engine.policy_check import check_config_policy
 
     if not config.policy.base_url:
         return  # (the run's own check says what is missing)
-    policy = policy_endpoint(config)
-    key_source = f"${config.policy.api_key_env}" if config.policy.api_key_env else None
-    check = check_policy_sync(policy, key_source=key_source)
+    policy, check = check_config_policy(config)
     if check.unreachable is not None:
         raise click.ClickException(
             f"the policy endpoint {policy.base_url} is unreachable: {check.unreachable}; start its server,"

@@ -77,13 +77,10 @@ def _check_policy(config: Any) -> None:
     Unreachable is a warning here, as a missing package is: the run may happen where the endpoint
     is (a cluster node); ``osmosis run`` stops on it.
     """
-    from osmosis_core._engine.config import policy_endpoint
-    from osmosis_core._engine.policy_check import check_policy_sync
+    from osmosis_core._engine.policy_check import check_config_policy
 
-    policy = policy_endpoint(config)
+    policy, check = check_config_policy(config)
     where = f"policy {policy.base_url} model {policy.model!r}"
-    key_source = f"${config.policy.api_key_env}" if config.policy.api_key_env else None
-    check = check_policy_sync(policy, key_source=key_source)
     warn = click.style("warn", fg="yellow")
     if check.unreachable is not None:
         click.echo(
