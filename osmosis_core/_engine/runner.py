@@ -530,10 +530,10 @@ class _Execution:
 
         It watches from the start of the run to the end of its wind-down (the backend's close, the
         progress hooks' last call). A signal once the rollouts are over cancels nothing and changes
-        nothing in the record: the run is complete. When it stops watching, the signals go, with no
-        gap in between (they are blocked meanwhile), to :meth:`stop_now` for a second signal, or to
-        :meth:`after_the_run` (``exit_on_second_signal``: ``osmosis run`` keeps them until it exits),
-        or back to the handlers it found.
+        nothing in the record: the run is complete. When it stops watching, the signals go (held
+        back meanwhile) to :meth:`stop_now` for a second signal, or to :meth:`after_the_run`
+        (``exit_on_second_signal``: ``osmosis run`` keeps them until it exits), or back to the
+        handlers it found.
         """
         found: dict[int, Any] = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
         receiver = anyio.open_signal_receiver(*_STOP_SIGNALS)
@@ -543,16 +543,22 @@ class _Execution:
                 self.first_signal(scope)
                 break
         finally:
+            # held back in this thread meanwhile (only a signal another thread takes in the microseconds
+            # between the receiver's Python defaults and the handlers below meets those defaults)
             with _signals_blocked():
                 receiver.__exit__(None, None, None)  # (it puts back Python's defaults, not what it found)
-                if not self.exit_on_second_signal:
-                    handlers = found
-                elif self.signalled:
-                    handlers = dict.fromkeys(_STOP_SIGNALS, self.stop_now)
-                else:
-                    handlers = dict.fromkeys(_STOP_SIGNALS, self.after_the_run)
-                for signum, handler in handlers.items():
-                    signal.signal(signum, handler)
+                self.hand_over(found)
+
+    def hand_over(self, found: dict[int, Any]) -> None:
+        """The signals' handlers once the run stops watching them (see :meth:`watch_signals`)."""
+        if not self.exit_on_second_signal:
+            handlers = found
+        elif self.signalled:
+            handlers = dict.fromkeys(_STOP_SIGNALS, self.stop_now)
+        else:
+            handlers = dict.fromkeys(_STOP_SIGNALS, self.after_the_run)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
     def first_signal(self, scope: anyio.CancelScope | None) -> None:
         """A first SIGINT / SIGTERM: cancel the rollouts in flight, or, once they are over, nothing."""
