@@ -28,8 +28,10 @@ def break_row(workspace: Path, operand: str) -> None:
     text = main.read_text()
     anchor = "        messages: list[dict[str, Any]] = list(ctx.prompt)\n"
     assert anchor in text
-    main.write_text(text.replace(anchor, anchor + f"        if {operand!r} in ctx.user_prompt:\n"
-                                 "            raise RuntimeError('this row breaks the agent')\n"))  # fmt: skip
+    breaks = (
+        f"        if {operand!r} in ctx.user_prompt:\n            raise RuntimeError('this row breaks the agent')\n"
+    )
+    main.write_text(text.replace(anchor, anchor + breaks))
 
 
 def test_the_summary_shows_each_categorys_most_common_message_and_the_hint_names_what_to_retry(
@@ -97,8 +99,8 @@ def test_a_hint_for_categories_the_default_does_not_retry_names_them(workspace, 
     )
     assert hint.endswith(f"--output {workspace / 'out'} --retry-failed agent_error")
     main.write_text(main.read_text().replace("raise RuntimeError", "pass  # RuntimeError"))  # the fix
-    fixed = osmosis(osmosis_exe, *shlex.split(hint.split("once the cause is fixed: ")[1])[1:], cwd=workspace,
-                    env=clean_env)  # fmt: skip
+    command = shlex.split(hint.split("once the cause is fixed: ")[1])
+    fixed = osmosis(osmosis_exe, *command[1:], cwd=workspace, env=clean_env)
     assert fixed.returncode == 0, fixed.stderr
     assert "2 (2 ok, 0 failed)" in fixed.stdout
 
@@ -157,8 +159,10 @@ def test_the_cancelling_notice_comes_before_the_summary_in_a_log(workspace, osmo
     args = ["run", "configs/eval/multiply-plain.toml", "--stub-policy", "--stub-latency", "0.1", "--concurrency", "2"]
     log = workspace / "log.txt"
     with log.open("w") as handle:
-        proc = subprocess.Popen([osmosis_exe, *args, "--output", "out"], cwd=workspace, env=clean_env, stdout=handle,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        command = [osmosis_exe, *args, "--output", "out"]
+        proc = subprocess.Popen(
+            command, cwd=workspace, env=clean_env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
         results = workspace / "out" / "results.jsonl"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and (not results.exists() or results.read_text().count("\n") < 2):

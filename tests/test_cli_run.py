@@ -462,8 +462,8 @@ def test_policy_url_to_another_host_runs_without_the_configs_key(workspace, osmo
         assert not any(x.authorized for x in server.requests)
         assert secret not in withheld.stdout + withheld.stderr
         # naming the variable on the command line says the key is meant for this host
-        sent = osmosis(osmosis_exe, *base, "--api-key-env", "OPENAI_API_KEY", "--output", "c", cwd=workspace,
-                       env={**env, "OPENAI_API_KEY": secret})  # fmt: skip
+        keyed = {**env, "OPENAI_API_KEY": secret}
+        sent = osmosis(osmosis_exe, *base, "--api-key-env", "OPENAI_API_KEY", "--output", "c", cwd=workspace, env=keyed)
         assert sent.returncode == 0, sent.stderr
         assert "notice:" not in sent.stderr
         assert len(server.requests) == 12
@@ -471,8 +471,7 @@ def test_policy_url_to_another_host_runs_without_the_configs_key(workspace, osmo
     # a --policy-url on the config's own host (another path) keeps the config's key, as before
     with ScriptedPolicyServer(api_key=secret) as server:
         config.write_text(text.replace("https://api.openai.com/v1", server.url.rstrip("/") + "/"))
-        same = osmosis(osmosis_exe, *base[:3], server.url, "--limit", "2", "--output", "d", cwd=workspace,
-                       env={**env, "OPENAI_API_KEY": secret})  # fmt: skip
+        same = osmosis(osmosis_exe, *base[:3], server.url, "--limit", "2", "--output", "d", cwd=workspace, env=keyed)
         assert same.returncode == 0, same.stderr
         assert "notice:" not in same.stderr
         assert len(server.requests) == 4
