@@ -66,7 +66,7 @@ def test_unknown_and_mistyped_keys_are_each_reported_with_their_path(tmp_path):
         limit = 1.5
         """,
     )
-    assert "unknown key(s): concurency @ $.run" in problems
+    assert "unknown key(s): concurency (did you mean 'concurrency'?) @ $.run" in problems
     assert "expected a whole number, got 'two' @ $.run.n_samples" in problems
     assert "expected a number, got True @ $.run.agent_timeout_sec" in problems
     assert "expected a whole number, got 1.5 @ $.dataset.limit" in problems
@@ -153,7 +153,8 @@ def test_backend_table_is_typed_and_closed(workspace):
     assert setup.config_root == workspace.resolve()
     assert setup.dataset_path.name == "multiply.jsonl"
     config.backend = {"echo": {"greting": "x"}}
-    with pytest.raises(ConfigError, match=r"unknown key\(s\): greting @ \$\.backend\.echo"):
+    hinted = r"unknown key\(s\): greting \(did you mean 'greeting'\?\) @ \$\.backend\.echo"
+    with pytest.raises(ConfigError, match=hinted):
         build_backend(config, rollout, registry, None)
     config.backend = {"echo": {"repeat": "twice"}}
     with pytest.raises(ConfigError, match=r"expected a whole number, got 'twice' @ \$\.backend\.echo\.repeat"):

@@ -17,6 +17,7 @@ import attrs
 import cattrs
 from cattrs.errors import BaseValidationError, CattrsError, ForbiddenExtraKeysError
 
+from osmosis_core._engine.spelling import closest, did_you_mean
 from osmosis_core.errors import ConfigError
 from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES, PolicyEndpoint
 from osmosis_core.wire import register_strict_scalars
@@ -177,12 +178,23 @@ def _format_error(exc: BaseException, type_: Any) -> str:
         hint = ""
         if "api_key" in exc.extra_fields:
             hint = " (put the key in an environment variable and name it with api_key_env)"
+        else:
+            hint = _typo_hint(sorted(exc.extra_fields), exc.cl)
         return f"unknown key(s): {keys}{hint}"
     if isinstance(exc, KeyError):
         return "required key missing"
     if (isinstance(exc, TypeError) and type_ is dict) or "Mapping" in str(type_) or "dict" in str(type_):
         return f"expected a table, got {exc}"
     return str(exc)
+
+
+def _typo_hint(keys: list[str], type_: Any) -> str:
+    """Which known key each unknown one is most likely a typo of (``concurency``: ``concurrency``)."""
+    known = [f.name for f in attrs.fields(type_) if f.init] if attrs.has(type_) else []
+    if len(keys) == 1:
+        return did_you_mean(keys[0], known)
+    pairs = [f"{key} -> {match}" for key in keys if (match := closest(key, known)) is not None]
+    return f" (did you mean: {', '.join(pairs)}?)" if pairs else ""
 
 
 def _problems(exc: BaseException, path: str) -> list[str]:

@@ -30,6 +30,7 @@ import attrs
 import pluggy
 
 from osmosis_core import hookspecs
+from osmosis_core._engine.spelling import did_you_mean
 from osmosis_core.errors import PluginError
 from osmosis_core.hookspecs import PROJECT_NAME
 
@@ -317,7 +318,7 @@ class PluginRegistry:
         if not providers:
             known = ", ".join(sorted(found)) or "none"
             hint = _FIRST_PARTY.get((kind, _normalise(name)))
-            more = f" (it comes with {hint}: pip install {hint})" if hint else ""
+            more = f" (it comes with {hint}: pip install {hint})" if hint else did_you_mean(name, found)
             raise PluginError(f"unknown {kind} {name!r}{more}; known {kind}s: {known}")
         if len(providers) > 1:
             who = "; ".join(f"{p.plugin.name} ({p.plugin.provider})" for p in providers)

@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from osmosis_core.errors import holds_secret, redact_data
+from osmosis_core.errors import clip, holds_secret, redact_data
 from osmosis_core.records import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -105,12 +105,14 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 
 
 def summary_fields(line: dict[str, Any]) -> dict[str, Any]:
-    """What :class:`ResultStats` counts of a line (status, error category, reward, timings): no sample."""
+    """What :class:`ResultStats` counts of a line (status, error category and message, reward, timings): no sample."""
     error = line.get("error")
     timings = line.get("timings") or {}
     return {
         "status": line["status"],
-        "error": {"category": error.get("category")} if isinstance(error, dict) else None,
+        "error": {"category": error.get("category"), "message": _message_key(error.get("message"))}
+        if isinstance(error, dict)
+        else None,
         "reward": line.get("reward"),
         "timings": {k: timings[k] for k in ("workflow", "grader") if k in timings},
     }
@@ -197,6 +199,20 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
+MESSAGES_KEPT = 32
+"""Distinct messages counted per error category (a run of millions of failures, each message its
+own, holds no more); a message first seen after them is not counted."""
+MESSAGE_CHARS = 200
+"""The length an error message is cut to when it is counted (messages that differ past it count as one)."""
+
+
+def _message_key(message: Any, secrets: tuple[str, ...] = ()) -> str | None:
+    """An error message as the summary counts it: one line, redacted, cut to :data:`MESSAGE_CHARS`."""
+    if not isinstance(message, str) or not message.strip():
+        return None
+    return clip(message, secrets, MESSAGE_CHARS)
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The ``q`` quantile (0..1) of ``values``, linearly interpolated; None when there are none."""
     if not values:
@@ -220,6 +236,11 @@ class ResultStats:
     """Successful rollouts without a reward (no grader, or a row without a label)."""
     errors: Counter[str] = attrs.field(factory=Counter)
     latencies: list[float] = attrs.field(factory=list)
+    error_messages: dict[str, Counter[str]] = attrs.field(factory=dict)
+    """Per error category, how often each message came (the first :data:`MESSAGES_KEPT` distinct
+    ones of a category; each message redacted and cut to :data:`MESSAGE_CHARS`)."""
+    secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
+    """Values no counted message may hold (the policy's key and header values)."""
 
     def add(self, line: dict[str, Any]) -> None:
         """Count one result line."""
@@ -228,7 +249,13 @@ class ResultStats:
             self.succeeded += 1
         else:
             error = line.get("error") or {}
-            self.errors[str(error.get("category", "unknown"))] += 1
+            category = str(error.get("category", "unknown"))
+            self.errors[category] += 1
+            message = _message_key(error.get("message"), self.secrets)
+            if message is not None:
+                seen = self.error_messages.setdefault(category, Counter())
+                if message in seen or len(seen) < MESSAGES_KEPT:
+                    seen[message] += 1
         reward = line.get("reward")
         if line.get("status") == ExecutionStatus.SUCCESS.value:
             if isinstance(reward, (int, float)) and not isinstance(reward, bool):
@@ -244,6 +271,14 @@ class ResultStats:
     def failed(self) -> int:
         """Rollouts that ended in a failure."""
         return self.finished - self.succeeded
+
+    def common_errors(self) -> dict[str, dict[str, Any]]:
+        """The most common message of each error category: ``{category: {"message": ..., "count": n}}``."""
+        common = {}
+        for category, seen in sorted(self.error_messages.items()):
+            message, count = seen.most_common(1)[0]
+            common[category] = {"message": message, "count": count}
+        return common
 
     @property
     def graded(self) -> int:
@@ -286,6 +321,9 @@ class Summary:
     stub_policy: bool
     mean_reward_graded: float | None = None
     """Over the rollouts that have a reward, failures left out (what ``mean_reward`` meant before 0.2)."""
+    error_messages: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """The most common message of each error category and how many failures had it:
+    ``{"policy_error": {"message": "...", "count": 18}}`` (redacted, one line each)."""
 
     @classmethod
     def from_stats(
@@ -318,6 +356,7 @@ class Summary:
             wall_sec=wall_sec,
             interrupted=interrupted,
             stub_policy=stub_policy,
+            error_messages=stats.common_errors(),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from osmosis_core._engine.loader import LoadedRollout, load_rollout
 from osmosis_core._engine.registry import PluginRegistry, get_registry
 from osmosis_core._engine.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
 from osmosis_core._engine.run_lock import RunLock
+from osmosis_core._engine.spelling import did_you_mean
 from osmosis_core.backend import BackendSetup, BackendSpec, ExecutionBackend, RunLimits
 from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
 from osmosis_core.records import (
@@ -168,9 +169,12 @@ def build_backend(
         spec = registry.backend(name)
     except PluginError as exc:
         raise ConfigError(source, [f"{exc} @ $.run.backend"]) from None
-    unknown = sorted(set(config.backend) - {b.name for b in registry.backends()})
+    names = [b.name for b in registry.backends()]
+    unknown = sorted(set(config.backend) - set(names))
     if unknown:
-        raise ConfigError(source, [f"no backend is called {n!r} @ $.backend.{n}" for n in unknown])
+        raise ConfigError(
+            source, [f"no backend is called {n!r}{did_you_mean(n, names)} @ $.backend.{n}" for n in unknown]
+        )
     backend_config = backend_config_of(spec, config.backend.get(name, {}), source)
     setup = BackendSetup(
         workflow_class=rollout.workflow_class,
@@ -275,7 +279,7 @@ def prepare_run(
     created = not run_dir.exists()
     lock = RunLock(run_dir).acquire()
     try:
-        stats = ResultStats(pass_threshold=config.run.pass_threshold)
+        stats = ResultStats(pass_threshold=config.run.pass_threshold, secrets=policy.secrets())
         done: set[tuple[int, int]] = set()
         retried = 0
         results = run_dir / RESULTS
@@ -365,7 +369,12 @@ async def execute_run(
     Ctrl-C / SIGTERM cancels the rollouts in flight and waits for them; a second one then has its
     usual effect (``KeyboardInterrupt``, or SIGTERM's default), unless ``exit_on_second_signal``
     (what ``osmosis run`` passes): then the summary is written and the process exits 130 at once,
-    even while a rollout blocks the event loop. What runs in processes the run started (workers,
+    even while a rollout blocks the event loop. A signal that comes once every rollout has its
+    result cancels nothing: the run is complete and says so. The signals are watched until the
+    wind-down ends; then the handlers found are back, except with ``exit_on_second_signal``: the
+    process keeps the run's (a first signal while ``osmosis run`` prints its summary changes
+    nothing, a second exits 130 at once) and the caller puts its own back when it is done.
+    What runs in processes the run started (workers,
     the stand-in server, bubblewrap sandboxes, a local Ray cluster) dies with it; a backend's
     resources elsewhere (a Harbor docker or cloud environment) are not stopped then.
 
@@ -400,12 +409,14 @@ class _Execution:
         """Every pending pair was run, or the run stopped through its own signal handling."""
         self.summary: Summary | None = None
         self.started = time.perf_counter()
-        self.replaced: dict[int, Any] = {}
-        """The signal handlers :meth:`stop_now` replaced, restored at the end."""
         self.written: tuple[tuple[str, Path], ...] = ()
         """The files the progress hooks wrote at the end (their plugin's name, the path)."""
         self.told_nonfinite: set[tuple[str, str]] = set()
         """(metric path, stage) of the NaN or infinite metrics already said."""
+        self.left = len(plan.pending)
+        """Pending pairs without a recorded result yet (0: the rollouts are over, nothing to cancel)."""
+        self.signalled = False
+        """A first SIGINT / SIGTERM came (during the rollouts or after them)."""
 
     # the rollouts
 
@@ -442,6 +453,7 @@ class _Execution:
             line["error"]["message"] = message
             self.writer.write(line)
         self.stats.add(line)
+        self.left -= 1
         self.reporter.advance(line, self.stats)
 
     def tell_nonfinite_metrics(
@@ -565,20 +577,67 @@ class _Execution:
 
     # signals
 
+    @property
+    def over(self) -> bool:
+        """Every pending pair has its result (or the run is winding down): a signal cancels nothing."""
+        return self.ended or self.left <= 0 or self.summary is not None
+
     async def watch_signals(self, scope: anyio.CancelScope) -> None:
-        """The first Ctrl-C / SIGTERM cancels the rollouts in flight (and their wind-down is waited for)."""
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        """The first Ctrl-C / SIGTERM cancels the rollouts in flight (and their wind-down is waited for).
+
+        It watches from the start of the run to the end of its wind-down (the backend's close, the
+        progress hooks' last call). A signal once the rollouts are over cancels nothing and changes
+        nothing in the record: the run is complete. When it stops watching, the signals go (held
+        back meanwhile) to :meth:`stop_now` for a second signal, or to :meth:`after_the_run`
+        (``exit_on_second_signal``: ``osmosis run`` keeps them until it exits), or back to the
+        handlers it found.
+        """
+        found: dict[int, Any] = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
+        receiver = anyio.open_signal_receiver(*_STOP_SIGNALS)
+        signals = receiver.__enter__()
+        try:
             async for _ in signals:
+                self.first_signal(scope)
                 break
-        if self.exit_on_second_signal:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self.replaced[signum] = signal.signal(signum, self.stop_now)
-        if not self.ended and self.summary is None:  # (else the rollouts are over: there is nothing to cancel)
+        finally:
+            # held back in this thread meanwhile (only a signal another thread takes in the microseconds
+            # between the receiver's Python defaults and the handlers below meets those defaults)
+            with _signals_blocked():
+                receiver.__exit__(None, None, None)  # (it puts back Python's defaults, not what it found)
+                self.hand_over(found)
+
+    def hand_over(self, found: dict[int, Any]) -> None:
+        """The signals' handlers once the run stops watching them (see :meth:`watch_signals`)."""
+        if not self.exit_on_second_signal:
+            handlers = found
+        elif self.signalled:
+            handlers = dict.fromkeys(_STOP_SIGNALS, self.stop_now)
+        else:
+            handlers = dict.fromkeys(_STOP_SIGNALS, self.after_the_run)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+    def first_signal(self, scope: anyio.CancelScope | None) -> None:
+        """A first SIGINT / SIGTERM: cancel the rollouts in flight, or, once they are over, nothing."""
+        self.signalled = True
+        again = " (again to stop at once)" if self.exit_on_second_signal else ""
+        if scope is not None and not self.over:
             self.interrupted = True
             scope.cancel()
-            again = " (again to stop at once)" if self.exit_on_second_signal else ""
-            with contextlib.suppress(OSError):  # a closed stderr must not end the run's wind-down
-                print(f"interrupted: cancelling the rollouts in flight{again}", file=sys.stderr)
+            message = f"interrupted: cancelling the rollouts in flight{again}"
+        elif scope is not None:
+            message = f"stop requested after the last rollout: nothing to cancel, the run is complete{again}"
+        else:
+            return  # after the run's own wind-down (osmosis run printing its summary): nothing to say
+        with contextlib.suppress(OSError):  # a closed stderr must not end the run's wind-down
+            print(message, file=sys.stderr)
+
+    def after_the_run(self, signum: int, frame: Any) -> None:
+        """A first signal after the run stopped watching (``osmosis run`` printing its summary): the
+        run is complete, so it goes on; a second one stops at once (:meth:`stop_now`)."""
+        self.first_signal(None)
+        for stop in _STOP_SIGNALS:
+            signal.signal(stop, self.stop_now)
 
     def stop_now(self, signum: int, frame: Any) -> None:
         """The second signal (a plain handler: it runs even while a rollout blocks the event loop)."""
@@ -590,9 +649,10 @@ class _Execution:
             if self.summary is None:
                 with contextlib.suppress(Exception):
                     self.write_summary(time.perf_counter() - self.started)
+            waited = "the run's wind-down" if self.over else "the rollouts in flight"
             with contextlib.suppress(Exception):
                 print(
-                    f"interrupted again: stopped without waiting for the rollouts in flight; "
+                    f"interrupted again: stopped without waiting for {waited}; "
                     f"{self.stats.finished} finished results are kept in {self.plan.run_dir}",
                     file=sys.stderr,
                     flush=True,
@@ -634,9 +694,11 @@ class _Execution:
                 try:
                     self.summary = self.write_summary(wall)  # before the backend's wind-down (its grace period)
                 finally:
-                    await self.close_all()
-                    guard.cancel_scope.cancel()
-                    await self.tell_the_end(listening)
+                    try:
+                        await self.close_all()
+                        await self.tell_the_end(listening)
+                    finally:
+                        guard.cancel_scope.cancel()  # (the signals are watched to the end of the wind-down)
         assert self.summary is not None  # (written above, or its error raised)
         failing = None if signalled or self.stopped else _failing(self.summary, plan.config.run.max_failure_rate)
         return RunOutcome(
@@ -658,13 +720,24 @@ class _Execution:
                     self.plan.lock.release()
 
     async def tell_the_end(self, listening: bool) -> None:
-        """Tell the progress hooks the run's end (shielded), then give back the signal handlers."""
+        """Tell the progress hooks the run's end (shielded)."""
         if listening:
             with anyio.CancelScope(shield=True):
                 written = await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(True))
                 self.written = tuple(written)
-        for signum, handler in self.replaced.items():
-            signal.signal(signum, handler)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (not lost) while their handlers change hands, then delivered."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _cancel_requested() -> bool:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import click
 
@@ -12,29 +12,38 @@ __all__ = ["config_options", "make_console", "resolve_config"]
 
 _F = Callable[..., Any]
 
-_OPTIONS: list[Callable[[_F], _F]] = [
-    click.option("--rollout", "rollout_path", metavar="DIR", help="The rollout folder (overrides rollout.path)."),
-    click.option("--backend", metavar="NAME", help="The backend to run on (overrides run.backend), e.g. local."),
-    click.option("--dataset", metavar="FILE", help="A JSONL dataset (overrides dataset.path)."),
-    click.option("--limit", type=click.IntRange(min=0), help="Run only the first N rows."),
-    click.option("--n-samples", type=click.IntRange(min=1), help="Rollouts per row."),
-    click.option("--concurrency", type=click.IntRange(min=1), help="Rollouts at once."),
-    click.option(
+_OPTIONS: dict[str, Callable[[_F], _F]] = {
+    "--rollout": click.option(
+        "--rollout", "rollout_path", metavar="DIR", help="The rollout folder (overrides rollout.path)."
+    ),
+    "--backend": click.option(
+        "--backend", metavar="NAME", help="The backend to run on (overrides run.backend), e.g. local."
+    ),
+    "--dataset": click.option("--dataset", metavar="FILE", help="A JSONL dataset (overrides dataset.path)."),
+    "--limit": click.option("--limit", type=click.IntRange(min=0), help="Run only the first N rows."),
+    "--n-samples": click.option("--n-samples", type=click.IntRange(min=1), help="Rollouts per row."),
+    "--concurrency": click.option("--concurrency", type=click.IntRange(min=1), help="Rollouts at once."),
+    "--workers": click.option(
         "--workers", type=click.IntRange(min=1), help="Processes to run rollouts in (local backend; CPU-bound agents)."
     ),
-    click.option(
+    "--policy-url": click.option(
         "--policy-url",
         metavar="URL",
-        help="The OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1. When it names another host than the"
-        " config's [policy] base_url, the config's key ([policy] api_key_env) is sent there only if --api-key-env"
-        " is given too ([policy] headers go to the URL given).",
+        help="The OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1. On another host than the config's"
+        " [policy] base_url, the config's key ([policy] api_key_env) is not sent there unless --api-key-env names"
+        " it, as requests and curl drop credentials on a redirect to another host ([policy] headers go to the URL"
+        " given).",
     ),
-    click.option("--model", metavar="NAME", help="The model name sent to the endpoint."),
-    click.option("--api-key-env", metavar="VAR", help="The environment variable holding the API key."),
-    click.option("--agent-timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per workflow."),
-    click.option("--grader-timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per grading."),
-    click.option("--output", metavar="DIR", help="The run folder (default runs/<config>-<timestamp>)."),
-]
+    "--model": click.option("--model", metavar="NAME", help="The model name sent to the endpoint."),
+    "--api-key-env": click.option("--api-key-env", metavar="VAR", help="The environment variable holding the API key."),
+    "--agent-timeout": click.option(
+        "--agent-timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per workflow."
+    ),
+    "--grader-timeout": click.option(
+        "--grader-timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds per grading."
+    ),
+    "--output": click.option("--output", metavar="DIR", help="The run folder (default runs/<config>-<timestamp>)."),
+}
 
 
 def make_console(*, stderr: bool = False) -> Any:
@@ -48,11 +57,33 @@ def make_console(*, stderr: bool = False) -> Any:
     return console
 
 
-def config_options(function: _F) -> _F:
-    """Add the config-overriding flags to a command."""
-    for option in reversed(_OPTIONS):
-        function = option(function)
-    return function
+@overload
+def config_options(function: _F, /) -> _F: ...
+
+
+@overload
+def config_options(*, omit: Iterable[str] = ()) -> Callable[[_F], _F]: ...
+
+
+def config_options(function: _F | None = None, /, *, omit: Iterable[str] = ()) -> Any:
+    """Add the config-overriding flags to a command: ``@config_options``, or
+    ``@config_options(omit=["--dataset", "--limit"])`` for a command to which those mean nothing
+    (its ``--help`` then lists only the flags it takes).
+
+    :raises ValueError: ``omit`` names a flag that is not one of them.
+    """
+    left_out = set(omit)
+    unknown = left_out - set(_OPTIONS)
+    if unknown:
+        raise ValueError(f"config_options(omit=...): no such flag: {', '.join(sorted(unknown))}")
+
+    def decorate(command: _F) -> _F:
+        for flag, option in reversed(_OPTIONS.items()):
+            if flag not in left_out:
+                command = option(command)
+        return command
+
+    return decorate if function is None else decorate(function)
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -67,12 +98,13 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme.lower(), (parts.hostname or "").lower(), port or default
 
 
-def _credentials_for_another_host(policy: Any, flags: dict[str, Any]) -> str | None:
-    """A problem when ``--policy-url`` would take the config's key to another host unasked.
+def _key_left_behind(policy: Any, flags: dict[str, Any]) -> str | None:
+    """The notice when ``--policy-url`` points the run at another host than the config's key is for.
 
     The config's ``[policy] api_key_env`` names a key meant for its ``base_url``; a ``--policy-url``
-    that points elsewhere would hand it to whatever answers there. The user says it is meant by
-    naming the key's variable on the command line too (``--api-key-env``).
+    on another host (scheme, name or port) does not get it, as requests and curl drop credentials on
+    a redirect to another host. Naming the variable on the command line too (``--api-key-env``)
+    sends it there. ``[policy] headers`` go to the URL given.
     """
     url = flags.get("policy_url")
     if not url or flags.get("api_key_env") is not None or not policy.base_url or not policy.api_key_env:
@@ -81,52 +113,105 @@ def _credentials_for_another_host(policy: Any, flags: dict[str, Any]) -> str | N
         return None
     _, host, port = _origin(policy.base_url)
     return (
-        f"--policy-url points at another host than the config's base_url ({host}:{port}), which the key in"
-        f" ${policy.api_key_env} was meant for; to send that key to the new host, give --api-key-env"
-        f" {policy.api_key_env} as well (or --api-key-env '' to send no key) @ $.policy.base_url"
+        f"notice: --policy-url is on another host than the config's base_url ({host}:{port}): the key in"
+        f" ${policy.api_key_env}, meant for that host, is not sent (give --api-key-env {policy.api_key_env}"
+        " to send it)"
     )
+
+
+_OVERRIDES: dict[str, tuple[str, str, str]] = {
+    "rollout_path": ("--rollout", "rollout", "path"),
+    "dataset": ("--dataset", "dataset", "path"),
+    "output": ("--output", "run", "output"),
+    "backend": ("--backend", "run", "backend"),
+    "limit": ("--limit", "dataset", "limit"),
+    "n_samples": ("--n-samples", "run", "n_samples"),
+    "concurrency": ("--concurrency", "run", "concurrency"),
+    "workers": ("--workers", "run", "workers"),
+    "policy_url": ("--policy-url", "policy", "base_url"),
+    "model": ("--model", "policy", "model"),
+    "api_key_env": ("--api-key-env", "policy", "api_key_env"),
+    "agent_timeout": ("--agent-timeout", "run", "agent_timeout_sec"),
+    "grader_timeout": ("--grader-timeout", "run", "grader_timeout_sec"),
+}
+"""Each overriding flag's parameter: the flag, and the config key it sets (``[section] key``)."""
+_PATHS = frozenset({"rollout_path", "dataset", "output"})
+"""The flags that name a path (relative to where the user stands, not to the workspace)."""
+_FLAG_OF_KEY = {f"$.{section}.{key}": flag for flag, section, key in _OVERRIDES.values()}
+
+
+def _blame_flags(problems: list[str], given: set[str]) -> None:
+    """Raise a usage error naming the flag when a problem lies in a value given on the command line.
+
+    :raises click.BadParameter: one problem, of ``--flag``; ``click.UsageError`` for several.
+    """
+    ctx = click.get_current_context(silent=True)
+    mine: list[tuple[str, str]] = []
+    for problem in problems:
+        message, _, path = problem.rpartition(" @ ")
+        flag = _FLAG_OF_KEY.get(path)
+        if flag is not None and flag in given:
+            mine.append((flag, message))
+    if len(mine) == 1:
+        raise click.BadParameter(mine[0][1], ctx=ctx, param_hint=f"'{mine[0][0]}'")
+    if mine:
+        raise click.UsageError("\n".join(f"Invalid value for '{flag}': {message}" for flag, message in mine), ctx)
+
+
+def _check_backend_name(config: Any, source: str, flag_given: bool) -> None:
+    """An unknown backend stops here, before anything starts, blaming ``--backend`` or ``$.run.backend``."""
+    from osmosis_core._engine.registry import get_registry
+    from osmosis_core.errors import ConfigError, PluginError
+
+    try:
+        get_registry().backend(config.run.backend)
+    except PluginError as exc:
+        if flag_given:
+            _blame_flags([f"{exc} @ $.run.backend"], {"--backend"})
+        raise ConfigError(source, [f"{exc} @ $.run.backend"]) from None
+
+
+def _missing_config() -> click.MissingParameter:
+    """click's own "Missing argument 'CONFIG'", for a command run with neither CONFIG nor ``--rollout``."""
+    ctx = click.get_current_context(silent=True)
+    param = next((p for p in ctx.command.params if p.name == "config_file"), None) if ctx is not None else None
+    if param is None:
+        return click.MissingParameter(ctx=ctx, param_hint="'CONFIG'", param_type="argument")
+    return click.MissingParameter(ctx=ctx, param=param)
 
 
 def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> Any:
     """Read CONFIG (if given) and apply the flags over it; check the result.
 
+    Without CONFIG, ``--rollout DIR`` (with the other flags) is the whole config. A problem with a
+    value given as a flag is a usage error naming the flag (exit 2, as click reports its own); a
+    problem in the file names the file and the key path.
+
     :raises ConfigError: a bad file or a bad combination, with key paths.
+    :raises click.UsageError: neither CONFIG nor ``--rollout`` (click's "Missing argument 'CONFIG'"),
+        or a bad flag value (``--backend loacl``).
     """
     from osmosis_core._engine.config import RunConfig, check_config, load_config
     from osmosis_core.errors import ConfigError
 
+    if config_file is None and not flags.get("rollout_path"):
+        raise _missing_config()
     config = load_config(config_file) if config_file is not None else RunConfig(root=Path.cwd())
-    cwd = Path.cwd()
-
-    def path_flag(value: str) -> str:
+    given = {_OVERRIDES[name][0] for name, value in flags.items() if name in _OVERRIDES and value is not None}
+    notice = _key_left_behind(config.policy, flags)
+    for name, (_, section, key) in _OVERRIDES.items():
+        value = flags.get(name)
+        if value is None or (name in _PATHS and not value):
+            continue
         # paths given on the command line are relative to where the user stands
-        return str((cwd / value).resolve())
-
-    if flags.get("rollout_path"):
-        config.rollout.path = path_flag(flags["rollout_path"])
-    if flags.get("dataset"):
-        config.dataset.path = path_flag(flags["dataset"])
-    if flags.get("output"):
-        config.run.output = path_flag(flags["output"])
-    simple = {
-        "backend": ("run", "backend"),
-        "limit": ("dataset", "limit"),
-        "n_samples": ("run", "n_samples"),
-        "concurrency": ("run", "concurrency"),
-        "workers": ("run", "workers"),
-        "policy_url": ("policy", "base_url"),
-        "model": ("policy", "model"),
-        "api_key_env": ("policy", "api_key_env"),
-        "agent_timeout": ("run", "agent_timeout_sec"),
-        "grader_timeout": ("run", "grader_timeout_sec"),
-    }
-    credentials_problem = _credentials_for_another_host(config.policy, flags)
-    for flag, (section, key) in simple.items():
-        if flags.get(flag) is not None:
-            setattr(getattr(config, section), key, flags[flag])
+        setattr(getattr(config, section), key, str((Path.cwd() / value).resolve()) if name in _PATHS else value)
+    source = str(config_file or "<command line>")
     problems = check_config(config)
-    if credentials_problem:
-        problems.append(credentials_problem)
+    _blame_flags(problems, given)
     if problems:
-        raise ConfigError(str(config_file or "<command line>"), problems)
+        raise ConfigError(source, problems)
+    _check_backend_name(config, source, "--backend" in given)
+    if notice is not None:
+        config.policy.api_key_env = None  # (the variable need not even be set)
+        click.echo(click.style(notice, fg="yellow"), err=True)
     return config

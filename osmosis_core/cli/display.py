@@ -17,8 +17,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from osmosis_core._engine.results import ResultStats, Summary
+from osmosis_core.errors import clip
 
 __all__ = ["PlainReporter", "RichReporter", "make_reporter", "print_summary"]
 
@@ -87,6 +89,26 @@ def make_reporter(console: Console) -> RichReporter | PlainReporter:
     return RichReporter(console) if console.is_terminal else PlainReporter(console)
 
 
+SHOWN_MESSAGE_CHARS = 120
+"""How much of a category's most common message the summary table shows (summary.json keeps more)."""
+
+
+def _errors_text(summary: Summary) -> Text | str:
+    """One line per error category: its count and its most common message (``policy_error 20: ...``)."""
+    if not summary.errors_by_category:
+        return "none"
+    lines = []
+    for category, count in summary.errors_by_category.items():
+        common = summary.error_messages.get(category)
+        if common is None:
+            lines.append(f"{category} {count}")
+            continue
+        alike = "" if common["count"] == count else f" ({common['count']} alike)"
+        message = clip(str(common["message"]), limit=SHOWN_MESSAGE_CHARS)
+        lines.append(f"{category} {count}{alike}: {message}")
+    return Text("\n".join(lines))  # (a message is text, never rich markup)
+
+
 def print_summary(
     console: Console, summary: Summary, run_dir: Path, *, written: Sequence[tuple[str, Path]] = ()
 ) -> None:
@@ -107,8 +129,7 @@ def print_summary(
         table.add_row("mean reward (graded)", f"{_fmt(summary.mean_reward_graded)} (failed rollouts left out)")
     pass_rate = "-" if summary.pass_rate is None else f"{summary.pass_rate:.1%}"
     table.add_row("pass rate", f"{pass_rate} (reward >= {summary.pass_threshold:g})")
-    errors = ", ".join(f"{k} {v}" for k, v in summary.errors_by_category.items()) or "none"
-    table.add_row("errors", errors)
+    table.add_row("errors", _errors_text(summary))
     table.add_row(
         "latency p50 / p95",
         f"{_fmt(summary.latency_p50_sec, '.2f')} s / {_fmt(summary.latency_p95_sec, '.2f')} s",

@@ -15,7 +15,7 @@ import io
 import os
 import sys
 from collections.abc import Buffer
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = ["survive_closed_output"]
 
@@ -67,7 +67,10 @@ def _quiet(stream: TextIO | None) -> TextIO | None:
         stream.flush()
     except (OSError, ValueError):  # no descriptor, or closed
         return stream
-    buffer = io.BufferedWriter(_QuietRaw(descriptor))
+    raw = _QuietRaw(descriptor)
+    # buffered as the stream was: Python's stderr writes through to its descriptor (no buffer), so a
+    # line printed to it during a run reaches a log or a pipe then, not at exit after the summary
+    buffer: Any = raw if isinstance(stream.buffer, io.RawIOBase) else io.BufferedWriter(raw)
     return io.TextIOWrapper(
         buffer,
         encoding=stream.encoding,

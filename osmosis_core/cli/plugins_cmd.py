@@ -9,7 +9,7 @@ import click
 __all__ = ["plugins"]
 
 
-@click.command()
+@click.command(short_help="List the installed plugins and what each provides.")
 @click.option("json_", "--json", is_flag=True, help="Print JSON (a list of plugin records) instead of a table.")
 def plugins(json_: bool) -> None:
     """List plugins: name, distribution, version, status, what each provides, and any error.

@@ -10,7 +10,7 @@ import click
 __all__ = ["template"]
 
 
-@click.group()
+@click.group(short_help="List the starter templates, or copy one into a folder.")
 def template() -> None:
     """Starter templates: list them, or copy one into a folder.
 
@@ -21,7 +21,7 @@ def template() -> None:
     """
 
 
-@template.command("list")
+@template.command("list", short_help="List the templates the installed plugins provide.")
 @click.option("json_", "--json", is_flag=True, help="Print JSON instead of a table.")
 def list_templates(json_: bool) -> None:
     """List the templates the installed plugins provide.
@@ -42,7 +42,7 @@ def list_templates(json_: bool) -> None:
         click.echo(f"{s.name.ljust(width)}  {s.description}")
 
 
-@template.command("apply")
+@template.command("apply", short_help="Copy a template into a folder.")
 @click.argument("name")
 @click.argument("directory", required=False, default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Overwrite files that already exist.")

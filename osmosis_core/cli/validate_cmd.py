@@ -12,17 +12,18 @@ from osmosis_core.cli.common import config_options, resolve_config
 __all__ = ["validate"]
 
 
-@click.command()
+@click.command(short_help="Check a run config without running anything.")
 @click.argument("config_file", metavar="CONFIG", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @config_options
 def validate(config_file: Path | None, **flags: Any) -> None:
     """Check a run config without running anything.
 
-    Reads the config, the dataset (every line), the backend and its settings, and imports the
-    rollout's entrypoint once so wiring errors show now. A package this environment lacks
-    (ModuleNotFoundError) is a warning naming it, and whether the rollout's pyproject.toml declares
-    it (the rollout may run where it is installed: a trial image, a cluster node); any other
-    import error fails.
+    Reads the config, the dataset (every line), the backend and its settings, imports the
+    rollout's entrypoint once so wiring errors show now, and asks the policy endpoint GET /models
+    (nothing is generated). A package this environment lacks (ModuleNotFoundError) is a warning
+    naming it, and whether the rollout's pyproject.toml declares it (the rollout may run where it is
+    installed: a trial image, a cluster node); any other import error fails. An endpoint that does
+    not answer from here is a warning too (osmosis run here would stop on it).
 
     \b
     Examples:
@@ -64,6 +65,32 @@ def validate(config_file: Path | None, **flags: Any) -> None:
             api_key_from_env(config)
         except ConfigError as exc:
             click.echo(click.style("warn", fg="yellow") + f"  {exc.problems[0]}")
-        click.echo(f"{ok}    policy {config.policy.base_url} model {config.policy.model!r}")
+            config.policy.api_key_env = None  # (the endpoint is still asked, without a key)
+        _check_policy(config)
     else:
         click.echo(click.style("warn", fg="yellow") + "  no policy.base_url: give --policy-url or --stub-policy")
+
+
+def _check_policy(config: Any) -> None:
+    """Whether the endpoint answers ``GET /models`` (see :mod:`osmosis_core._engine.policy_check`).
+
+    Unreachable is a warning here, as a missing package is: the run may happen where the endpoint
+    is (a cluster node); ``osmosis run`` stops on it.
+    """
+    from osmosis_core._engine.policy_check import check_config_policy
+
+    policy, check = check_config_policy(config)
+    where = f"policy {policy.base_url} model {policy.model!r}"
+    warn = click.style("warn", fg="yellow")
+    if check.unreachable is not None:
+        click.echo(
+            f"{warn}  {where}: unreachable ({check.unreachable}); osmosis run here would stop before it starts"
+            " (start its server, or give --policy-url or --stub-policy)"
+        )
+    elif check.warning is not None:
+        click.echo(f"{warn}  {where}: {check.warning}")
+    else:
+        answer = f"answers GET /models ({check.status})"
+        if check.models:
+            answer += ", lists the model"
+        click.echo(f"{click.style('ok', fg='green')}    {where}: {answer}")

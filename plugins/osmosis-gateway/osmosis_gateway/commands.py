@@ -17,7 +17,7 @@ __all__ = ["export", "gateway"]
 BANNER = "osmosis gateway listening on "
 
 
-@click.command()
+@click.command(short_help="Run a policy gateway that records token-level traces.")
 @click.option("--upstream", "upstream_url", required=True, metavar="URL", help="The upstream's OpenAI base URL.")
 @click.option("--model", default="default", show_default=True, help="The model name rollouts get.")
 @click.option("--api-key-env", metavar="VAR", help="The environment variable holding the upstream's key.")
@@ -119,7 +119,7 @@ def gateway(
         uvloop.run(serve())
 
 
-@click.command()
+@click.command(short_help="Export a run's traces to another format (ATIF).")
 @click.argument("run_dir", metavar="RUN", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["atif"]), default="atif", show_default=True)
 @click.option(

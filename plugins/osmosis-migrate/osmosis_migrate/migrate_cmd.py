@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["migrate"]
 
 
-@click.command()
+@click.command(short_help="Rewrite an osmosis-ai workspace for osmosis.")
 @click.argument("directory", metavar="[DIR]", required=False, default=".", type=click.Path(path_type=Path))
 @click.option("--write", is_flag=True, help="Apply the changes; each changed file is first copied to <file>.orig.")
 @click.option("--no-diff", "no_diff", is_flag=True, help="Print only the summary, not the diff.")

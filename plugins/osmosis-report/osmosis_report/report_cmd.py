@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["print_report_summary", "report"]
 
 
-@click.command()
+@click.command(short_help="Write one HTML report of run folders.")
 @click.argument(
     "runs", metavar="RUN [RUN ...]", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path)
 )

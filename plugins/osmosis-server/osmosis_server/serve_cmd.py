@@ -24,17 +24,30 @@ from osmosis_core.frontend import config_options
 
 __all__ = ["serve"]
 
-_NOT_FOR_SERVE = {
-    "dataset": "--dataset",
-    "limit": "--limit",
-    "n_samples": "--n-samples",
-    "policy_url": "--policy-url",
-}
+_NOT_FOR_SERVE = ("--dataset", "--limit", "--n-samples", "--policy-url")
+"""``osmosis run``'s flags that mean nothing here: each request brings its prompt and its policy endpoint."""
 
 
-@click.command("serve")
+def _refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    if value is not None:
+        raise click.UsageError(
+            f"{param.opts[0]} has no meaning for serve: each request brings its prompt and its policy endpoint", ctx
+        )
+
+
+def _not_for_serve(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags of :data:`_NOT_FOR_SERVE`, hidden from ``--help`` and refused with the reason (not
+    click's bare "No such option"): a user who runs ``osmosis run`` with them tries them here too."""
+    for flag in _NOT_FOR_SERVE:
+        option = click.option(flag, hidden=True, expose_value=False, callback=_refuse, help="(not for serve)")
+        function = option(function)
+    return function
+
+
+@click.command("serve", short_help="Serve a rollout to a trainer over HTTP.")
 @click.argument("config_file", metavar="CONFIG", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@config_options
+@config_options(omit=_NOT_FOR_SERVE)
+@_not_for_serve
 @click.option("--host", metavar="ADDR", help="The address to listen on (overrides server.host; default 127.0.0.1).")
 @click.option(
     "--port", type=click.IntRange(0, 65535), help="The port (overrides server.port; default 8000; 0: a free one)."
@@ -115,11 +128,6 @@ def serve(
     from osmosis_server.run_folder import RunFolder
     from osmosis_server.settings import DEFAULT_TOKEN_ENV, ServerSettings
 
-    for name, flag in _NOT_FOR_SERVE.items():
-        if flags.get(name) is not None:
-            raise click.UsageError(
-                f"{flag} has no meaning for serve: each request brings its prompt and its policy endpoint"
-            )
     config, table = _read_config(config_file, flags)
     source = str(config.source or "<command line>")
     if traces:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
+import pytest
 from server_helpers import osmosis_exe
 
 from osmosis_core.testing import check_lazy_exports
@@ -48,3 +51,25 @@ def test_the_docstring_examples_run():
         failed, tried = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert tried, name
         assert not failed, name
+
+
+@pytest.mark.together  # every first-party plugin that adds a command, installed beside this one
+@pytest.mark.parametrize("columns", ["60", "80", "200"])
+def test_no_command_description_is_cut_mid_phrase_with_every_plugin_installed(columns):
+    """click cuts a command's first docstring line to the width and ends it in "..."; every command of
+    the core and the plugins (export, gateway, migrate, report, serve) has a short help of its own."""
+    env = {**os.environ, "COLUMNS": columns}
+    helped = subprocess.run([osmosis_exe(), "--help"], capture_output=True, text=True, check=True, env=env)
+    rows: dict[str, str] = {}
+    name = None
+    for line in helped.stdout.split("Commands:", 1)[1].splitlines():
+        match = re.match(r"^  (\S+)\s+(.*)$", line)
+        if match:
+            name = match.group(1)
+            rows[name] = match.group(2).strip()
+        elif name is not None and line.strip():
+            rows[name] += " " + line.strip()  # (a narrow terminal wraps a description: not a cut)
+    assert {"export", "gateway", "migrate", "report", "serve", "run", "validate", "template", "plugins"} <= set(rows)
+    for command, description in rows.items():
+        assert not description.endswith("..."), (command, description)
+        assert description.endswith((".", ")")), (command, description)

@@ -242,8 +242,8 @@ def test_serve_reads_the_config_and_flags_as_run_does_and_fails_the_same_way(tmp
     assert "unknown key(s): bogus @ $.run" in ran.stderr
     cfg = config(tmp_path)
     unknown = osmosis("serve", str(cfg), "--backend", "nope", cwd=tmp_path)
-    assert unknown.returncode == 1
-    assert "nope" in unknown.stderr
+    assert unknown.returncode == 2  # the flag's value: a usage error naming it, as osmosis run says it
+    assert "Invalid value for '--backend': unknown backend 'nope'" in unknown.stderr
     usage = osmosis("serve", str(cfg), "--limit", "3", cwd=tmp_path)
     assert usage.returncode == 2
     assert "--limit has no meaning for serve" in usage.stderr
@@ -353,3 +353,24 @@ def test_a_run_folder_in_use_is_refused(tmp_path):
         served.kill()
     assert second.returncode == 1
     assert "is in use by another osmosis process" in second.stderr
+
+
+def test_serve_help_lists_only_the_flags_serve_takes(tmp_path):
+    """`osmosis run`'s --dataset, --limit, --n-samples and --policy-url mean nothing to a server (each
+    request brings its prompt and its policy endpoint): its --help does not offer them, and given anyway
+    they are refused with that reason; without CONFIG it is click's own missing argument."""
+    helped = osmosis("serve", "--help", cwd=tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    for flag in ("--dataset", "--limit", "--n-samples", "--policy-url"):
+        assert flag not in helped.stdout
+        refused = osmosis("serve", str(config(tmp_path)), flag, "x", cwd=tmp_path)
+        assert refused.returncode == 2
+        assert f"{flag} has no meaning for serve: each request brings its prompt and its policy endpoint" in (
+            refused.stderr
+        )
+    for flag in ("--backend", "--concurrency", "--workers", "--model", "--api-key-env", "--output", "--port"):
+        assert flag in helped.stdout
+    missing = osmosis("serve", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "Missing argument 'CONFIG'" in missing.stderr
+    assert "invalid config" not in missing.stderr
