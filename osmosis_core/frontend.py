@@ -220,15 +220,16 @@ class RunFiles:
         trace: dict[str, Any],
         secrets: Iterable[str | None] = (),
     ) -> None:
-        """Append a rollout's trace to ``traces.jsonl`` (``osmosis run --traces``'s form)."""
+        """Append a rollout's trace to ``traces.jsonl`` (``osmosis run --traces``'s form; a NaN as
+        ``"NaN"``, and a trace that cannot be JSON as an incomplete line saying so: never an error)."""
         from osmosis_core._engine.results import ResultWriter
-        from osmosis_core.traces import TRACES, trace_line
+        from osmosis_core.traces import TRACES, trace_line, write_trace_line
 
         if self._traces is None:
             if self._results is None:
                 raise RuntimeError(f"{self.path}: RunFiles.open() first")
             self._traces = ResultWriter(self.path / TRACES, self.secrets)
-        self._traces.write(trace_line(rollout_id, row, sample_index, trace), secrets)
+        write_trace_line(self._traces, trace_line(rollout_id, row, sample_index, trace), secrets)
 
     def close(self) -> None:
         """Flush the files to disk and release the folder (idempotent)."""

@@ -23,10 +23,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from osmosis_core.errors import ConfigError
+from osmosis_core.errors import ConfigError, clip
 
 if TYPE_CHECKING:
     from osmosis_core._engine.registry import PluginRegistry
+    from osmosis_core._engine.results import ResultWriter
     from osmosis_core.records import PolicyEndpoint
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "trace_from_line",
     "trace_line",
     "traces_enabled",
+    "write_trace_line",
 ]
 
 TRACES = "traces.jsonl"
@@ -216,6 +218,22 @@ class SharedGateways:
                 await gateway.aclose()
 
 
+def write_trace_line(writer: ResultWriter, line: dict[str, Any], secrets: Iterable[str | None] = ()) -> None:
+    """Append a ``traces.jsonl`` line that can always be written: a NaN or an infinity in it (a
+    request's ``temperature``, a tool's schema) as its spelling (``"NaN"``, ``"Infinity"``); a trace
+    that still cannot be written as JSON (text that is no UTF-8) as a line that says so, incomplete,
+    without its calls. One rollout's trace never stops a run or a server."""
+    from osmosis_core.wire import finite_json
+
+    line = finite_json(line)
+    try:
+        writer.write(line, secrets)
+    except (ValueError, TypeError, UnicodeError, RecursionError) as exc:
+        why = clip(f"the trace cannot be written as JSON ({type(exc).__name__}: {exc}); its calls are left out", ())
+        kept: dict[str, Any] = {k: line[k] for k in ("rollout_id", "row_index", "sample_index", "capture") if k in line}
+        writer.write({**kept, "complete": False, "incomplete_reason": why, "calls": []}, secrets)
+
+
 class RunTraces:
     """A run's gateway and its ``traces.jsonl``: a rollout's trace line is written just before its
     result line, so every result of the file has its trace (``--resume`` appends, as for results)."""
@@ -235,11 +253,12 @@ class RunTraces:
         return self.gateway.open_rollout(rollout_id)
 
     def finish(self, rollout_id: str, row_index: int, sample_index: int, *, write: bool) -> None:
-        """Take the rollout's trace out of the gateway; write its line unless the rollout was cancelled."""
+        """Take the rollout's trace out of the gateway; write its line (:func:`write_trace_line`)
+        unless the rollout was cancelled."""
         trace = self.gateway.pop_trace(rollout_id)
         if trace is None or not write:
             return
-        self._writer.write(trace_line(rollout_id, row_index, sample_index, trace.to_json()))
+        write_trace_line(self._writer, trace_line(rollout_id, row_index, sample_index, trace.to_json()))
 
     async def aclose(self) -> None:
         """Stop the gateway and close the file."""

@@ -216,8 +216,10 @@ def test_http_proxy_from_the_environment_is_used(workspace, osmosis_exe, clean_e
 
     run = asyncio.run(main())
     assert run.returncode == 0, run.stderr
-    assert len(seen) == 4
-    assert all(url.endswith("/v1/chat/completions") for url in seen)  # 2 rollouts x 2 calls
+    assert seen[0].endswith("/v1/models")  # the run's reachability check, through the proxy too
+    calls = seen[1:]
+    assert len(calls) == 4
+    assert all(url.endswith("/v1/chat/completions") for url in calls)  # 2 rollouts x 2 calls
 
 
 @pytest.fixture(autouse=True)

@@ -30,15 +30,16 @@ MAX_FIELD_BYTES: Final = 65536
 def _server(handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]], **options: Any) -> web.Server:
     """aiohttp's low-level server, answering a request line or header over its limit with 431
     (aiohttp answers 400, as to any unparsable request), and logging a request it cannot parse at
-    debug level: the client's answer says what was wrong, and a client sending garbage must not fill
-    the log with tracebacks."""
+    debug level, by the kind of its fault alone: the client's answer says what was wrong, a client
+    sending garbage must not fill the log with tracebacks, and the bad line may hold a token."""
     from aiohttp import web
     from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
     class Handler(web.RequestHandler):
         def log_exception(self, *args: Any, **kw: Any) -> None:
-            if isinstance(kw.get("exc_info"), HttpProcessingError):
-                self.logger.debug(*args, **kw)
+            exc = kw.get("exc_info")
+            if isinstance(exc, HttpProcessingError):  # (its text may quote a header line: a token)
+                self.logger.debug("a request that is not HTTP was refused: %s", type(exc).__name__)
             else:
                 super().log_exception(*args, **kw)
 

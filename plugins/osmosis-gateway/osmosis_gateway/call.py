@@ -20,9 +20,14 @@ changes nothing). Until then its status is ``pending``; a call that ends any oth
 * ``capture_failed``: the rollout got its answer, the tokens could not be captured;
 * ``bad_request``: what the rollout sent is not a chat-completions request (400).
 
-Whatever the gateway hands back from the upstream (an error body, an answer, a stream's events) has
-the upstream's key and header values taken out, with the core's rule (:func:`osmosis_core.plugin.redact`:
-the value, and any run of 8 of its characters, as a provider echoes a masked key).
+What the gateway hands back from the upstream has the upstream's key and extra header values taken
+out. An error (a status of 400 or more, an error event in a stream) gets the core's rule
+(:func:`osmosis_core.plugin.redact`: the value, and any run of 8 of its characters, as a provider
+echoes a masked key), read as JSON where it is JSON (so an escaped key is found too). An answer, the
+policy's own output, gets only whole values taken out: the 8-character rule would rewrite ordinary
+words a header value shares (a referer's host, ``sk-proj-``), and the rollout would act on text the
+policy never wrote; when a whole value is taken out, the call is ``capture_failed`` (its tokens no
+longer say what the rollout read).
 """
 
 from __future__ import annotations
@@ -32,8 +37,16 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
-from aiohttp import ClientConnectorError, ClientError, ClientResponse, ClientResponseError, web
+from aiohttp import (
+    ClientConnectorError,
+    ClientError,
+    ClientResponse,
+    ClientResponseError,
+    ConnectionTimeoutError,
+    web,
+)
 
+from osmosis_core.frontend import finite_json
 from osmosis_core.plugin import (
     ResponseTooLarge,
     clip,
@@ -140,7 +153,19 @@ class ModelCall:
     outcome decided from outside (the rollout hung up, its trace was taken).
     """
 
-    __slots__ = ("capture", "include_usage", "record", "request", "rollout_open", "started", "trace", "upstream")
+    __slots__ = (
+        "altered",
+        "answered",
+        "capture",
+        "include_usage",
+        "record",
+        "request",
+        "rollout_open",
+        "sent",
+        "started",
+        "trace",
+        "upstream",
+    )
 
     def __init__(self, upstream: Upstream, request: web.BaseRequest, trace: RolloutTrace, record: TraceCall) -> None:
         self.upstream = upstream
@@ -152,6 +177,12 @@ class ModelCall:
         self.include_usage = False
         self.rollout_open = True
         """False once the rollout's trace was taken (nothing may change the record then)."""
+        self.sent = False
+        """Whether the call went upstream (a failure after it is the answer's, before it the request's)."""
+        self.answered = False
+        """Whether the upstream's answer began (its status and headers came)."""
+        self.altered = False
+        """Whether a whole secret was taken out of the answer the rollout got."""
 
     # -- the outcome -------------------------------------------------------------------------------
 
@@ -180,7 +211,7 @@ class ModelCall:
         record.usage = capture.usage
         if capture.malformed is not None:
             self.finish(
-                "upstream_error" if capture.sent_error else "unreadable", self._message(capture.malformed), status
+                "upstream_error" if capture.sent_error else "unreadable", self.message(capture.malformed), status
             )
         elif not capture.token_level:
             self.finish("ok" if capture.problem is None else "capture_failed", capture.problem, status)
@@ -189,24 +220,51 @@ class ModelCall:
         else:
             record.prompt_token_ids, record.completion_token_ids, record.logprobs = tokens
             self.finish("ok", None, status)
+        if (
+            self.altered and record.status == "ok"
+        ):  # (the tokens say what the policy wrote; the rollout read other text)
+            problem = "the answer held the upstream's key or a header value, taken out: the rollout read other text"
+            self.finish("capture_failed", problem, status, late=True)
 
     def _clean(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The recorded message as the rollout got it: whole secrets taken out."""
         secrets = self.upstream.secrets
         if not secrets:
             return message
-        cleaned: dict[str, Any] = redact_data(message, secrets)
+        cleaned: dict[str, Any] = _without(message, secrets)
         return cleaned
 
     def _redact(self, data: bytes) -> bytes:
-        """``data`` without the upstream's secrets (the same object when it holds none)."""
+        """An answer (or a stream's events) without a whole secret of the upstream's (the same object
+        when it holds none); :attr:`altered` says one was there."""
         secrets = self.upstream.secrets
         if not secrets:
             return data
-        text = data.decode("utf-8", "surrogateescape")
-        clean = redact(text, secrets)
-        return data if clean is text else clean.encode("utf-8", "surrogateescape")
+        clean = data
+        for secret in self.upstream.secret_bytes:
+            if secret in clean:
+                clean = clean.replace(secret, b"***")
+        if clean is not data:
+            self.altered = True
+        return clean
 
-    def _message(self, text: str) -> str:
+    def _redact_error(self, data: bytes) -> bytes:
+        """An error (a body, or a stream's error event) with the core's rule: a JSON document is
+        redacted as the values it holds (an escaped key is found too, and the document stays JSON)."""
+        secrets = self.upstream.secrets
+        if not secrets:
+            return data
+        try:
+            doc = _loads(data)
+        except (ValueError, RecursionError):
+            text = data.decode("utf-8", "surrogateescape")
+            clean = redact(text, secrets)
+            return data if clean is text else clean.encode("utf-8", "surrogateescape")
+        cleaned = redact_data(doc, secrets)
+        return data if cleaned == doc else json_bytes(cleaned)
+
+    def message(self, text: str) -> str:
+        """``text`` as one line for a record or a log, without the upstream's secrets."""
         return clip(text, self.upstream.secrets, _ERROR_CHARS)
 
     # -- the call ----------------------------------------------------------------------------------
@@ -224,7 +282,16 @@ class ModelCall:
         version = self.request.headers.get("X-Osmosis-Policy-Version") or version or record.policy_version
         record.policy_version = None if version is None else str(version)
         sent = {k: v for k, v in request.items() if k not in ("model", "stream")}
-        record.request = sent if by_json else json_bytes(sent)  # (JSON text, read when the trace is)
+        if by_json:  # (what msgspec refused: a NaN or an Infinity, written as its spelling, or no UTF-8)
+            try:
+                json_bytes_kept(request)
+            except UnicodeEncodeError as exc:
+                message = f"not a chat-completions request: its text is not UTF-8 ({exc.reason})"
+                self.finish("bad_request", message, 400)
+                return error_response(400, message)
+            record.request = finite_json(sent)
+        else:
+            record.request = json_bytes(sent)  # (JSON text, read when the trace is)
         model = request.get("model")
         record.model = model if isinstance(model, str) else None
         record.stream = request.get("stream") is True
@@ -233,8 +300,10 @@ class ModelCall:
         self.capture = prepare_request(request, self.upstream.adapter)  # (may ask for a whole answer instead)
         upstream_streams = request.get("stream") is True
         data = json_bytes_kept(request) if by_json else json_bytes(request)
+        self.sent = True
         try:
             answer = await self._send(data)
+            self.answered = True
             try:
                 status = answer.status
                 kind = answer.headers.get("Content-Type", "")
@@ -244,25 +313,33 @@ class ModelCall:
             finally:
                 answer.release()  # (closes the connection when the answer was not read to its end)
         except ClientConnectorError as exc:
-            message = self._message(f"the gateway cannot reach the upstream: {exc}")
+            message = self.message(f"the gateway cannot reach the upstream: {exc}")
             self.finish("upstream_error", message, 502)
             return error_response(502, message)
         except ResponseTooLarge as exc:
             message = f"the upstream's answer is too large: {exc}"
             self.finish("upstream_error", message, 502)
             return error_response(502, message)
+        except ConnectionTimeoutError as exc:
+            message = self.message(f"the gateway cannot reach the upstream: {exc}")
+            self.finish("upstream_error", message, 502)
+            return error_response(502, message)
         except TimeoutError:
+            if self.answered:  # its head came, then its body stalled
+                message = f"the upstream's answer stalled for {self.upstream.read_timeout_sec:g} s"
+                self.finish("cut", message, None)
+                return _drop(self.request)
             message = f"the upstream sent nothing for {self.upstream.read_timeout_sec:g} s"
             self.finish("no_answer", message, 504)
             return error_response(504, message)
         except ClientResponseError as exc:  # (raise_for_status is off: what aiohttp could not read as HTTP)
-            message = self._message(f"the upstream's answer is not HTTP: {exc.message}")
+            message = self.message(f"the upstream's answer is not HTTP: {exc.message}")
             self.finish("unreadable", message, 502)
             return error_response(502, message)
         except (ClientError, OSError) as exc:  # the upstream dropped the call: so does the gateway
-            self.finish("cut", self._message(f"the upstream dropped the call: {type(exc).__name__}: {exc}"), None)
+            self.finish("cut", self.message(f"the upstream dropped the call: {type(exc).__name__}: {exc}"), None)
             return _drop(self.request)
-        if record.stream and not upstream_streams and status == 200:
+        if record.stream and status == 200:  # asked for whole, or answered so: streamed as asked
             return await self._stream_whole(content)
         return self._whole(status, kind, content)
 
@@ -273,14 +350,14 @@ class ModelCall:
         out on a connection the upstream is closing."""
         upstream = self.upstream
         headers = {**upstream.headers, "X-Osmosis-Rollout-Id": self.trace.rollout_id}
-        return await upstream.session().post(upstream.url, data=data, headers=headers, **upstream.options)
+        return await upstream.session.post(upstream.url, data=data, headers=headers, **upstream.options)
 
     def _whole(self, status: int, kind: str, content: bytes) -> web.Response:
         """A whole answer: recorded, then handed to the rollout."""
         content_type = kind.split(";", 1)[0].strip() or "application/octet-stream"
-        if status >= 400:
-            self.finish("upstream_error", self._message(f"the upstream answered {status}: {_detail(content)}"), status)
-            return web.Response(status=status, body=self._redact(content), content_type=content_type)
+        if status >= 300:  # (an error, or a redirect: not followed, it would take the headers elsewhere)
+            self.finish("upstream_error", self.message(f"the upstream answered {status}: {_detail(content)}"), status)
+            return web.Response(status=status, body=self._redact_error(content), content_type=content_type)
         capture = self.capture
         assert capture is not None
         try:
@@ -288,10 +365,10 @@ class ModelCall:
         except ValueError:
             problem = f"the upstream's answer ({content_type}, {len(content)} bytes) is not valid JSON"
             self.finish("unreadable", problem, status)
-            return web.Response(status=status, body=self._redact(content), content_type=content_type)
+            return web.Response(status=status, body=self._redact_error(content), content_type=content_type)
+        body = self._redact(content if stripped is None else stripped)
         self._complete(status)
-        body = content if stripped is None else stripped
-        return web.Response(status=status, body=self._redact(body), content_type=content_type)
+        return web.Response(status=status, body=body, content_type=content_type)
 
     async def _stream_whole(self, content: bytes) -> web.StreamResponse:
         """A whole answer streamed to a rollout that asked for a stream (an upstream that gives no ids
@@ -304,15 +381,15 @@ class ModelCall:
                 raise ValueError("not an object")
         except ValueError:
             self.finish("unreadable", f"the upstream's answer ({len(content)} bytes) is not a JSON completion", 200)
-            return web.Response(status=200, body=self._redact(content), content_type="application/json")
+            return web.Response(status=200, body=self._redact_error(content), content_type="application/json")
         capture.feed(doc, chunk=False)
         events = completion_events(doc, include_usage=self.include_usage)
-        body = b"".join(b"data: " + json_bytes(event) + b"\n\n" for event in events) + _DONE
+        body = self._redact(b"".join(b"data: " + json_bytes(event) + b"\n\n" for event in events) + _DONE)
         self._complete(200)
         response = web.StreamResponse(status=200, headers=_stream_headers())
         try:
             await response.prepare(self.request)
-            await response.write(self._redact(body))
+            await response.write(body)
         except (ConnectionError, RuntimeError):
             self.finish("client_gone", "the rollout hung up before the answer", 200, late=True)
             return response
@@ -352,7 +429,7 @@ class ModelCall:
             self.finish("cut", message, 200)
             return _cut(self.request, response)
         except (ClientError, OSError) as exc:
-            self.finish("cut", self._message(f"the upstream's stream broke off: {type(exc).__name__}: {exc}"), 200)
+            self.finish("cut", self.message(f"the upstream's stream broke off: {type(exc).__name__}: {exc}"), 200)
             return _cut(self.request, response)
         lines = [pending] if pending else []
         done = self._events(lines)  # (a last line without its line break)
@@ -388,14 +465,32 @@ class ModelCall:
                 if payload == b"[DONE]":
                     return i
                 if payload:
+                    errors = capture.malformed
                     try:
                         stripped = capture.feed_bytes(payload, chunk=True)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         capture.bad_answer("an event of the stream is not valid JSON")
+                        lines[i] = b"data: " + self._redact_error(payload)
                     else:
-                        if stripped is not None:
+                        if capture.sent_error and errors is None:  # this event is the upstream's error
+                            lines[i] = b"data: " + self._redact_error(payload)
+                        elif stripped is not None:
                             lines[i] = b"data: " + stripped
         return None
+
+
+def _without(value: Any, secrets: tuple[str, ...]) -> Any:
+    """``value`` (JSON-like) with every whole ``secret`` taken out of its strings."""
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, "***")
+        return value
+    if isinstance(value, dict):
+        return {k: _without(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without(v, secrets) for v in value]
+    return value
 
 
 def _stream_headers() -> dict[str, str]:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import re
 import secrets
 import time
@@ -52,7 +53,7 @@ import aiohttp
 from aiohttp import web
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import client_session, drop_connection, proxy_options, redact_data, start_http_server
+from osmosis_core.plugin import KEEPALIVE_SEC, drop_connection, proxy_options, redact_data, start_http_server
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, json_bytes
 from osmosis_gateway.call import POLICY_VERSION_FIELD, ModelCall, error_response
 from osmosis_gateway.settings import READ_TIMEOUT_SEC
@@ -72,6 +73,8 @@ POLICY_VERSION_HEADER: Final = "X-Osmosis-Policy-Version"
 """A trainer tags a call with the policy version that serves it (recorded per call)."""
 CONNECT_TIMEOUT_SEC: Final = 30.0
 
+log = logging.getLogger(__name__)
+
 _ROLLOUT_ROUTE: Final = re.compile(r"^/v1/rollouts/([^/]+)(/.*)?$")
 _CHAT_PATHS: Final = ("/v1/chat/completions", "/chat/completions")
 """The model call's paths: after ``/v1/rollouts/{id}``, or alone with the rollout id header."""
@@ -82,12 +85,16 @@ time before 3.12, longer than the clients' own (httpx 5 s, aiohttp 15 s)."""
 _BODY_STALL_SEC: Final = 75.0
 """A request whose body stops coming for this long is given up and its connection closed."""
 _BAD_ID_CHARS: Final = re.compile(r"[\x00-\x1f\x7f]")
+MAX_ROLLOUT_ID_CHARS: Final = 1024
+"""The longest rollout id (it travels in every call's URL and in a header upstream)."""
 _CHALLENGE: Final = {"WWW-Authenticate": 'Bearer realm="osmosis-gateway"'}
 
 
 def check_rollout_id(rollout_id: object) -> str:
-    """``rollout_id`` when it can name a rollout: a non-empty string without control characters (it
-    travels in a header and a URL; a line break there would make every call of the rollout fail).
+    """``rollout_id`` when it can name a rollout: a non-empty string of at most
+    :data:`MAX_ROLLOUT_ID_CHARS` characters, without control characters, and not ``.`` or ``..``
+    (it travels in a header and as a segment of a URL: a line break there would make every call of
+    the rollout fail, and clients resolve a dot segment away).
 
     :raises ValueError: why it cannot.
     """
@@ -95,6 +102,10 @@ def check_rollout_id(rollout_id: object) -> str:
         raise ValueError(f"a rollout id must be a string, got {type(rollout_id).__name__}")
     if not rollout_id:
         raise ValueError("a rollout id must not be empty")
+    if rollout_id in (".", ".."):
+        raise ValueError(f"a rollout id must not be {rollout_id!r} (a URL's dot segment)")
+    if len(rollout_id) > MAX_ROLLOUT_ID_CHARS:
+        raise ValueError(f"a rollout id must be at most {MAX_ROLLOUT_ID_CHARS} characters, got {len(rollout_id)}")
     bad = _BAD_ID_CHARS.search(rollout_id)
     if bad is not None:
         raise ValueError(f"a rollout id must not hold control characters, got {bad.group()!r} in {rollout_id!r}")
@@ -114,20 +125,23 @@ def _bearer(request: web.BaseRequest) -> str | None:
 
 
 def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
+    # (a header's bytes that are not UTF-8 come as surrogates: compared as the bytes they were)
+    return hmac.compare_digest(a.encode("utf-8", "surrogateescape"), b.encode("utf-8", "surrogateescape"))
 
 
 class Upstream:
-    """What every call to the upstream is sent with: its URL, headers (the key), proxy, limits."""
+    """What every call to the upstream is sent with: its URL, headers (the key), proxy, limits, and
+    the gateway's own client session (no one else's ``aclose_http`` cuts its calls)."""
 
     __slots__ = (
-        "_session",
         "adapter",
         "headers",
         "max_response_bytes",
         "options",
         "read_timeout_sec",
+        "secret_bytes",
         "secrets",
+        "session",
         "url",
     )
 
@@ -140,21 +154,25 @@ class Upstream:
         if endpoint.api_key:
             self.headers["Authorization"] = f"Bearer {endpoint.api_key}"
         self.secrets = endpoint.secrets()
+        self.secret_bytes = tuple(
+            dict.fromkeys(form for s in self.secrets for form in (s.encode(), json_bytes(s)[1:-1]))
+        )
+        """Each secret as UTF-8 and as JSON writes it (what an answer's bytes would hold)."""
         self.max_response_bytes = endpoint.max_response_bytes
         self.read_timeout_sec = read_timeout_sec
-        # the upstream is fixed: its proxy (HTTP(S)_PROXY, NO_PROXY) is worked out once, not per call
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SEC, sock_read=read_timeout_sec)
-        self.options: dict[str, Any] = {"timeout": timeout, **(proxy_options(str(self.url)) or {"proxy": None})}
-
-        self._session: aiohttp.ClientSession | None = None
-
-    def session(self) -> aiohttp.ClientSession:
-        """The running loop's pooled session (the core's: closed with the loop's other clients),
-        held between calls (a gateway serves on one loop) while it is open."""
-        session = self._session
-        if session is None or session.closed:
-            session = self._session = client_session()
-        return session
+        # the upstream is fixed: its proxy (HTTP(S)_PROXY, NO_PROXY) is worked out once, not per call;
+        # a redirect is not followed (it would carry the extra headers, secrets too, to another origin)
+        proxy = proxy_options(str(self.url)) or {"proxy": None}
+        self.options: dict[str, Any] = {"allow_redirects": False, **proxy}
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_SEC)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SEC, sock_read=read_timeout_sec),
+        )
+        """Pooled keep-alive connections, no cap on their number; one idle 4 s is closed, before
+        uvicorn (vLLM, SGLang) closes it after 5 s, so a call does not go out on a connection the
+        upstream is closing."""
 
 
 class _Slot:
@@ -283,25 +301,35 @@ class PolicyGateway:
         """Listen (inside the running event loop)."""
         if self._runner is not None:
             raise RuntimeError("the gateway is already running")
-        self._upstream = Upstream(self.upstream, self.adapter, self.read_timeout_sec)
-        self._runner, self._port = await start_http_server(
-            self._handle,
-            self._host,
-            self._requested_port,
-            max_body=_MAX_BODY,
-            idle_sec=_IDLE_SEC,
-            cancel_on_hang_up=True,
-        )
+        upstream = self._upstream = Upstream(self.upstream, self.adapter, self.read_timeout_sec)
+        try:
+            self._runner, self._port = await start_http_server(
+                self._handle,
+                self._host,
+                self._requested_port,
+                max_body=_MAX_BODY,
+                idle_sec=_IDLE_SEC,
+                cancel_on_hang_up=True,
+            )
+        except BaseException:
+            self._upstream = None
+            await upstream.session.close()
+            raise
         return self
 
     async def aclose(self) -> None:
         """Stop listening; a call in flight is recorded as ``cancelled`` and cut."""
         runner, self._runner = self._runner, None
+        upstream, self._upstream = self._upstream, None
         for slot in self._slots.values():
             slot.close("the gateway stopped before the call's answer was complete")
-        if runner is not None:
-            await runner.cleanup()
-        self._port = None
+        try:
+            if runner is not None:
+                await runner.cleanup()
+        finally:
+            if upstream is not None:
+                await upstream.session.close()
+            self._port = None
 
     async def __aenter__(self) -> PolicyGateway:
         return await self.start()
@@ -419,30 +447,19 @@ class PolicyGateway:
 
     async def _model_call(self, request: web.BaseRequest, rollout_id: str) -> web.StreamResponse:
         """A model call of ``rollout_id``: refused from its head when its token opens no such rollout
-        (its body is never read), else read, sent, answered and recorded."""
+        (its body is never read), else recorded from its head on (a trace taken while its body
+        comes says it was cancelled), read, sent, answered."""
         slot, refused = self._authorize(request, rollout_id)
         if refused is not None:
             return refused
+        assert slot is not None
+        assert self._upstream is not None
         length = request.content_length
         if length is not None and length > _MAX_BODY:
             raise web.HTTPRequestEntityTooLarge(max_size=_MAX_BODY, actual_size=length)
         if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # (as aiohttp's own router does)
             request.writer.output_size = 0
-        if request.content.is_eof():
-            body = await request.read()
-        else:
-            try:
-                async with asyncio.timeout(_BODY_STALL_SEC):
-                    body = await request.read()
-            except TimeoutError:  # a client that stalls in the middle of its body
-                return _hang_up(request)
-        if self._slots.get(rollout_id) is not slot:  # the rollout closed while the body came: ask again
-            slot, refused = self._authorize(request, rollout_id)
-            if refused is not None:
-                return refused
-        assert slot is not None
-        assert self._upstream is not None
         record = TraceCall(
             call_id=f"{rollout_id}#{slot.next_index}",
             index=slot.next_index,
@@ -455,12 +472,48 @@ class PolicyGateway:
         call = ModelCall(self._upstream, request, slot.trace, record)
         slot.calls[call] = asyncio.current_task()
         try:
+            body = await request.read() if request.content.is_eof() else await _body(request)
+            if body is None:  # a client that stalls in the middle of its body
+                call.finish("client_gone", f"the rollout's request stalled for {_BODY_STALL_SEC:g} s", None)
+                return _hang_up(request)
             return await call.answer(body)
+        except web.HTTPRequestEntityTooLarge:
+            call.finish("bad_request", f"the request is over the {_MAX_BODY}-byte limit", 413)
+            raise
         except asyncio.CancelledError:  # the rollout hung up (or the call was cancelled, recorded so)
             call.finish("client_gone", "the rollout hung up before the answer was complete", None)
             raise
+        except Exception as exc:  # what no outcome above foresaw: recorded, never left pending
+            where = "its answer" if call.sent else "its request"
+            what = call.message(f"{type(exc).__name__}: {exc}")
+            log.warning("rollout %s: call %d: %s cannot be handled: %s", rollout_id, record.index, where, what)
+            status = 502 if call.sent else 400
+            call.finish("unreadable" if call.sent else "bad_request", f"{where} cannot be handled: {what}", status)
+            return error_response(status, f"the gateway cannot handle {where}: {what}")
         finally:
             slot.calls.pop(call, None)
+
+
+async def _body(request: web.BaseRequest) -> bytes | None:
+    """A request's body as it comes, up to :data:`_MAX_BODY`; None when it stops coming for
+    :data:`_BODY_STALL_SEC` (each piece is waited for that long, not the whole upload).
+
+    :raises web.HTTPRequestEntityTooLarge: over the limit.
+    """
+    pieces: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            async with asyncio.timeout(_BODY_STALL_SEC):
+                piece = await request.content.readany()
+        except TimeoutError:
+            return None
+        if not piece:
+            return b"".join(pieces)
+        size += len(piece)
+        if size > _MAX_BODY:
+            raise web.HTTPRequestEntityTooLarge(max_size=_MAX_BODY, actual_size=size)
+        pieces.append(piece)
 
 
 _hang_up: Final = drop_connection

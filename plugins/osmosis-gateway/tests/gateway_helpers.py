@@ -79,3 +79,52 @@ def sse_docs(raw: bytes) -> list[dict[str, Any]]:
         if line.startswith("data: ") and line != "data: [DONE]":
             docs.append(json.loads(line[6:]))
     return docs
+
+
+async def raw_upstream(answer: Any) -> tuple[asyncio.Server, str, list[bytes]]:
+    """An upstream that reads each request (its head and Content-Length body) and runs
+    ``await answer(request, writer)``; the requests it got are listed."""
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(
+                    next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                )
+                seen.append(head + await reader.readexactly(length))
+                if not await answer(seen[-1], writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", seen
+
+
+async def call_through(url: str, body: dict | bytes, *, api_key: str | None = None, **gateway_options: Any):
+    """One call through a gateway in front of ``url``: (status, answer body, the call's record)."""
+    async with PolicyGateway(PolicyEndpoint(url, "m", api_key), **gateway_options) as gateway:
+        policy = gateway.open_rollout("r")
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {policy.api_key}", "Content-Type": "application/json"}
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.post(policy.chat_completions_url, data=data, headers=headers) as response:
+                    status, raw = response.status, await response.read()
+            except aiohttp.ClientError:
+                status, raw = None, b""
+        trace = gateway.pop_trace("r")
+    return status, raw, trace
+
+
+async def answer_json(writer: asyncio.StreamWriter, doc: Any, status: bytes = b"200 OK") -> bool:
+    """Write ``doc`` as a whole JSON answer (for :func:`raw_upstream`); True: the connection goes on."""
+    body = json.dumps(doc).encode()
+    head = b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (status, len(body))
+    writer.write(head + body)
+    await writer.drain()
+    return True

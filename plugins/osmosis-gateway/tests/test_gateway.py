@@ -6,7 +6,17 @@ import asyncio
 import json
 
 import pytest
-from gateway_helpers import MULTIPLY_TOOL, QUESTION, UPSTREAM_KEY, post, run, sse_docs, stack
+from gateway_helpers import (
+    MULTIPLY_TOOL,
+    QUESTION,
+    UPSTREAM_KEY,
+    call_through,
+    post,
+    raw_upstream,
+    run,
+    sse_docs,
+    stack,
+)
 
 from osmosis_core.testing import Fault, ScriptedPolicyServer
 from osmosis_core.testing.stub_tokens import encode, logprob_of, render_prompt
@@ -395,11 +405,11 @@ def test_an_upstream_error_that_echoes_the_key_reaches_the_rollout_without_it(st
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_answer_that_holds_the_key_reaches_the_rollout_and_the_trace_without_it(stream):
+def test_an_answer_that_holds_the_whole_key_has_it_taken_out_and_the_call_says_so(stream):
     from osmosis_core.testing import Reply
 
     def echoes(request):
-        return Reply(content=f"the key is {UPSTREAM_KEY} and its tail {MASKED}")
+        return Reply(content=f"the key is {UPSTREAM_KEY}.")
 
     async def main():
         async with stack(script=echoes) as (_server, gateway):
@@ -409,12 +419,44 @@ def test_an_answer_that_holds_the_key_reaches_the_rollout_and_the_trace_without_
 
     status, raw, trace = run(main)
     assert status == 200
-    if not stream:
-        assert "the key is ***" in json.loads(raw)["choices"][0]["message"]["content"]
-    assert leaks(raw) == []  # (a stream: no event holds 8 characters of it; each event is redacted alone)
-    assert trace.calls[0].status == "ok"
-    assert trace.calls[0].response["content"].startswith("the key is ***")
-    assert leaks(json.dumps(trace.to_json())) == []
+    if not stream:  # (streamed token by token, no event holds the whole key: see the README)
+        assert json.loads(raw)["choices"][0]["message"]["content"] == "the key is ***."
+        assert leaks(raw) == []
+        (call,) = trace.calls
+        assert call.status == "capture_failed"  # the rollout's text is no longer what the tokens say
+        assert "taken out" in call.error
+        assert call.response["content"] == "the key is ***."
+    assert UPSTREAM_KEY not in json.dumps(trace.to_json())
+
+
+def test_the_policys_words_are_never_rewritten_for_sharing_8_characters_with_a_secret():
+    """Header values are secrets too, but the 8-character rule on an answer would rewrite ordinary
+    words (a referer's host, a title): an answer loses whole secrets only, and stays ``ok``."""
+    from osmosis_core.testing import Reply
+
+    text = "Fetch https://docs.python.org/3/ before training; keys look like sk-Qx7vR2kZp9..."
+
+    async def main():
+        async with ScriptedPolicyServer(lambda request: Reply(content=text), flavor="vllm") as server:
+            from osmosis_core import PolicyEndpoint
+            from osmosis_gateway import PolicyGateway
+
+            headers = {"HTTP-Referer": "https://my-lab.example/", "X-Title": "rl-training"}
+            upstream = PolicyEndpoint(server.url, "osmosis-stub", UPSTREAM_KEY, headers=headers)
+            async with PolicyGateway(upstream) as gateway:
+                policy = gateway.open_rollout("r")
+                results = [
+                    await post(policy.chat_completions_url, ask(stream=stream), token=policy.api_key)
+                    for stream in (False, True)
+                ]
+                return results, gateway.pop_trace("r")
+
+    (whole, streamed), trace = run(main)
+    assert json.loads(whole[1])["choices"][0]["message"]["content"] == text
+    assert "".join(d["choices"][0]["delta"].get("content") or "" for d in sse_docs(streamed[1])) == text
+    assert [c.status for c in trace.calls] == ["ok", "ok"]
+    assert [c.response["content"] for c in trace.calls] == [text, text]
+    assert trace.complete
 
 
 def test_upstream_failure_detail_is_redacted():
@@ -434,11 +476,11 @@ def test_upstream_failure_detail_is_redacted():
     assert "***" in trace.calls[0].error
 
 
-@pytest.mark.parametrize("bad", ["", "r\r\nX-Evil: 1", "r\n", "tab\there", "nul\x00"])
+@pytest.mark.parametrize("bad", ["", "r\r\nX-Evil: 1", "r\n", "tab\there", "nul\x00", ".", "..", "x" * 1025])
 def test_a_rollout_id_that_cannot_travel_in_a_header_is_refused_when_opened(bad):
     async def main():
         async with stack() as (_server, gateway):
-            with pytest.raises(ValueError, match=r"empty|control characters"):
+            with pytest.raises(ValueError, match=r"empty|control characters|dot segment|at most"):
                 gateway.open_rollout(bad)
             status, raw = await post(f"{gateway.url}/rollouts", {"rollout_id": bad}, token=gateway.bearer)
             good = await post(f"{gateway.url}/rollouts", {"rollout_id": "r ok/1"}, token=gateway.bearer)
@@ -576,7 +618,7 @@ def test_sglang_streams_are_asked_whole_and_streamed_to_the_rollout():
     assert list(trace.calls[0].prompt_token_ids) == render_prompt(QUESTION)
 
 
-def test_a_refused_call_is_refused_from_its_head_and_a_rollout_closed_while_its_call_came_is_refused():
+def test_a_refused_call_is_refused_from_its_head_and_a_call_still_coming_when_the_trace_is_taken_is_cancelled():
     async def main():
         async with stack() as (server, gateway):
             policy = gateway.open_rollout("r-1")
@@ -591,17 +633,43 @@ def test_a_refused_call_is_refused_from_its_head_and_a_rollout_closed_while_its_
             writer.write(head.format("forged").encode() + body)
             assert (await reader.read()).startswith(b"HTTP/1.1 403 ")
             writer.close()
-            # the rollout's own token, then the rollout closes before its body is all there
+            # the rollout's own token, then its trace is taken before the body is all there
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(head.format(policy.api_key).encode() + body[:10])
             await writer.drain()
             await asyncio.sleep(0.1)
-            assert gateway.pop_trace("r-1") is not None
-            writer.write(body[10:])
-            answer = await reader.read()
-            assert answer.startswith(b"HTTP/1.1 403 ")  # (as any call of a closed rollout)
-            assert b"does not open rollout" in answer
+            trace = gateway.pop_trace("r-1")
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # the call is cancelled: no answer
             writer.close()
             assert server.requests_for("r-1") == []
+            return trace
 
-    run(main)
+    trace = run(main)
+    (call,) = trace.calls  # the call had begun: the trace says it was cut short, not complete
+    assert call.status == "cancelled"
+    assert not trace.complete
+
+
+def test_an_escaped_key_in_an_error_body_is_found_and_the_body_stays_json():
+    escaped = "".join(f"\\u{ord(c):04x}" for c in UPSTREAM_KEY).encode()  # as a JSON encoder may write it
+
+    async def unauthorized(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        body = b'{"error": {"message": "bad key ' + escaped + b' given", "code": 401}}'
+        head = b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        writer.write(head % len(body) + body)
+        await writer.drain()
+        return True
+
+    async def main():
+        server, url, _ = await raw_upstream(unauthorized)
+        try:
+            return await call_through(url, ask(), api_key=UPSTREAM_KEY)
+        finally:
+            server.close()
+
+    status, raw, trace = run(main)
+    assert status == 401
+    message = json.loads(raw)["error"]["message"]  # the body is still JSON
+    assert message.startswith("bad key ")
+    assert leaks(message) == []
+    assert trace.calls[0].status == "upstream_error"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -162,7 +163,8 @@ def test_limits_and_bad_requests_are_refused(run, monkeypatch: pytest.MonkeyPatc
             assert (await exchange(port, huge_header)).split(b" ", 2)[1] == b"431"
             assert (await exchange(port, b"NOT HTTP AT ALL\r\n\r\n")).split(b" ", 2)[1] == b"400"
             assert server.requests == []
-            assert gateway.pop_trace("r").calls == []
+            # (refused from its head, the first left no record; the chunked one was a call being sent)
+            assert [(c.status, c.http_status) for c in gateway.pop_trace("r").calls] == [("bad_request", 413)]
 
     run(main)
 
@@ -243,7 +245,9 @@ def test_idle_and_stalled_connections_are_closed(run, monkeypatch: pytest.Monkey
                 writer.write(sent)
                 assert await asyncio.wait_for(reader.read(), 5) == b""
                 writer.close()
-            assert gateway.pop_trace("r").calls == []  # the stalled call was never recorded
+            (stalled,) = gateway.pop_trace("r").calls  # the call whose body stalled, recorded as given up
+            assert stalled.status == "client_gone"
+            assert "stalled" in stalled.error
 
     run(main)
 
@@ -314,3 +318,68 @@ def test_the_gateway_speaks_http_only_through_aiohttp() -> None:
     package = Path(osmosis_gateway.__file__).parent
     assert not (package / "server.py").exists()
     assert not (package / "upstream.py").exists()
+
+
+def test_a_bearer_that_is_not_utf8_is_refused_not_a_500(run) -> None:
+    async def main() -> None:
+        async with stack() as (_server, gateway):
+            gateway.open_rollout("r")
+            raw = call("r", "x").replace(b"Bearer x", b"Bearer \xff\xfe")
+            answer = await exchange(port_of(gateway), raw.replace(b"Host: x", b"Host: x\r\nConnection: close"))
+            assert answer.split(b" ", 2)[1] == b"403"
+
+    run(main)
+
+
+def test_a_body_that_trickles_in_is_read_and_only_a_stall_gives_up(run, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        monkeypatch.setattr(gateway_module, "_BODY_STALL_SEC", 0.3)
+        async with stack() as (_server, gateway):
+            policy = gateway.open_rollout("r")
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gateway))
+            data = call("r", policy.api_key, extra="Connection: close\r\n")
+            head, body = data[: -len(BODY)], data[-len(BODY) :]
+            writer.write(head)
+            for start in range(0, len(body), len(body) // 8 + 1):  # about 1 s in all, never 0.3 s without a byte
+                writer.write(body[start : start + len(body) // 8 + 1])
+                await writer.drain()
+                await asyncio.sleep(0.12)
+            assert [s for s, _ in answers(await asyncio.wait_for(reader.read(), 10))] == [200]
+            writer.close()
+            assert [c.status for c in gateway.pop_trace("r").calls] == ["ok"]
+
+    run(main)
+
+
+def test_a_line_the_server_cannot_parse_is_logged_without_its_text(run, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        async with stack() as (_server, gateway):
+            bad = f"GET /health HTTP/1.1\r\nAuthorization: Bearer {gateway.bearer}\r\n X-Folded: y\r\n\r\n"
+            with caplog.at_level(logging.DEBUG):
+                assert (await exchange(port_of(gateway), bad.encode())).split(b" ", 2)[1] == b"400"
+            assert gateway.bearer not in caplog.text
+            assert "Traceback" not in caplog.text
+
+    run(main)
+
+
+def test_closing_the_loops_shared_clients_leaves_the_gateways_calls_alone(run) -> None:
+    """The gateway has a client session of its own: a backend's or a script's ``aclose_http()`` on
+    the same loop (``LocalBackend.aclose``, ``http_scope``) does not cut its calls."""
+
+    async def main() -> None:
+        async with stack() as (server, gateway):
+            policy = gateway.open_rollout("r")
+            server.inject(Fault("delay", delay=0.3), rollout_id="r")
+            async with httpx.AsyncClient() as client:
+                call_task = asyncio.ensure_future(
+                    client.post(
+                        policy.chat_completions_url, content=BODY, headers={"Authorization": f"Bearer {policy.api_key}"}
+                    )
+                )
+                await asyncio.sleep(0.1)
+                await aclose_http()  # (the loop's shared session, as a backend's aclose closes it)
+                assert (await call_task).status_code == 200
+            assert [c.status for c in gateway.pop_trace("r").calls] == ["ok"]
+
+    run(main)

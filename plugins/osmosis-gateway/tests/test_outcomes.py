@@ -8,7 +8,7 @@ import json
 
 import aiohttp
 import pytest
-from gateway_helpers import MULTIPLY_TOOL, QUESTION, run, stack
+from gateway_helpers import MULTIPLY_TOOL, QUESTION, answer_json, call_through, raw_upstream, run, stack
 
 from osmosis_core import PolicyEndpoint
 from osmosis_core.testing import Fault
@@ -206,3 +206,129 @@ def test_an_upstream_that_answers_no_http_is_unreadable_and_a_502():
     assert "not HTTP" in body["error"]["message"]
     assert trace.calls[0].status == "unreadable"
     assert not trace.complete
+
+
+def test_a_call_the_gateway_cannot_handle_is_recorded_and_never_left_pending():
+    deep = b'{"model":"m","messages":[' + b"[" * 100_000 + b"]" * 100_000 + b"]}"  # (RecursionError in json)
+
+    async def odd_choices(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        return await answer_json(writer, {"id": "x", "object": "chat.completion", "choices": [1]})
+
+    async def main():
+        server, url, _ = await raw_upstream(odd_choices)
+        try:
+            request_side = await call_through(url, deep)
+            answer_side = await call_through(url, ask(stream=True))  # (a stream answered whole: read as events)
+            return request_side, answer_side
+        finally:
+            server.close()
+
+    (status, _raw, trace), (answer_status, answer_raw, answer_trace) = run(main)
+    assert status == 400
+    assert trace.calls[0].status == "bad_request"
+    assert not trace.complete
+    assert answer_status == 502  # (an answer the gateway could not turn into events: a choice that is a number)
+    assert b"cannot handle its answer" in answer_raw
+    assert answer_trace.calls[0].status == "unreadable"
+    assert not answer_trace.complete
+
+
+def test_a_stream_asked_and_answered_whole_reaches_the_rollout_as_a_stream():
+    async def whole(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        doc = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+               "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                            "message": {"role": "assistant", "content": "84"}}],
+               "prompt_token_ids": [1, 2], }  # fmt: skip
+        doc["choices"][0]["token_ids"] = [7]
+        doc["choices"][0]["logprobs"] = {"content": [{"token": "token_id:7", "logprob": -0.5}]}
+        return await answer_json(writer, doc)
+
+    async def main():
+        server, url, _ = await raw_upstream(whole)
+        try:
+            return await call_through(url, ask(stream=True))
+        finally:
+            server.close()
+
+    status, raw, trace = run(main)
+    assert status == 200
+    text = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in raw.decode().splitlines()
+        if line.startswith("data: {")
+    )
+    assert text == "84"  # the rollout got its answer as the events it asked for
+    assert raw.rstrip().endswith(b"data: [DONE]")
+    assert trace.calls[0].status == "ok"
+    assert trace.complete
+
+
+def test_a_redirect_is_not_followed_and_is_the_upstreams_error():
+    async def main():
+        elsewhere, other_url, other_seen = await raw_upstream(lambda request, writer: asyncio.sleep(0, False))
+
+        async def redirect(request: bytes, writer: asyncio.StreamWriter) -> bool:
+            where = f"{other_url}/chat/completions".encode()
+            writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n" % where)
+            await writer.drain()
+            return True
+
+        server, url, _ = await raw_upstream(redirect)
+        try:
+            return await call_through(url, ask()), other_seen
+        finally:
+            server.close()
+            elsewhere.close()
+
+    (status, _raw, trace), other_seen = run(main)
+    assert status == 307
+    assert other_seen == []  # (the headers, secrets among them, never went to the other origin)
+    assert trace.calls[0].status == "upstream_error"
+
+
+def test_an_answer_whose_body_stalls_after_its_head_is_cut_not_unanswered():
+    async def stall(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        await asyncio.sleep(3)
+        return False
+
+    async def main():
+        server, url, _ = await raw_upstream(stall)
+        try:
+            return await call_through(url, ask(), read_timeout_sec=0.5)
+        finally:
+            server.close()
+
+    status, _raw, trace = run(main)
+    assert status is None  # dropped toward the rollout, as the upstream's answer broke off
+    assert trace.calls[0].status == "cut"
+    assert "stalled" in trace.calls[0].error
+
+
+def test_a_nan_in_a_request_is_recorded_as_its_spelling_and_the_trace_line_is_written(tmp_path):
+    from osmosis_core.frontend import RunFiles
+
+    async def main():
+        async with stack() as (_server, gateway):
+            policy = gateway.open_rollout("r")
+            body = json.dumps(ask(temperature=float("nan"))).encode()  # (json writes NaN; msgspec refuses it)
+            headers = {"Authorization": f"Bearer {policy.api_key}", "Content-Type": "application/json"}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(policy.chat_completions_url, data=body, headers=headers) as response,
+            ):
+                assert response.status == 200
+            return gateway.pop_trace("r")
+
+    trace = run(main)
+    with RunFiles(tmp_path) as files:
+        files.write_trace(0, 0, "r", trace.to_json())
+        broken = trace.to_json()
+        broken["calls"][0]["request"]["messages"][0]["content"] = "\ud800 not UTF-8"
+        files.write_trace(1, 0, "r2", broken)  # (what a gateway never records, a writer still writes)
+    first, second = [json.loads(text) for text in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    assert first["calls"][0]["request"]["temperature"] == "NaN"
+    assert first["complete"] is True
+    assert second["complete"] is False
+    assert "cannot be written as JSON" in second["incomplete_reason"]
