@@ -21,7 +21,7 @@ changes nothing). Until then its status is ``pending``; a call that ends any oth
 * ``bad_request``: what the rollout sent is not a chat-completions request (400).
 
 What the gateway hands back from the upstream has the upstream's key and extra header values taken
-out. An error (a status of 400 or more, an error event in a stream) gets the core's rule
+out. An error (a status of 300 or more, an error event in a stream) gets the core's rule
 (:func:`osmosis_core.plugin.redact`: the value, and any run of 8 of its characters, as a provider
 echoes a masked key), read as JSON where it is JSON (so an escaped key is found too). An answer, the
 policy's own output, gets only whole values taken out: the 8-character rule would rewrite ordinary
