@@ -105,9 +105,11 @@ def main() -> None:
     carries on, printing nowhere, and exits with its own status (see :mod:`osmosis_core.cli.output`)."""
     import warnings
 
+    from osmosis_core.cli import common
     from osmosis_core.cli.output import survive_closed_output
     from osmosis_core.deprecation import OsmosisDeprecationWarning
 
+    common.CONSOLE_SCRIPT = True
     survive_closed_output()
     # a plugin or rollout that uses a deprecated osmosis name hears of it once, on stderr
     warnings.filterwarnings("default", category=OsmosisDeprecationWarning)

@@ -12,6 +12,10 @@ __all__ = ["config_options", "make_console", "resolve_config"]
 
 _F = Callable[..., Any]
 
+CONSOLE_SCRIPT = False
+"""True in the ``osmosis`` console script (its process exits after the command), False for a caller
+that runs a command in its own process (a test through click's runner)."""
+
 _OPTIONS: dict[str, Callable[[_F], _F]] = {
     "--rollout": click.option(
         "--rollout", "rollout_path", metavar="DIR", help="The rollout folder (overrides rollout.path)."

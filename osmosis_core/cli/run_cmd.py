@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from osmosis_core.cli import common
 from osmosis_core.cli.common import config_options, make_console, resolve_config
 from osmosis_core.records import RETRYABLE_CATEGORIES
 
@@ -90,9 +91,10 @@ def run(
     err = make_console(stderr=True)
     if not stub_policy:
         _check_policy(config, err)
-    # from the run's start to its summary, SIGINT / SIGTERM are the run's (one after its rollouts
-    # changes nothing, a second stops at once); then the handlers before it are back (for a caller in
-    # the same process: a test)
+    # from the run's start, SIGINT / SIGTERM are the run's (one after its rollouts changes nothing, a
+    # second stops at once): in the console script until the process exits (a handler put back before
+    # that would let a signal in its last moments kill a complete run), for a caller in the same
+    # process (a test) until this command returns
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         stub = None
@@ -107,8 +109,9 @@ def run(
                 stub.stop()
         _report(outcome, console, err)
     finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+        if not common.CONSOLE_SCRIPT:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
 
 
 def _execute(config: Any, resume: bool, categories: Any, stub: Any, model: str | None, console: Any, err: Any) -> Any:
