@@ -47,7 +47,9 @@ def test_the_backend_table_is_read_strictly_with_key_paths():
         2,
         {"env_vars": {"A": "1"}},
     )
-    with pytest.raises(ConfigError, match=r"unknown key\(s\): chunk_sise @ \$\.backend\.ray"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key\(s\): chunk_sise \(did you mean 'chunk_size'\?\) @ \$\.backend\.ray"
+    ):
         structure_table({"chunk_sise": 4}, RayBackendConfig, "$.backend.ray", "run.toml")
     with pytest.raises(ConfigError, match=r"num_cpu .*\$\.backend\.ray\.local_cluster"):
         structure_table({"local_cluster": {"num_cpu": 1}}, RayBackendConfig, "$.backend.ray", "run.toml")
