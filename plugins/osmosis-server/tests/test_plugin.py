@@ -58,6 +58,8 @@ def test_the_docstring_examples_run():
 def test_no_command_description_is_cut_mid_phrase_with_every_plugin_installed(columns):
     """click cuts a command's first docstring line to the width and ends it in "..."; every command of
     the core and the plugins (export, gateway, migrate, report, serve) has a short help of its own."""
+    for other in ("osmosis_gateway", "osmosis_migrate", "osmosis_report"):  # (the plugins_all session has them)
+        pytest.importorskip(other, reason="needs every first-party plugin that adds a command")
     env = {**os.environ, "COLUMNS": columns}
     helped = subprocess.run([osmosis_exe(), "--help"], capture_output=True, text=True, check=True, env=env)
     rows: dict[str, str] = {}
