@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Final, NewType
 import attrs
 
 from osmosis_core import ErrorCategory, ExecutionResult, ExecutionStatus
+from osmosis_core.frontend import finite_json
 
 if TYPE_CHECKING:
     import cattrs
@@ -533,7 +534,7 @@ def result_document(result: ExecutionResult, *, label: Any = None, lease_expired
         sample_doc = {
             "messages": sample.messages,
             "reward": reward,
-            "metrics": sample.metrics,
+            "metrics": finite_json(sample.metrics),  # (a NaN metric as "NaN", as results.jsonl holds it)
             "label": label if isinstance(label, str) else None,
             "remove_sample": False,
             "extra_fields": {},

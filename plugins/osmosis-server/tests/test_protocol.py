@@ -349,3 +349,22 @@ def test_a_submit_can_wait_for_its_result_in_one_request(serve):
     assert data["result"]["reward"] == 1.0
     polled = http.get("/rollout/inline/result", headers={LEASE_HEADER: data["polling_lease_token"]}).json()
     assert polled == data["result"]  # the same result stays readable by polling
+
+
+def test_a_nan_metric_reaches_the_trainer_as_its_spelling_and_the_rollout_succeeds(serve):
+    """A metric that is not a number does not fail the rollout (as in results.jsonl): the result
+    document holds it as "NaN", strict JSON a trainer's parser reads."""
+    from workflows import NanMetric
+
+    from osmosis_core.testing import ScriptedPolicyServer
+
+    served = serve(LocalBackend(NanMetric), settings=ServerSettings(grace_sec=1))
+    with ScriptedPolicyServer() as upstream:
+        http = httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        body = {"rollout_id": "nan", "initial_messages": [{"role": "user", "content": "6 * 7"}],
+                "chat_completions_url": upstream.url}  # fmt: skip
+        lease = http.post("/rollout", json=body).json()["polling_lease_token"]
+        raw = http.get("/rollout/nan/result?wait=final", headers={LEASE_HEADER: lease}).content
+    document = json.loads(raw, parse_constant=lambda name: pytest.fail(f"not strict JSON: {name}"))
+    assert document["status"] == "success", document
+    assert document["sample"]["metrics"] == {"ratio": "NaN", "turns": 1}

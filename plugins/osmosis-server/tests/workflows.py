@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from osmosis_core import AgentWorkflow, AgentWorkflowContext, Grader, GraderContext, chat_completion
+from osmosis_core import AgentWorkflow, AgentWorkflowContext, Grader, GraderContext, RolloutSample, chat_completion
 
 
 class Trivial(AgentWorkflow):
@@ -51,3 +51,11 @@ class Leaky(AgentWorkflow):
         if ctx.metadata.get("fail"):
             raise ValueError(f"refusing key {key}")
         return [*ctx.prompt, {"role": "system", "content": f"the key was {key}"}, reply]
+
+
+class NanMetric(AgentWorkflow):
+    """One call, and a metric that is not a number (as a division by zero in a workflow gives)."""
+
+    async def run(self, ctx: AgentWorkflowContext) -> RolloutSample:
+        reply = await chat_completion(ctx.prompt)
+        return RolloutSample(messages=[*ctx.prompt, reply], metrics={"ratio": float("nan"), "turns": 1})
