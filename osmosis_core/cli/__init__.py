@@ -113,4 +113,13 @@ def main() -> None:
     survive_closed_output()
     # a plugin or rollout that uses a deprecated osmosis name hears of it once, on stderr
     warnings.filterwarnings("default", category=OsmosisDeprecationWarning)
-    make_cli().main(prog_name="osmosis")
+    try:
+        make_cli().main(prog_name="osmosis")
+    finally:
+        # the command is over and its status decided: a SIGINT / SIGTERM now has nothing to stop, and the
+        # interpreter's shutdown puts Python-level handlers back to the default (which would kill the
+        # process: a complete run exiting -15 instead of 0), so the exit ignores them
+        import signal
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
