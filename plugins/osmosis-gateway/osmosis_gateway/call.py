@@ -6,13 +6,15 @@ whole: a whole answer once its body is read (``Content-Length`` or the last chun
 its ``[DONE]`` event came (what the upstream sends after it, or when it closes the connection,
 changes nothing). Until then its status is ``pending``; a call that ends any other way says how:
 
-* ``upstream_error``: the upstream answered an error status (passed on to the rollout, redacted),
-  could not be reached, or its answer was over ``max_response_bytes`` (502);
+* ``upstream_error``: the upstream answered an error status or a redirect (passed on to the rollout,
+  redacted; a redirect is not followed), sent an error event in its stream, could not be reached
+  (or not connected to in time), or its answer was over ``max_response_bytes`` (502);
 * ``no_answer``: nothing came from the upstream for ``read_timeout_sec`` (504);
 * ``unreadable``: the upstream's answer (or one event of its stream) is not a chat completion, or
   not even HTTP (502);
-* ``cut``: the upstream's connection broke off, or its stream ended without ``[DONE]`` (the rollout
-  sees the same: its connection is dropped or its stream cut);
+* ``cut``: the upstream's connection broke off, its answer stalled for ``read_timeout_sec`` after
+  its head, or its stream ended without ``[DONE]`` (the rollout sees the same: its connection is
+  dropped or its stream cut);
 * ``client_gone``: the rollout hung up before the end (the upstream call is cancelled: its
   connection is closed, which vLLM and SGLang take as an abort);
 * ``cancelled``: the rollout's trace was taken, or the gateway stopped, while the call was in flight
