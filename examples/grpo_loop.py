@@ -67,7 +67,7 @@ def advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
 
 async def train(args: argparse.Namespace, server_url: str, token: str | None, policy_url: str, noisy: Any) -> None:
     from osmosis_core.plugin import http_scope
-    from osmosis_server import RolloutClient, RolloutRequest
+    from osmosis_trainer import RolloutClient, RolloutRequest
 
     rows = read_rows(Path(args.dataset))
     client = RolloutClient(server_url, token=token)
