@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from osmosis_trainer.trace import read_traces as read_traces
     from osmosis_trainer.trace import trace_from_json as trace_from_json
     from osmosis_trainer.trace import trainer_view as trainer_view
+    from osmosis_trainer.trace import view_of_json as view_of_json
     from osmosis_trainer.wire import DEFAULT_TOKEN_ENV as DEFAULT_TOKEN_ENV
     from osmosis_trainer.wire import LEASE_HEADER as LEASE_HEADER
     from osmosis_trainer.wire import RolloutStatus as RolloutStatus
@@ -97,6 +98,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "read_traces",
             "trace_from_json",
             "trainer_view",
+            "view_of_json",
         ],
         "wire": ["DEFAULT_TOKEN_ENV", "LEASE_HEADER", "RolloutStatus"],
     },

@@ -31,8 +31,12 @@ possibly empty). The reasons, in the order they are checked:
 ``no_tokens``
     the sequence has no generated token (no model call, a text-only trace, an empty generation).
 
-The function is pure (nothing is fetched or re-tokenized) and costs a few microseconds per call of
-the trace. ``reward`` is the rollout's, on every row of it, masked or not: the group helpers
+The function is pure (nothing is fetched or re-tokenized). It reads the trace's JSON form straight
+(:func:`osmosis_trainer.view_of_json`: lists checked by msgspec, no records built): about 20 ns per
+token id the trace holds, each call's prompt counted whole (measured on Python 3.12: 35 us for a
+2-call rollout of 560 tokens, 0.6 ms for 10 calls and 5,000 tokens).
+
+``reward`` is the rollout's, on every row of it, masked or not: the group helpers
 (:func:`osmosis_trainer.group_advantages`) leave masked rows out of their group's statistics.
 
 >>> from osmosis_trainer import RolloutResult
@@ -56,9 +60,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
-import cattrs
 
-from osmosis_trainer.trace import trace_from_json, trainer_view
+from osmosis_trainer.trace import view_of_json
 
 if TYPE_CHECKING:
     from osmosis_trainer.client import RolloutResult
@@ -181,27 +184,26 @@ def rollout_rows(
         if reason is None:
             reason, detail = "no_trace", "the result carries no trace: is the server running with --traces?"
         return [_empty(result, reason, detail)]
+    capture = result.trace.get("capture", "tokens")
+    if capture != "tokens":
+        detail = detail or f"the trace holds text only (capture={capture!r}): no token ids to train on"
+        return [_empty(result, reason or "no_tokens", detail, complete=bool(result.trace.get("complete")))]
     try:
-        trace = trace_from_json(result.trace)
-    except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"rollout {result.rollout_id!r}: its trace is not one ({type(exc).__name__}: {exc})") from None
-    if trace.capture != "tokens":
-        detail = detail or f"the trace holds text only (capture={trace.capture!r}): no token ids to train on"
-        return [_empty(result, reason or "no_tokens", detail, complete=trace.complete)]
-    view = trainer_view(trace, branches=sequences)
+        view = view_of_json(result.trace, branches=sequences)
+    except ValueError as exc:
+        raise ValueError(f"rollout {result.rollout_id!r}: its trace is not one ({exc})") from None
     if reason is None and not view.complete:
-        reason, detail = "incomplete_trace", view.incomplete_reason or "a call is still in flight"
+        reason, detail = "incomplete_trace", view.incomplete_reason
     if reason is None and sequences == "last" and view.prefix_breaks:
         reason = "prefix_break"
         detail = f"{view.prefix_breaks} prefix break(s): no single token sequence holds the rollout"
     if not view.sequences:
         detail = detail or "the rollout made no model call"
         return [_empty(result, reason or "no_tokens", detail, complete=view.complete)]
-    prompts = {call.call_id: len(call.prompt_token_ids or ()) for call in trace.calls if call.captured}
     pieces = []
     cut = 0  # generated tokens the truncation leaves out
     for sequence in view.sequences:
-        start = prompts[sequence.call_ids[0]]
+        start = sequence.root_prompt_length
         completion = sequence.token_ids[start:]
         mask = sequence.loss_mask[start:]
         logprobs = sequence.logprobs[start:]

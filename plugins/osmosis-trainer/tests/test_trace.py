@@ -8,8 +8,18 @@ from array import array
 
 import cattrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from osmosis_trainer import RolloutTrace, TraceCall, comparable_trace, read_traces, trace_from_json, trainer_view
+from osmosis_trainer import (
+    RolloutTrace,
+    TraceCall,
+    comparable_trace,
+    read_traces,
+    trace_from_json,
+    trainer_view,
+    view_of_json,
+)
 
 
 def call(i, prompt, generated, *, status="ok", version=None):
@@ -167,3 +177,49 @@ def test_comparable_traces_drop_what_differs_from_run_to_run():
 
     assert comparable_trace(line("c0", 1.0, "call_a")) == comparable_trace(line("c9", 2.0, "call_b"))
     assert comparable_trace(line("c0", 1.0, "a"))["calls"][0]["response"]["tool_calls"][0]["id"] is None
+
+
+@st.composite
+def traces(draw):
+    """Calls that extend an earlier call's tokens (with tool tokens between), retry one, or break away;
+    some not captured."""
+    calls, fulls = [], []
+    for index in range(draw(st.integers(min_value=0, max_value=6))):
+        if fulls and draw(st.booleans()):
+            prompt = draw(st.sampled_from(fulls)) + draw(st.lists(st.integers(100, 199), max_size=3))
+        else:
+            prompt = draw(st.lists(st.integers(1, 99), min_size=1, max_size=4))
+        generated = draw(st.lists(st.integers(200, 299), max_size=4))
+        status = draw(st.sampled_from(["ok", "ok", "ok", "cut", "pending"]))
+        if status == "ok":
+            calls.append(call(index, prompt, generated))
+            fulls.append(prompt + generated)
+        else:
+            calls.append(call(index, None, None, status=status))
+    return RolloutTrace("r", calls=calls)
+
+
+@given(traces(), st.sampled_from(["all", "last"]))
+def test_the_view_read_straight_from_json_is_the_view_of_the_record(trace, branches):
+    data = json.loads(json.dumps(trace.to_json()))
+    assert view_of_json(data, branches=branches) == trainer_view(trace_from_json(data), branches=branches)
+
+
+def test_a_branch_splits_at_the_prompt_of_its_first_call():
+    calls = [call(0, [1], [2]), call(1, [1, 2, 5], [6]), call(2, [1, 2, 5], [7, 7])]
+    first, second = trainer_view(RolloutTrace("r", calls=calls)).sequences
+    assert (first.root_prompt_length, second.root_prompt_length) == (1, 1)
+    assert second.prompt_length == 3  # its first generated token is later: c0's was trained in the first
+
+
+@pytest.mark.parametrize(
+    ("calls", "message"),
+    [
+        ([{"call_id": "c0", "index": 0, "completion_token_ids": [1, 2], "logprobs": [-1.0]}], "call 0 has 1 logprobs"),
+        ([{"call_id": "c0", "index": 0, "prompt_token_ids": [1, "x"]}], r"\$.calls\[0\].prompt_token_ids\[1\]"),
+        ([{"index": 0}], "call_id"),
+    ],
+)
+def test_json_that_is_not_a_trace_is_refused_naming_the_place(calls, message):
+    with pytest.raises(ValueError, match=message):
+        view_of_json({"rollout_id": "r", "calls": calls})
