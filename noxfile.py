@@ -10,7 +10,8 @@ Sessions (`nox -l` lists them):
   plugin(plugin='<name>')   the core plus one plugin from plugins/ (and the plugins/ folders it depends
                             on, e.g. osmosis-openai): its tests and mypy --strict
                             (osmosis-server's also against osmosis-ai 0.3.8, in a venv of its own)
-  trainer-3.10 ... -3.13    osmosis-trainer installed alone (no osmosis-core: checked), on every Python from
+  trainer-3.10, trainer-3.11, trainer-3.12, trainer-3.13
+                            osmosis-trainer installed alone (no osmosis-core: checked), on every Python from
                             3.10 installed here: its tests (the client's against osmosis serve run by a
                             Python >= 3.12 of its own, as a trainer and its rollout server run), and
                             mypy --strict for Python 3.10
