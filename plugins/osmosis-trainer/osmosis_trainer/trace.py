@@ -95,6 +95,16 @@ def _request_dict(value: Any) -> dict[str, Any]:
     return value
 
 
+def _captured(call: TraceCall | _JsonCall) -> bool:
+    """A call answered whole whose prompt ids, completion ids and logprobs are all here."""
+    return (
+        call.status == "ok"
+        and call.prompt_token_ids is not None
+        and call.completion_token_ids is not None
+        and call.logprobs is not None
+    )
+
+
 @attrs.define(kw_only=True, on_setattr=attrs.setters.NO_OP)  # plain setattr: the gateway sets a dozen per call
 class TraceCall:
     """One model call of a rollout, in the order the calls started."""
@@ -141,12 +151,7 @@ class TraceCall:
     @property
     def captured(self) -> bool:
         """Whether the call's prompt ids, completion ids and logprobs are all here."""
-        return (
-            self.status == "ok"
-            and self.prompt_token_ids is not None
-            and self.completion_token_ids is not None
-            and self.logprobs is not None
-        )
+        return _captured(self)
 
 
 @attrs.define(kw_only=True)
@@ -458,12 +463,7 @@ class _JsonCall(msgspec.Struct):
 
     @property
     def captured(self) -> bool:
-        return (
-            self.status == "ok"
-            and self.prompt_token_ids is not None
-            and self.completion_token_ids is not None
-            and self.logprobs is not None
-        )
+        return _captured(self)
 
 
 class _JsonTrace(msgspec.Struct):

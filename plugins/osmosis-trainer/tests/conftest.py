@@ -23,6 +23,7 @@ import attrs
 import pytest
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # for ``import trainer_helpers`` (importlib mode)
 REPO = HERE.parent.parent.parent
 CONFIG = REPO / "configs" / "training" / "multiply-plain.toml"
 # hypothesis keeps a cache; not in the working tree

@@ -5,20 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from trainer_helpers import call
 
-from osmosis_trainer import RolloutResult, RolloutTrace, TraceCall, rollout_rows, rows_metrics, trainer_view
-
-
-def call(i, prompt, generated, *, status="ok", version=None):
-    return TraceCall(
-        call_id=f"c{i}",
-        index=i,
-        status=status,
-        prompt_token_ids=prompt,
-        completion_token_ids=generated,
-        logprobs=None if generated is None else [-0.1 * (k + 1) for k in range(len(generated))],
-        policy_version=version,
-    )
+from osmosis_trainer import RolloutResult, RolloutTrace, rollout_rows, rows_metrics, trainer_view
 
 
 def result(calls, *, status="success", reward=1.0, incomplete=None, capture="tokens", **more):

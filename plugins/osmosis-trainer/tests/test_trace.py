@@ -10,6 +10,7 @@ import cattrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from trainer_helpers import call
 
 from osmosis_trainer import (
     RolloutTrace,
@@ -20,18 +21,6 @@ from osmosis_trainer import (
     trainer_view,
     view_of_json,
 )
-
-
-def call(i, prompt, generated, *, status="ok", version=None):
-    return TraceCall(
-        call_id=f"c{i}",
-        index=i,
-        status=status,
-        prompt_token_ids=prompt,
-        completion_token_ids=generated,
-        logprobs=None if generated is None else [-0.1 * (k + 1) for k in range(len(generated))],
-        policy_version=version,
-    )
 
 
 def test_calls_that_extend_each_other_make_one_sequence_with_a_mask_on_generated_tokens_only():
