@@ -1,6 +1,9 @@
 """The trace of one rollout (every model call it made, as tokens when the upstream gives them), and
 the trainer's view of it: token sequences stitched by exact token prefix, a loss mask, logprobs.
 
+The policy gateway (osmosis-gateway) records these; they live here, on the trainer's side, so a
+trainer reads a result's trace (or a run's ``traces.jsonl``) without osmosis-core.
+
 >>> call = TraceCall(call_id="c1", index=0, status="ok", prompt_token_ids=[1, 2], completion_token_ids=[3, 4],
 ...                  logprobs=[-0.5, -0.25])
 >>> trace = RolloutTrace("r-1", capture="tokens", calls=[call])
