@@ -60,6 +60,16 @@ def test_the_client_names_moved_to_osmosis_trainer_warn_and_are_the_same_objects
     assert name not in osmosis_server.__all__
 
 
+def test_the_moved_client_names_are_in_the_changelogs_deprecations():
+    from server_helpers import REPO
+
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    deprecated = changelog.split("### Deprecated", 1)[1].split("\n### ", 1)[0]
+    assert "`osmosis_server.RolloutClient`" in deprecated
+    assert all(f"`{name}`" in deprecated for name in MOVED_TO_TRAINER if name != "RolloutClient")
+    assert "osmosis_trainer" in deprecated
+
+
 def test_the_protocols_shared_names_are_the_trainer_sides_own():
     """The server and the client read one status vocabulary, one lease header, one token variable."""
     import osmosis_trainer
