@@ -6,7 +6,9 @@ osmosis-core, so the client keeps its own. It closes with no help from the loop'
 ``asyncio.run``, ``asyncio.Runner`` and ``uvloop.run`` end by closing the loop's asynchronous
 generators (``loop.shutdown_asyncgens()``), and the loop's first shared session starts one whose
 ``finally`` closes it, once no :meth:`RolloutClient.run_many` is still using it (a ``run_many``
-being closed at the same moment may still send its cancel). A script that runs
+being closed at the same moment may still send its cancel; it waits for those only: waiting for
+every generator being closed, as osmosis-core's does, would wait for osmosis-core's own, which
+waits for this one, on a loop that has both). A script that runs
 ``asyncio.run(main())`` with a plain ``RolloutClient(url)`` so ends without "Unclosed client
 session"; whoever wants a pool closed at a given moment uses ``async with RolloutClient(url)``.
 
