@@ -54,7 +54,7 @@ from collections import Counter
 from typing import Any, Final
 
 from osmosis_core import message_text
-from osmosis_gateway.trace import RolloutTrace, TraceCall
+from osmosis_trainer.trace import RolloutTrace, TraceCall
 
 __all__ = ["ATIF_VERSION", "trace_to_atif"]
 

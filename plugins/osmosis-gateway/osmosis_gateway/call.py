@@ -64,7 +64,7 @@ from osmosis_gateway.adapters import (
     json_read,
     prepare_request,
 )
-from osmosis_gateway.trace import CallStatus, RolloutTrace, TraceCall
+from osmosis_trainer.trace import CallStatus, RolloutTrace, TraceCall
 
 if TYPE_CHECKING:
     from osmosis_gateway.gateway import Upstream

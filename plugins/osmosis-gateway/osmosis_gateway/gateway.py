@@ -57,7 +57,7 @@ from osmosis_core.plugin import KEEPALIVE_SEC, drop_connection, proxy_options, r
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, json_bytes
 from osmosis_gateway.call import POLICY_VERSION_FIELD, ModelCall, error_response
 from osmosis_gateway.settings import READ_TIMEOUT_SEC
-from osmosis_gateway.trace import RolloutTrace, TraceCall
+from osmosis_trainer.trace import RolloutTrace, TraceCall
 
 __all__ = [
     "POLICY_VERSION_FIELD",

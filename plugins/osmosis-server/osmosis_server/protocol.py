@@ -40,7 +40,6 @@ osmosis_server.protocol.BadRequest: expected an array of message objects, got an
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 import math
@@ -53,6 +52,7 @@ import attrs
 
 from osmosis_core import ErrorCategory, ExecutionResult, ExecutionStatus
 from osmosis_core.frontend import finite_json
+from osmosis_trainer.wire import LEASE_HEADER, RolloutStatus, retry_after_seconds  # shared with the client
 
 if TYPE_CHECKING:
     import cattrs
@@ -74,31 +74,9 @@ __all__ = [
     "retry_after_seconds",
 ]
 
-LEASE_HEADER: Final = "X-Osmosis-Rollout-Lease"
-"""The header a result poll carries its polling-lease token in (the reference's name)."""
-
 MAX_ID_BYTES: Final = 512
 """The longest ``rollout_id``, in bytes of UTF-8."""
 
-
-class RolloutStatus(enum.StrEnum):
-    """A rollout's status on the wire: in flight (queued, running, grading) or final."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    GRADING = "grading"
-    SUCCESS = "success"
-    FAILURE = "failure"
-    CANCELLED = "cancelled"
-    UNKNOWN = "unknown"
-
-    @property
-    def final(self) -> bool:
-        """True for success, failure and cancelled."""
-        return self in _FINAL
-
-
-_FINAL: Final = frozenset({RolloutStatus.SUCCESS, RolloutStatus.FAILURE, RolloutStatus.CANCELLED})
 
 REFERENCE_CATEGORY: Final[Mapping[ErrorCategory, str | None]] = {
     ErrorCategory.TIMEOUT: "timeout",
@@ -581,16 +559,3 @@ def result_from_line(line: Mapping[str, Any]) -> ExecutionResult:
             else {**sample, "reward": line.get("reward"), "metrics": line.get("metrics") or {}},
         }
     )
-
-
-def retry_after_seconds(value: str | None, default: float) -> float:
-    """The wait a ``Retry-After`` header asks for, in seconds, kept within 0.05 to 60.
-
-    >>> retry_after_seconds("2", 1.0), retry_after_seconds("soon", 1.0), retry_after_seconds(None, 0.5)
-    (2.0, 1.0, 0.5)
-    """
-    try:
-        seconds = float(value) if value is not None else default
-    except ValueError:
-        return default
-    return min(max(seconds, 0.05), 60.0) if math.isfinite(seconds) else default

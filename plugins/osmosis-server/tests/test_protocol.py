@@ -11,8 +11,9 @@ from server_helpers import TOKEN, read_lines, run
 from workflows import EndsWithLabel, Sleepy, Trivial
 
 from osmosis_core import LocalBackend
-from osmosis_server import LEASE_HEADER, RolloutClient, RolloutConflict, RolloutRequest, RolloutStatus, ServerSettings
+from osmosis_server import LEASE_HEADER, RolloutStatus, ServerSettings
 from osmosis_server.protocol import SUBMIT_FIELDS
+from osmosis_trainer import RolloutClient, RolloutConflict, RolloutRequest
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 POLICY = "http://127.0.0.1:9/v1"  # never called by these workflows

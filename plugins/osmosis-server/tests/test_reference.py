@@ -17,7 +17,8 @@ from server_helpers import HERE, TOKEN, run
 from workflows import EndsWithLabel, Sleepy
 
 from osmosis_core import LocalBackend
-from osmosis_server import RolloutClient, RolloutConflict, RolloutRequest, RolloutStatus, ServerSettings
+from osmosis_server import RolloutStatus, ServerSettings
+from osmosis_trainer import RolloutClient, RolloutConflict, RolloutRequest
 
 REFERENCE = os.environ.get("OSMOSIS_AI_PYTHON")
 pytestmark = [

@@ -16,7 +16,8 @@ from workflows import OneCall
 
 from osmosis_core import LocalBackend
 from osmosis_core.testing import ScriptedPolicyServer
-from osmosis_server import RolloutClient, RolloutRequest, ServerSettings
+from osmosis_server import ServerSettings
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 pytestmark = pytest.mark.together  # with osmosis-gateway installed beside this plugin
 
