@@ -51,3 +51,13 @@ class Leaky(AgentWorkflow):
         if ctx.metadata.get("fail"):
             raise ValueError(f"refusing key {key}")
         return [*ctx.prompt, {"role": "system", "content": f"the key was {key}"}, reply]
+
+
+class TwoCallsOfItsOwn(AgentWorkflow):
+    """Two calls to the policy, each with sampling settings of the workflow's own (as agents set them)."""
+
+    async def run(self, ctx: AgentWorkflowContext) -> list[dict]:
+        first = await chat_completion(ctx.prompt, temperature=0.2, top_p=0.5, max_tokens=512)
+        history = [*ctx.prompt, first, {"role": "user", "content": "And once more?"}]
+        second = await chat_completion(history, temperature=0.2, top_p=0.5, max_tokens=512)
+        return [*history, second]
