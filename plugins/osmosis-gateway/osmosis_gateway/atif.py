@@ -394,6 +394,8 @@ class _Builder:
         }
         if call.error:
             extra["error"] = call.error
+        if call.sampling:
+            extra["sampling"] = call.sampling  # the trainer's settings, set over the request's
         if skipped:
             extra["skipped_messages"] = skipped  # entries of the request's messages that were no message
         step["extra"] = extra

@@ -153,7 +153,7 @@ def test_every_status_of_the_protocol_is_provoked_and_documented(serve):
     wire_fields = {
         "rollout_id", "initial_messages", "chat_completions_url", "llm_api_key", "label", "metadata", "grade",
         "agent_timeout_sec", "grader_timeout_sec", "extra_fields", "callback_url", "callback_api_key", "model",
-        "row", "sample_index",
+        "row", "sample_index", "sampling_params", "policy_version",
     }  # fmt: skip
     assert set(document["components"]["schemas"]["SubmitBody"]["properties"]) == wire_fields
     assert set(SUBMIT_FIELDS) == wire_fields

@@ -125,6 +125,9 @@ class TraceCall:
     latency_sec: float = 0.0
     model: str | None = None
     policy_version: str | None = None
+    sampling: dict[str, Any] | None = None
+    """The trainer's sampling settings the gateway set on this call, as sent upstream (over what the
+    rollout sent, which :attr:`request` keeps); None when it set none."""
     _request: dict[str, Any] | bytes = attrs.field(factory=dict, alias="request", eq=_request_key, repr=False)
     """:attr:`request`, or its JSON text as the gateway keeps it (a fifth of the memory of the dicts)."""
     response: dict[str, Any] | None = None
