@@ -55,8 +55,8 @@ import attrs
 
 from osmosis_core import ErrorCategory, ExecutionResult, ExecutionStatus
 from osmosis_core.frontend import finite_json
-from osmosis_trainer.wire import LEASE_HEADER, RolloutStatus, retry_after_seconds  # shared with the client
 from osmosis_core.plugin import SAMPLING_PARAMS, sampling_problems, sampling_schema
+from osmosis_trainer.wire import LEASE_HEADER, RolloutStatus, retry_after_seconds  # shared with the client
 
 if TYPE_CHECKING:
     import cattrs
