@@ -54,7 +54,6 @@ from typing import TYPE_CHECKING, Any, Final, NewType
 import attrs
 
 from osmosis_core import ErrorCategory, ExecutionResult, ExecutionStatus
-from osmosis_core.frontend import finite_json
 from osmosis_core.plugin import SAMPLING_PARAMS, sampling_problems, sampling_schema
 from osmosis_trainer.wire import LEASE_HEADER, RolloutStatus, retry_after_seconds  # shared with the client
 
@@ -567,6 +566,26 @@ def body_schema(model: type[Any]) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------------
 
 
+def _nonfinite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_nonfinite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_nonfinite(v) for v in value)
+    return False
+
+
+def _finite(metrics: dict[str, Any]) -> Any:
+    """``metrics`` with each NaN or infinity spelled as ``results.jsonl`` spells it (the core's rule,
+    imported only then: this module stays light)."""
+    if not _nonfinite(metrics):
+        return metrics
+    from osmosis_core.frontend import finite_json
+
+    return finite_json(metrics)
+
+
 def result_document(result: ExecutionResult, *, label: Any = None, lease_expired: bool = False) -> dict[str, Any]:
     """The wire form of a rollout's final result (the reference's shape, plus ours).
 
@@ -583,7 +602,7 @@ def result_document(result: ExecutionResult, *, label: Any = None, lease_expired
         sample_doc = {
             "messages": sample.messages,
             "reward": reward,
-            "metrics": finite_json(sample.metrics),  # (a NaN metric as "NaN", as results.jsonl holds it)
+            "metrics": _finite(sample.metrics),  # (a NaN metric as "NaN", as results.jsonl holds it)
             "label": label if isinstance(label, str) else None,
             "remove_sample": False,
             "extra_fields": {},
