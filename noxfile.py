@@ -15,6 +15,10 @@ Sessions (`nox -l` lists them):
                             3.10 installed here: its tests (the client's against osmosis serve run by a
                             Python >= 3.12 of its own, as a trainer and its rollout server run), and
                             mypy --strict for Python 3.10
+  train                     osmosis-trainer with TRL, torch and transformers on Python 3.11 (pip: the CPU build
+                            of torch 2.13.0 lies on this disk for 3.11): the TRL adapter against TRL's real
+                            GRPOTrainer, the live policy server, and the proof that a model learns (a tiny
+                            model trained with GRPO through osmosis serve --traces, its figures printed)
   plugins_all               every plugin installed together: pip check, no name clashes, and the tests that
                             need other plugins beside their own (marked `together`; the rest ran alone)
   bench                     the benchmarks in bench/ (not run by default)
@@ -188,7 +192,29 @@ def trainer(session: nox.Session) -> None:
         session.run("mypy", "--strict", "--python-version", TRAINER_PYTHONS[0], "osmosis_trainer")
     session.env["OSMOSIS_TRAINER_ALONE"] = "1"
     session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
-    session.run("pytest", "tests", "-m", "not together", *session.posargs)
+    session.run("pytest", "tests", "-m", "not together and not torch", *session.posargs)
+
+
+TRAIN_PYTHON = "3.11"
+"""The train session's Python: a CPU build of torch 2.13.0 lies on this disk for it, and pip takes it
+(uv does not look there; from the index, torch on 3.12 is a CUDA build of several GB)."""
+
+
+@nox.session(python=TRAIN_PYTHON, venv_backend="venv")
+def train(session: nox.Session) -> None:
+    """osmosis-trainer with torch, transformers and TRL (the tests marked ``torch``): the TRL adapter
+    against TRL's real GRPOTrainer, the live policy server, and a tiny model that learns through
+    ``osmosis serve --traces`` (run by a Python >= 3.12 of its own, as in a deployment). pip, not uv,
+    installs it: see TRAIN_PYTHON."""
+    folder = ROOT / "plugins" / TRAINER
+    constraints = ["-c", str(ROOT / "test-constraints.txt")]
+    session.install(*constraints, "-e", f"plugins/{TRAINER}", *_group("test", folder), *_group("train", folder))
+    _compile_sources(session, f"plugins/{TRAINER}")
+    session.run("python", "-m", "pip", "check", silent=True)
+    serve_python = _serve_python(session)
+    session.chdir(folder)
+    session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
+    session.run("pytest", "tests", "-m", "torch", *session.posargs)
 
 
 _WITHOUT_CORE = """

@@ -8,6 +8,7 @@ that need a server are skipped with that reason, and every other test still runs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -33,6 +34,18 @@ os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempd
 @pytest.fixture(autouse=True)
 def _no_ambient_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OSMOSIS_SERVER_TOKEN", raising=False)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for the module (the torch tests): a tiny model generates 15 times faster
+    on one thread than on two when the other core is busy (osmosis serve, another session)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def serve_python() -> str | None:
@@ -103,36 +116,58 @@ class LiveServer:
     run_dir: Path
 
 
-@pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+@attrs.frozen
+class RolloutServer:
+    """``osmosis serve CONFIG`` in a process of its own (``$OSMOSIS_SERVE_PYTHON``)."""
+
+    url: str
+    token: str
+    run_dir: Path
+
+
+def _serve_python_or_skip() -> str:
     python = serve_python()
     if python is None:
         pytest.skip(
             "needs a rollout server: set OSMOSIS_SERVE_PYTHON to a Python with osmosis-server and "
             "osmosis-gateway installed (the trainer nox session does)"
         )
-    folder = tmp_path_factory.mktemp("serve")
+    return python
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OSMOSIS_", "PYTHONPATH", "VIRTUAL_ENV"))}
+
+
+@contextlib.contextmanager
+def rollout_server(config: Path, folder: Path, *, traces: bool = True) -> Iterator[RolloutServer]:
+    """``osmosis serve CONFIG [--traces]`` on a free port, its run folder in ``folder/run``; ended at exit."""
+    python = _serve_python_or_skip()
+    folder.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(24)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OSMOSIS_", "PYTHONPATH", "VIRTUAL_ENV"))}
+    args = [str(Path(python).parent / "osmosis"), "serve", str(config), "--port", "0", "--grace", "1"]
+    args += ["--output", str(folder / "run"), *(["--traces"] if traces else [])]
+    server = _Child(
+        args, banner="listening on ", env={**_clean_env(), "OSMOSIS_SERVER_TOKEN": token}, log=folder / "serve.log"
+    )
+    try:
+        yield RolloutServer(server.url, token, folder / "run")
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    python = _serve_python_or_skip()
+    folder = tmp_path_factory.mktemp("serve")
     policy = _Child(
         [python, "-m", "osmosis_core.testing.policy_server", "--port", "0", "--flavor", "vllm", "--watch-stdin"],
         banner="listening on ",
-        env=env,
+        env=_clean_env(),
         log=folder / "policy.log",
     )
-    osmosis = str(Path(python).parent / "osmosis")
     try:
-        server = _Child(
-            [osmosis, "serve", str(CONFIG), "--port", "0", "--traces", "--output", str(folder / "run"), "--grace", "1"],
-            banner="listening on ",
-            env={**env, "OSMOSIS_SERVER_TOKEN": token},
-            log=folder / "serve.log",
-        )
-    except BaseException:
-        policy.close()
-        raise
-    try:
-        yield LiveServer(server.url, token, policy.url, folder / "run")
+        with rollout_server(CONFIG, folder) as server:
+            yield LiveServer(server.url, server.token, policy.url, server.run_dir)
     finally:
-        server.close()
         policy.close()
