@@ -10,6 +10,15 @@ Sessions (`nox -l` lists them):
   plugin(plugin='<name>')   the core plus one plugin from plugins/ (and the plugins/ folders it depends
                             on, e.g. osmosis-openai): its tests and mypy --strict
                             (osmosis-server's also against osmosis-ai 0.3.8, in a venv of its own)
+  trainer-3.10, trainer-3.11, trainer-3.12, trainer-3.13
+                            osmosis-trainer installed alone (no osmosis-core: checked), on every Python from
+                            3.10 installed here: its tests (the client's against osmosis serve run by a
+                            Python >= 3.12 of its own, as a trainer and its rollout server run), and
+                            mypy --strict for Python 3.10
+  train                     osmosis-trainer with TRL, torch and transformers on Python 3.11 (pip: the CPU build
+                            of torch 2.13.0 lies on this disk for 3.11): the TRL adapter against TRL's real
+                            GRPOTrainer, the live policy server, and the proof that a model learns (a tiny
+                            model trained with GRPO through osmosis serve --traces, its figures printed)
   plugins_all               every plugin installed together: pip check, no name clashes, and the tests that
                             need other plugins beside their own (marked `together`; the rest ran alone)
   bench                     the benchmarks in bench/ (not run by default)
@@ -41,6 +50,7 @@ ROOT = Path(__file__).parent
 # the versions of every test tool, written once: the dependency groups name the tools without one
 os.environ["UV_CONSTRAINT"] = str(ROOT / "test-constraints.txt")
 SUPPORTED = ("3.12", "3.13")
+TRAINER_SUPPORTED = ("3.10", "3.11", "3.12", "3.13")  # osmosis-trainer: what a trainer's image runs
 
 
 def _installed(version: str) -> bool:
@@ -51,7 +61,12 @@ def _installed(version: str) -> bool:
 
 
 PYTHONS = [v for v in SUPPORTED if _installed(v)] or [SUPPORTED[0]]
-PLUGINS = sorted(p.name for p in (ROOT / "plugins").glob("osmosis-*") if (p / "pyproject.toml").is_file())
+TRAINER_PYTHONS = [v for v in TRAINER_SUPPORTED if _installed(v)] or [SUPPORTED[0]]
+TRAINER = "osmosis-trainer"
+LOCAL = sorted(p.name for p in (ROOT / "plugins").glob("osmosis-*") if (p / "pyproject.toml").is_file())
+"""Every distribution in plugins/ (installed from here: they are not on an index)."""
+PLUGINS = [p for p in LOCAL if p != TRAINER]
+"""The ones a `plugin` session runs with the core; osmosis-trainer runs without it, in `trainer`."""
 
 
 def _group(name: str, project: Path = ROOT) -> list[str]:
@@ -72,7 +87,7 @@ def _local_deps(plugin: str) -> list[str]:
         requires = nox.project.load_toml(ROOT / "plugins" / todo.pop() / "pyproject.toml")["project"]["dependencies"]
         for requirement in requires:
             name = Requirement(requirement).name
-            if name in PLUGINS and name not in found:
+            if name in LOCAL and name not in found:
                 found.append(name)
                 todo.append(name)
     return sorted(found)
@@ -129,7 +144,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     # import-linter reads the sources; the packages need to be findable, not their dependencies
-    session.install("--no-deps", "-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")])
+    session.install("--no-deps", "-e", ".", *[arg for p in LOCAL for arg in ("-e", f"plugins/{p}")])
     session.run("lint-imports")
 
 
@@ -156,7 +171,72 @@ def plugin(session: nox.Session, plugin: str | None) -> None:
     session.run("mypy", "--strict", f"plugins/{plugin}/{_package(plugin)}")
     if plugin == "osmosis-server":
         _reference_sdk(session)
-    session.run("pytest", f"plugins/{plugin}/tests", *session.posargs)
+    # the tests marked `together` need other plugins beside this one: plugins_all runs them
+    session.run("pytest", f"plugins/{plugin}/tests", "-m", "not together", *session.posargs)
+
+
+@nox.session(python=TRAINER_PYTHONS)
+def trainer(session: nox.Session) -> None:
+    """osmosis-trainer alone, as a trainer's image installs it (Python 3.10+, no osmosis-core): its tests.
+    Its client's tests drive a real ``osmosis serve --traces``, run by a Python >= 3.12 in a virtualenv of
+    its own (osmosis-server, osmosis-gateway and their plugins/ dependencies), shared by every Python."""
+    folder = ROOT / "plugins" / TRAINER
+    session.install("-e", f"plugins/{TRAINER}", *_group("test", folder))
+    _compile_sources(session, f"plugins/{TRAINER}")
+    _pip_check(session)
+    serve_python = _serve_python(session)
+    session.chdir(folder)  # not the clone's root, where `python -c` would find osmosis_core in the folder
+    session.run("python", "-c", _WITHOUT_CORE)
+    if session.python == TRAINER_PYTHONS[0]:  # the oldest: what 3.10 lacks (StrEnum, asyncio.timeout) is an error
+        session.install("mypy")
+        session.run("mypy", "--strict", "--python-version", TRAINER_PYTHONS[0], "osmosis_trainer")
+    session.env["OSMOSIS_TRAINER_ALONE"] = "1"
+    session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
+    session.run("pytest", "tests", "-m", "not together and not torch", *session.posargs)
+
+
+TRAIN_PYTHON = "3.11"
+"""The train session's Python: a CPU build of torch 2.13.0 lies on this disk for it, and pip takes it
+(uv does not look there; from the index, torch on 3.12 is a CUDA build of several GB)."""
+
+
+@nox.session(python=TRAIN_PYTHON, venv_backend="venv")
+def train(session: nox.Session) -> None:
+    """osmosis-trainer with torch, transformers and TRL (the tests marked ``torch``): the TRL adapter
+    against TRL's real GRPOTrainer, the live policy server, and a tiny model that learns through
+    ``osmosis serve --traces`` (run by a Python >= 3.12 of its own, as in a deployment). pip, not uv,
+    installs it: see TRAIN_PYTHON."""
+    folder = ROOT / "plugins" / TRAINER
+    constraints = ["-c", str(ROOT / "test-constraints.txt")]
+    session.install(*constraints, "-e", f"plugins/{TRAINER}", *_group("test", folder), *_group("train", folder))
+    _compile_sources(session, f"plugins/{TRAINER}")
+    session.run("python", "-m", "pip", "check", silent=True)
+    serve_python = _serve_python(session)
+    session.chdir(folder)
+    session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
+    session.run("pytest", "tests", "-m", "torch", *session.posargs)
+
+
+_WITHOUT_CORE = """
+import importlib.util, sys
+assert importlib.util.find_spec("osmosis_core") is None, "osmosis-core is installed beside osmosis-trainer"
+import osmosis_trainer
+print("osmosis-trainer", osmosis_trainer.__version__, "alone on Python", sys.version.split()[0])
+"""
+
+
+def _serve_python(session: nox.Session) -> str:
+    """The Python of a virtualenv beside the sessions' with osmosis serve in it (made once, then reused)."""
+    venv = Path(session.virtualenv.location).parent / "trainer-serve"
+    python = venv / "bin" / "python"
+    serve = ["osmosis-server", "osmosis-gateway"]
+    local = sorted({*serve, *(dep for p in serve for dep in _local_deps(p))})
+    if not python.exists():
+        found = shutil.which(f"python{PYTHONS[0]}")
+        session.run("uv", "venv", "-q", "--python", found or PYTHONS[0], str(venv), external=True)
+    editable = [arg for path in (".", *(f"plugins/{p}" for p in local)) for arg in ("-e", path)]
+    session.run("uv", "pip", "install", "-q", "--python", str(python), *editable, external=True)
+    return str(python)
 
 
 REFERENCE_SDK = "osmosis-ai[server]==0.3.8"
@@ -180,12 +260,12 @@ def plugins_all(session: nox.Session) -> None:
     test already ran in its plugin's own session; running it again here doubled the matrix's time."""
     if not PLUGINS:
         session.skip("no plugins in plugins/ yet")
-    tests = [dep for p in PLUGINS for dep in _group("test", ROOT / "plugins" / p)]
-    session.install("-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")], *_group("test"), *tests)
+    tests = [dep for p in LOCAL for dep in _group("test", ROOT / "plugins" / p)]
+    session.install("-e", ".", *[arg for p in LOCAL for arg in ("-e", f"plugins/{p}")], *_group("test"), *tests)
     _compile_sources(session, "osmosis_core", "plugins")
     _pip_check(session)
     session.run("python", "-c", _NO_CONFLICTS)
-    session.run("pytest", "-m", "together", *(f"plugins/{p}/tests" for p in PLUGINS), *session.posargs)
+    session.run("pytest", "-m", "together", *(f"plugins/{p}/tests" for p in LOCAL), *session.posargs)
 
 
 def _pip_check(session: nox.Session) -> None:
@@ -207,7 +287,7 @@ print("plugins:", ", ".join(f"{p.name} ({p.provider})" for p in registry.plugins
 def bench(session: nox.Session) -> None:
     """The benchmarks, with every plugin installed: overhead and throughput ratios (printed, not asserted)."""
     # pebble: bench/graders.py measures the CAS pool against pebble's ProcessPool (bench/_pebble_cas.py)
-    session.install("-e", ".", *[arg for p in PLUGINS for arg in ("-e", f"plugins/{p}")], "httpx", "pebble")
+    session.install("-e", ".", *[arg for p in LOCAL for arg in ("-e", f"plugins/{p}")], "httpx", "pebble")
     _compile_sources(session, "osmosis_core", "plugins")
     for script in sorted((ROOT / "bench").glob("[!_]*.py")):  # _name.py: a module the scripts import
         session.run("python", str(script), *session.posargs)

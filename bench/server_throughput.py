@@ -112,7 +112,7 @@ class Served:
 
 async def drive(url: str, token: str, n: int, concurrency: int, policy_url: str, tag: str) -> float:
     from osmosis_core.plugin import http_scope
-    from osmosis_server import RolloutClient, RolloutRequest
+    from osmosis_trainer import RolloutClient, RolloutRequest
 
     client = RolloutClient(url, token=token)
     requests = (

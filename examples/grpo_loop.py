@@ -3,8 +3,9 @@
 This is the trainer's side of the picture: it is where verl, SkyRL, TRL or your own loop plug in.
 Each step takes a batch of dataset rows, asks the rollout server for ``n`` samples of each row
 against the *current* policy endpoint, groups the rewards per row, and computes group-relative
-advantages ``(r - mean) / (std + eps)``; a real trainer would then update the model on those
-(samples, advantages) and publish the new weights to its inference server.
+advantages ``(r - mean) / (std + eps)`` with ``osmosis_trainer.group_advantages`` (a failed rollout is
+left out of its group: no advantage, and not counted as a 0); a real trainer would then update the
+model on those (samples, advantages) and publish the new weights to its inference server.
 
 With no arguments it brings everything up itself on this machine:
 
@@ -34,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +58,18 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
-    """GRPO's group-relative advantages: each reward against its row's group."""
-    mean = statistics.fmean(rewards)
-    std = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
-    return [(r - mean) / (std + eps) for r in rewards]
+def advantages(rewards: list[float]) -> list[float]:
+    """GRPO's group-relative advantages of one group's rewards (none of them missing)."""
+    from osmosis_trainer import group_advantages
+
+    return [a if a is not None else 0.0 for a in group_advantages(rewards, len(rewards))]
 
 
 async def train(args: argparse.Namespace, server_url: str, token: str | None, policy_url: str, noisy: Any) -> None:
-    from osmosis_core.plugin import http_scope
-    from osmosis_server import RolloutClient, RolloutRequest
+    from osmosis_trainer import RolloutClient, RolloutRequest, group_advantages, order_results
 
     rows = read_rows(Path(args.dataset))
-    client = RolloutClient(server_url, token=token)
-    async with http_scope():
+    async with RolloutClient(server_url, token=token) as client:
         health = await client.health()
         print(f"rollout server {server_url}: backend runs {health.get('max_concurrency', '?')} at once")
         for step in range(1, args.steps + 1):
@@ -89,26 +87,25 @@ async def train(args: argparse.Namespace, server_url: str, token: str | None, po
                 for index, row in batch
                 for k in range(args.n)
             ]
-            where = {request.rollout_id: (request.row, request.sample_index) for request in requests}
             started = time.perf_counter()
-            groups: dict[int, list[tuple[int, float]]] = defaultdict(list)
-            failed = 0
-            async for result in client.run_many(requests, concurrency=args.concurrency):  # in completion order
-                row_index, sample_index = where[result.rollout_id]
-                reward = result.reward if result.ok and result.reward is not None else 0.0  # a failure scores 0
-                failed += not result.ok
-                groups[row_index].append((sample_index, reward))
+            finished = [r async for r in client.run_many(requests, concurrency=args.concurrency)]  # completion order
+            results = order_results(requests, finished)  # back in the requests' order: n in a row per row
             spent = time.perf_counter() - started
-            every = [r for group in groups.values() for _, r in group]
+            # a failed rollout has no reward: it is left out of its group's mean and std, never scored 0
+            rewards = [r.reward if r.ok else None for r in results]
+            advantage = group_advantages(rewards, args.n)
+            failed = sum(not r.ok for r in results)
+            every = [r for r in rewards if r is not None]
+            mean = f"{statistics.fmean(every):.2f}" if every else "-"
             print(
                 f"step {step}: {len(batch)} rows x {args.n} samples in {spent:.1f}s, "
-                f"mean reward {statistics.fmean(every):.2f}{f', {failed} failed' if failed else ''}"
+                f"mean reward {mean}{f', {failed} failed' if failed else ''}"
             )
-            for index, group in sorted(groups.items()):
-                rewards = [r for _, r in sorted(group)]
-                adv = advantages(rewards)
-                shown = " ".join(f"{r:g}" for r in rewards)
-                print(f"  row {index:3d}  rewards {shown}  advantages {' '.join(f'{a:+.2f}' for a in adv)}")
+            for start in range(0, len(results), args.n):
+                index = requests[start].row
+                shown = " ".join("-" if r is None else f"{r:g}" for r in rewards[start : start + args.n])
+                adv = " ".join("-" if a is None else f"{a:+.2f}" for a in advantage[start : start + args.n])
+                print(f"  row {index:3d}  rewards {shown}  advantages {adv}")
             # <- a real trainer: update the policy on (samples, advantages) here, then publish the new
             #    weights to the inference server behind policy_url (verl / SkyRL / TRL do this part)
             if noisy is not None:

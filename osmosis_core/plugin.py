@@ -67,6 +67,12 @@ if TYPE_CHECKING:
     from osmosis_core.lifecycle import run_grader as run_grader
     from osmosis_core.lifecycle import run_workflow as run_workflow
     from osmosis_core.policy import chat_completion_problem as chat_completion_problem
+    from osmosis_core.sampling import SAMPLING_PARAMS as SAMPLING_PARAMS
+    from osmosis_core.sampling import apply_sampling as apply_sampling
+    from osmosis_core.sampling import check_sampling as check_sampling
+    from osmosis_core.sampling import sampling_overrides as sampling_overrides
+    from osmosis_core.sampling import sampling_problems as sampling_problems
+    from osmosis_core.sampling import sampling_schema as sampling_schema
     from osmosis_core.templates import GUIDES_ROOT as GUIDES_ROOT
     from osmosis_core.templates import MULTIPLY_DATASET as MULTIPLY_DATASET
     from osmosis_core.templates import GraderSpec as GraderSpec
@@ -119,6 +125,14 @@ _public_getattr, __dir__, __all__ = _reexport.attach(
         "hookspecs": ["hookimpl"],
         "lifecycle": ["Rollout", "run_grader", "run_workflow"],
         "policy": ["chat_completion_problem"],
+        "sampling": [
+            "SAMPLING_PARAMS",
+            "apply_sampling",
+            "check_sampling",
+            "sampling_overrides",
+            "sampling_problems",
+            "sampling_schema",
+        ],
         "templates": ["GUIDES_ROOT", "GraderSpec", "MULTIPLY_DATASET", "TemplateSpec", "multiply_template"],
         "traces": ["SharedGateways", "TraceGateway"],
         "wire": [

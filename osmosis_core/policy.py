@@ -6,9 +6,10 @@
 
 It posts to the active rollout's endpoint with the rollout id header and the bearer key, over
 the running loop's shared aiohttp session (:func:`osmosis_core.plugin.http_request`),
-never more than once per call. Any failure (unreachable, 4xx/5xx, a malformed answer, a body
-over the endpoint's ``max_response_bytes``) raises :class:`PolicyError`, which the backend
-reports as ``policy_error``; the key and header values never appear in the message.
+never more than once per call, with a trainer's sampling settings (``policy.sampling``, when it
+gave some) set over the ones the call names. Any failure (unreachable, 4xx/5xx, a malformed
+answer, a body over the endpoint's ``max_response_bytes``) raises :class:`PolicyError`, which the
+backend reports as ``policy_error``; the key and header values never appear in the message.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from osmosis_core.context import get_rollout_context
 from osmosis_core.errors import PolicyError, clip
 from osmosis_core.records import Message
+from osmosis_core.sampling import apply_sampling
 
 __all__ = ["chat_completion", "chat_completion_problem", "chat_completion_response"]
 
@@ -37,6 +39,8 @@ async def chat_completion_response(
     body: dict[str, Any] = {"model": policy.model, "messages": messages, **params}
     if tools:
         body["tools"] = tools
+    if policy.sampling is not None:  # the trainer's, over the workflow's
+        apply_sampling(body, policy.sampling)
     secrets = policy.secrets()
     try:
         async with http_request("POST", url, json=body, headers=rollout.headers()) as response:
@@ -78,7 +82,8 @@ async def chat_completion(
 
     :param messages: the conversation so far (chat-completions dicts).
     :param tools: OpenAI-format tool definitions, if the model may call tools.
-    :param params: any other request field (``temperature``, ``max_tokens``, ...).
+    :param params: any other request field (``temperature``, ``max_tokens``, ...); a trainer's
+        sampling settings (``policy.sampling``) win over the ones given here.
     :raises PolicyError: the endpoint failed.
     """
     data = await chat_completion_response(messages, tools=tools, **params)

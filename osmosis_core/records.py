@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 
+from osmosis_core.sampling import check_sampling
+
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
     "RETRYABLE_CATEGORIES",
@@ -85,6 +87,13 @@ class ErrorInfo:
         return f"{self.category}: {self.message}"
 
 
+def _to_sampling(value: Any) -> dict[str, Any] | None:
+    """None, or the settings checked (:func:`~osmosis_core.sampling.check_sampling`); none set is None."""
+    if value is None:
+        return None
+    return check_sampling(value) or None
+
+
 @attrs.frozen
 class PolicyEndpoint:
     """Where a rollout reaches its policy model: an OpenAI-compatible chat-completions API.
@@ -92,6 +101,14 @@ class PolicyEndpoint:
     ``base_url`` is the API root (``http://127.0.0.1:8000/v1``); clients post to
     ``{base_url}/chat/completions``. The API key and the headers are kept out of ``repr`` and out of
     every file (:meth:`secrets`).
+
+    ``sampling`` is the trainer's sampling settings for the rollout (``osmosis serve``'s
+    ``sampling_params``): every model call to this endpoint gets them over what the agent asked for
+    (:mod:`osmosis_core.sampling`). They are no secret: they travel with the endpoint to a worker, an
+    actor or a Harbor trial.
+
+    >>> PolicyEndpoint("http://127.0.0.1:8000/v1", "m", sampling={"temperature": 1, "top_k": None})
+    PolicyEndpoint(base_url='http://127.0.0.1:8000/v1', model='m', sampling={'temperature': 1.0})
     """
 
     base_url: str
@@ -101,6 +118,8 @@ class PolicyEndpoint:
     """Extra headers for every call; their values are treated as secrets like the key."""
     max_response_bytes: int = attrs.field(default=DEFAULT_MAX_RESPONSE_BYTES, repr=False)
     """The largest response body read from the endpoint; a larger one is a ``policy_error``."""
+    sampling: dict[str, Any] | None = attrs.field(default=None, kw_only=True, converter=_to_sampling)
+    """The trainer's sampling settings, set over the agent's on every call (None: the agent's own go out)."""
 
     def secrets(self) -> tuple[str, ...]:
         """The values no message, log line or file may show: the key and the extra headers' values."""

@@ -13,15 +13,24 @@ A backend, ``osmosis serve`` or a trainer's own loop needs three calls of :class
     request = attrs.evolve(request, policy=gateway.open_rollout(request.rollout_id))
     ...                                     # run the rollout
     line = gateway.pop_trace(request.rollout_id).to_json()
+
+A trainer's policy version and sampling settings for a rollout go to ``open_rollout`` as keywords
+(``policy_version=``, ``sampling=``) where the gateway takes them; :class:`SharedGateways` (what
+``osmosis serve --traces`` keeps) passes them from the rollout's request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import attrs
 
 from osmosis_core.errors import ConfigError, clip
 
@@ -42,6 +51,8 @@ __all__ = [
     "traces_enabled",
     "write_trace_line",
 ]
+
+log = logging.getLogger(__name__)
 
 TRACES = "traces.jsonl"
 """The run folder's trace file: one line per finished rollout, like ``results.jsonl``."""
@@ -65,7 +76,15 @@ class TraceGateway(Protocol):
         """Stop listening."""
 
     def open_rollout(self, rollout_id: str) -> PolicyEndpoint:
-        """Register a rollout; the endpoint its model calls go to."""
+        """Register a rollout; the endpoint its model calls go to.
+
+        A gateway may also take the keywords ``policy_version`` (a string recorded on each call of
+        the rollout) and ``sampling`` (a trainer's checked settings, :mod:`osmosis_core.sampling`,
+        set over what the rollout sends on each call it forwards, the rollout's values kept in the
+        trace as sent), as ``osmosis_gateway.PolicyGateway`` does. :class:`SharedGateways` passes
+        each only when a rollout has one, and only to a gateway whose ``open_rollout`` names it (or
+        takes ``**kwargs``); a gateway without them keeps working (see :meth:`SharedGateways.open`).
+        """
 
     def pop_trace(self, rollout_id: str) -> RolloutTraceLike | None:
         """Take a finished rollout's trace out of the gateway."""
@@ -113,6 +132,64 @@ def trace_line(rollout_id: str, row_index: int, sample_index: int, trace: Mappin
 def trace_from_line(line: Mapping[str, Any]) -> dict[str, Any]:
     """The trace a ``traces.jsonl`` line holds, as a result carries it (:func:`trace_line`'s inverse)."""
     return {key: value for key, value in line.items() if key not in ("row_index", "sample_index")}
+
+
+_warned: set[type] = set()
+"""The gateway classes a lost policy version was warned about (once each)."""
+
+
+def _open_rollout(
+    gateway: TraceGateway,
+    rollout_id: str,
+    *,
+    policy_version: str | None = None,
+    sampling: Mapping[str, Any] | None = None,
+) -> PolicyEndpoint:
+    """``gateway.open_rollout(rollout_id)`` with the keywords the rollout has and the gateway takes
+    (none given: called exactly so, as before the keywords were). Settings the gateway cannot apply
+    go with the endpoint returned, for the rollout's clients to apply; a version it cannot record is
+    lost, with a warning (once per gateway class)."""
+    options: dict[str, Any] = {}
+    if policy_version is not None:
+        options["policy_version"] = policy_version
+    if sampling is not None:
+        options["sampling"] = sampling
+    if not options:
+        return gateway.open_rollout(rollout_id)
+    kind = type(gateway)
+    takes = _keywords(kind) if callable(getattr(kind, "open_rollout", None)) else _signature(gateway.open_rollout)
+    taken = {name: value for name, value in options.items() if takes is None or name in takes}
+    endpoint: PolicyEndpoint = gateway.open_rollout(rollout_id, **taken)
+    if sampling is not None and "sampling" not in taken:
+        endpoint = attrs.evolve(endpoint, sampling=sampling)
+    if policy_version is not None and "policy_version" not in taken and kind not in _warned:
+        _warned.add(kind)
+        log.warning(
+            "the trace gateway %s takes no policy_version: its traces record none (rollout %s asked for %r)",
+            kind.__qualname__,
+            rollout_id,
+            policy_version,
+        )
+    return endpoint
+
+
+@functools.cache
+def _keywords(kind: type) -> frozenset[str] | None:
+    """The keyword names ``kind.open_rollout`` takes; None when it takes any (``**kwargs``)."""
+    return _signature(kind.open_rollout)  # type: ignore[attr-defined]
+
+
+def _signature(method: Any) -> frozenset[str] | None:
+    """The keyword names ``method`` takes; None when it takes any (``**kwargs``); none when it has
+    no signature to read."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return frozenset(p.name for p in parameters if p.kind in keyword)
 
 
 class SharedGateways:
@@ -165,11 +242,24 @@ class SharedGateways:
         headers = tuple(sorted(policy.headers.items()))
         return (policy.base_url, policy.model, policy.api_key, headers, policy.max_response_bytes)
 
-    async def open(self, policy: PolicyEndpoint, rollout_id: str) -> PolicyEndpoint:
+    async def open(
+        self, policy: PolicyEndpoint, rollout_id: str, *, policy_version: str | None = None
+    ) -> PolicyEndpoint:
         """The rollout's own endpoint on the gateway in front of ``policy`` (started when none is).
+
+        ``policy.sampling`` (a trainer's settings for this rollout) is handed to the gateway, which
+        sets it on each call it forwards and records it; ``policy_version`` is recorded on each call.
+        The gateway is made without them: rollouts with other settings share it. A gateway whose
+        ``open_rollout`` takes no ``sampling`` keyword (a third party's) leaves it to the rollout's
+        own clients: the endpoint returned carries the settings, so ``chat_completion`` and the agent
+        integrations set them (its trace then shows the trainer's values as the ones sent). One
+        that takes no ``policy_version`` records none; a warning says so, once per gateway.
 
         :raises ConfigError: no plugin provides a gateway, or it refused the settings.
         """
+        sampling = policy.sampling
+        if sampling is not None:
+            policy = attrs.evolve(policy, sampling=None)
         key = self.key(policy)
         async with self._lock:
             gateway = self._gateways.get(key)
@@ -183,7 +273,7 @@ class SharedGateways:
                         await gateway.aclose()
                     raise
                 self._gateways[key] = gateway
-            endpoint = gateway.open_rollout(rollout_id)
+            endpoint = _open_rollout(gateway, rollout_id, policy_version=policy_version, sampling=sampling)
             self._users[key] = self._users.get(key, 0) + 1
         return endpoint
 

@@ -241,17 +241,24 @@ def result_from_json(data: Any) -> ExecutionResult:
 
 
 def policy_to_json(policy: PolicyEndpoint) -> dict[str, Any]:
-    """The endpoint without its secrets: the key and the header *values* are left out (header names stay)."""
-    return {
+    """The endpoint without its secrets: the key and the header *values* are left out (header names
+    stay); the trainer's ``sampling`` settings go with it (no secret)."""
+    data = {
         "base_url": policy.base_url,
         "model": policy.model,
         "header_names": sorted(policy.headers),
         "max_response_bytes": policy.max_response_bytes,
     }
+    if policy.sampling is not None:
+        data["sampling"] = dict(policy.sampling)
+    return data
 
 
 def policy_from_json(data: Any, api_key: str | None, headers: dict[str, str] | None = None) -> PolicyEndpoint:
-    """The endpoint, with the key and header values the caller got another way (its environment)."""
+    """The endpoint, with the key and header values the caller got another way (its environment).
+
+    :raises ValueError: not an endpoint, or its ``sampling`` settings are not valid ones.
+    """
     if not isinstance(data, dict) or not isinstance(data.get("base_url"), str):
         raise ValueError(f"not a policy endpoint: {str(data)[:200]}")
     limit = data.get("max_response_bytes")
@@ -261,6 +268,7 @@ def policy_from_json(data: Any, api_key: str | None, headers: dict[str, str] | N
         api_key,
         dict(headers or {}),
         **({"max_response_bytes": int(limit)} if isinstance(limit, int) and not isinstance(limit, bool) else {}),
+        sampling=data.get("sampling"),
     )
 
 

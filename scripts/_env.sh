@@ -10,7 +10,7 @@ is_py312() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/nu
 find_python() {
   local c
   for c in python3.13 python3.12 python3 python; do
-    if command -v "$c" >/dev/null 2>&1 && is_py312 "$c"; then FOUND_PYTHON="$c"; return 0; fi
+    if command -v "$c" >/dev/null 2>&1 && is_py312 "$c"; then FOUND_PYTHON="$c"; pyenv_trainer_pythons; return 0; fi
   done
   if command -v pyenv >/dev/null 2>&1; then
     local versions
@@ -18,13 +18,27 @@ find_python() {
     if [ -n "$versions" ]; then
       export PYENV_VERSION="$versions"
       for c in python3.13 python3.12 python3; do
-        if command -v "$c" >/dev/null 2>&1 && is_py312 "$c"; then FOUND_PYTHON="$c"; return 0; fi
+        if command -v "$c" >/dev/null 2>&1 && is_py312 "$c"; then FOUND_PYTHON="$c"; pyenv_trainer_pythons; return 0; fi
       done
     fi
   fi
   echo "error: osmosis needs Python >= 3.12 and none was found on PATH (tried python3.13, python3.12, python3, python and pyenv)." >&2
   echo "Install one (e.g. apt-get install python3.12, or pyenv install 3.12) and run this again." >&2
   return 1
+}
+
+# With pyenv, the installed 3.10 and 3.11 are made visible too (python3.10, python3.11), after what
+# PYENV_VERSION already names (so python3 and every name that worked still mean the same Python): the
+# nox `trainer` session runs osmosis-trainer on each Python from 3.10. Without pyenv: nothing to do.
+pyenv_trainer_pythons() {
+  command -v pyenv >/dev/null 2>&1 || return 0
+  local current v
+  current=${PYENV_VERSION:-$(pyenv version-name 2>/dev/null)}
+  for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.1[01]\.[0-9]+$' | sort -t. -k2,2nr -k3,3nr); do
+    case ":$current:" in *":$v:"*) ;; *) current="${current:+$current:}$v" ;; esac
+  done
+  [ -n "$current" ] && export PYENV_VERSION="$current"
+  return 0
 }
 
 # Usage: make_venv -> exports ROOT (the clone) and PY (the python of $ROOT/.venv, made with a

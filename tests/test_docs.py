@@ -12,10 +12,11 @@ ROOT = Path(__file__).parent.parent
 def _sessions() -> set[str]:
     """The session names `nox -l` prints, read from noxfile.py without importing nox."""
     tree = ast.parse((ROOT / "noxfile.py").read_text())
-    supported: tuple[str, ...] = ()
+    supported: dict[str, tuple[str, ...]] = {}  # PYTHONS: from SUPPORTED; TRAINER_PYTHONS: TRAINER_SUPPORTED
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SUPPORTED" for t in node.targets):
-            supported = ast.literal_eval(node.value)
+        for target in node.targets if isinstance(node, ast.Assign) else ():
+            if isinstance(target, ast.Name) and target.id in ("SUPPORTED", "TRAINER_SUPPORTED"):
+                supported[target.id.replace("SUPPORTED", "PYTHONS")] = ast.literal_eval(node.value)
     names: set[str] = set()
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef):
@@ -24,8 +25,8 @@ def _sessions() -> set[str]:
             if not (isinstance(deco, ast.Call) and ast.unparse(deco.func) == "nox.session"):
                 continue
             python = next((k.value for k in deco.keywords if k.arg == "python"), None)
-            if python is not None and ast.unparse(python) == "PYTHONS":
-                names.update(f"{node.name}-{v}" for v in supported)
+            if python is not None and ast.unparse(python) in supported:
+                names.update(f"{node.name}-{v}" for v in supported[ast.unparse(python)])
             elif node.name == "plugin":
                 names.add("plugin(plugin='osmosis-<name>')")
             else:
@@ -35,7 +36,7 @@ def _sessions() -> set[str]:
 
 def test_the_readme_and_the_noxfile_name_every_session() -> None:
     sessions = _sessions()
-    assert {"tests-3.12", "tests-3.13", "lint", "types", "plugins_all"} <= sessions
+    assert {"tests-3.12", "tests-3.13", "lint", "types", "plugins_all", "trainer-3.10", "trainer-3.13"} <= sessions
     readme = (ROOT / "README.md").read_text()
     named = set(re.findall(r"`([^`\s]+)`", readme))
     assert sessions - named == set(), "README.md does not name these nox sessions"

@@ -52,10 +52,22 @@ def _needed(*names: str) -> tuple[dict[str, set[str]], dict[str, str]]:
 
 def test_each_distribution_brings_the_clones_osmosis_distributions_it_depends_on():
     wanted, why = _needed("osmosis-core", "osmosis-strands", "osmosis-harbor")
-    assert sorted(wanted) == ["osmosis-core", "osmosis-gateway", "osmosis-harbor", "osmosis-openai", "osmosis-strands"]
-    assert why == {"osmosis-gateway": "osmosis-harbor", "osmosis-openai": "osmosis-strands"}
+    assert sorted(wanted) == [
+        "osmosis-core",
+        "osmosis-gateway",
+        "osmosis-harbor",
+        "osmosis-openai",
+        "osmosis-strands",
+        "osmosis-trainer",
+    ]
+    assert why == {
+        "osmosis-gateway": "osmosis-harbor",
+        "osmosis-openai": "osmosis-strands",
+        "osmosis-trainer": "osmosis-gateway",
+    }
     assert sorted(_needed("openai-agents")[0]) == ["osmosis-core", "osmosis-openai", "osmosis-openai-agents"]
-    assert sorted(_needed("plugins/osmosis-gateway")[0]) == ["osmosis-core", "osmosis-gateway"]
+    assert sorted(_needed("plugins/osmosis-gateway")[0]) == ["osmosis-core", "osmosis-gateway", "osmosis-trainer"]
+    assert sorted(_needed("trainer")[0]) == ["osmosis-trainer"]  # a trainer's image: no osmosis-core
     # every osmosis name a pyproject.toml depends on is one the clone holds (none can come from an index)
     distributions = install.clone_distributions()
     assert len(distributions) == 1 + len(list((REPO / "plugins").glob("*/pyproject.toml")))

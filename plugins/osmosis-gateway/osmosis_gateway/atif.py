@@ -54,7 +54,7 @@ from collections import Counter
 from typing import Any, Final
 
 from osmosis_core import message_text
-from osmosis_gateway.trace import RolloutTrace, TraceCall
+from osmosis_trainer.trace import RolloutTrace, TraceCall
 
 __all__ = ["ATIF_VERSION", "trace_to_atif"]
 
@@ -394,6 +394,8 @@ class _Builder:
         }
         if call.error:
             extra["error"] = call.error
+        if call.sampling:
+            extra["sampling"] = call.sampling  # the trainer's settings, set over the request's
         if skipped:
             extra["skipped_messages"] = skipped  # entries of the request's messages that were no message
         step["extra"] = extra

@@ -51,6 +51,7 @@ from aiohttp import (
 from osmosis_core.frontend import finite_json
 from osmosis_core.plugin import (
     ResponseTooLarge,
+    apply_sampling,
     clip,
     cut_response,
     drop_connection,
@@ -66,7 +67,7 @@ from osmosis_gateway.adapters import (
     json_read,
     prepare_request,
 )
-from osmosis_gateway.trace import CallStatus, RolloutTrace, TraceCall
+from osmosis_trainer.trace import CallStatus, RolloutTrace, TraceCall
 
 if TYPE_CHECKING:
     from osmosis_gateway.gateway import Upstream
@@ -163,17 +164,27 @@ class ModelCall:
         "record",
         "request",
         "rollout_open",
+        "sampling",
         "sent",
         "started",
         "trace",
         "upstream",
     )
 
-    def __init__(self, upstream: Upstream, request: web.BaseRequest, trace: RolloutTrace, record: TraceCall) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        request: web.BaseRequest,
+        trace: RolloutTrace,
+        record: TraceCall,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
         self.upstream = upstream
         self.request = request
         self.trace = trace
         self.record = record
+        self.sampling = sampling
+        """The trainer's sampling settings, set over the request's before it goes upstream."""
         self.started = time.perf_counter()
         self.capture: CallCapture | None = None
         self.include_usage = False
@@ -294,6 +305,8 @@ class ModelCall:
             record.request = finite_json(sent)
         else:
             record.request = json_bytes(sent)  # (JSON text, read when the trace is)
+        if self.sampling is not None:  # the trainer's over the rollout's (the trace keeps what it sent)
+            record.sampling = apply_sampling(request, self.sampling)
         model = request.get("model")
         record.model = model if isinstance(model, str) else None
         record.stream = request.get("stream") is True

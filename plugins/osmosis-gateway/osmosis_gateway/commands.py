@@ -136,7 +136,7 @@ def export(run_dir: Path, fmt: str, output: Path | None) -> None:
     token ids it did not capture.
     """
     from osmosis_gateway.atif import trace_to_atif
-    from osmosis_gateway.trace import read_traces
+    from osmosis_trainer.trace import read_traces
 
     source = run_dir / "traces.jsonl"
     if not source.is_file():

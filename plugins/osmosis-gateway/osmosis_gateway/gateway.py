@@ -14,11 +14,15 @@ Routes (aiohttp's server, loopback by default):
   token (or the gateway's bearer); a rollout id that was not opened is refused (404), a token of
   another rollout too (403), no token at all with 401. The refusal is decided from the request's
   head: the body of a refused call is never held (aiohttp reads and drops it, then closes).
-* ``POST /v1/rollouts`` ``{"rollout_id": ..., "policy_version": ...}`` opens a rollout over HTTP
-  (gateway bearer): it answers ``{"rollout_id", "base_url", "api_key", "model"}``.
+* ``POST /v1/rollouts`` ``{"rollout_id": ..., "policy_version": ..., "sampling": {...}}`` opens a
+  rollout over HTTP (gateway bearer): it answers ``{"rollout_id", "base_url", "api_key", "model"}``.
 * ``GET /v1/rollouts/{rollout_id}/trace`` shows a trace; ``DELETE /v1/rollouts/{rollout_id}``
   takes it out (the gateway forgets the rollout). ``PUT /v1/policy_version`` sets the version
   recorded on later calls. ``GET /health`` needs no token.
+
+A trainer's sampling settings (``open_rollout(id, sampling=...)``, over the upstream endpoint's own
+``sampling``) are set on each call of the rollout over what it sent (:mod:`osmosis_core.sampling`):
+the trace keeps the rollout's request as sent, and the settings applied in ``TraceCall.sampling``.
 
 Each call is forwarded with the upstream's key, which no rollout, trace, log line or error ever
 holds (:mod:`osmosis_gateway.call` says how a call is sent, answered and recorded). The adapter
@@ -45,6 +49,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import quote, unquote
@@ -53,11 +58,18 @@ import aiohttp
 from aiohttp import web
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import KEEPALIVE_SEC, drop_connection, proxy_options, redact_data, start_http_server
+from osmosis_core.plugin import (
+    KEEPALIVE_SEC,
+    check_sampling,
+    drop_connection,
+    proxy_options,
+    redact_data,
+    start_http_server,
+)
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, json_bytes
 from osmosis_gateway.call import POLICY_VERSION_FIELD, ModelCall, error_response
 from osmosis_gateway.settings import READ_TIMEOUT_SEC
-from osmosis_gateway.trace import RolloutTrace, TraceCall
+from osmosis_trainer.trace import RolloutTrace, TraceCall
 
 __all__ = [
     "POLICY_VERSION_FIELD",
@@ -176,14 +188,23 @@ class Upstream:
 
 
 class _Slot:
-    """One open rollout: its token, its trace, its policy version, its calls in flight."""
+    """One open rollout: its token, its trace, its policy version and sampling settings, its calls in flight."""
 
-    __slots__ = ("calls", "next_index", "policy_version", "token", "trace")
+    __slots__ = ("calls", "next_index", "policy_version", "sampling", "token", "trace")
 
-    def __init__(self, rollout_id: str, token: str, capture: str, policy_version: str | None) -> None:
+    def __init__(
+        self,
+        rollout_id: str,
+        token: str,
+        capture: str,
+        policy_version: str | None,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
         self.token = token
         self.trace = RolloutTrace(rollout_id, capture="text" if capture == "openai" else "tokens")
         self.policy_version = policy_version
+        self.sampling = sampling
+        """The trainer's settings, set on each call over the rollout's (None: the rollout's own go out)."""
         self.next_index = 0
         self.calls: dict[ModelCall, asyncio.Task[Any] | None] = {}
         """The calls in flight, and the task that answers each."""
@@ -202,7 +223,8 @@ class _Slot:
 class PolicyGateway:
     """An OpenAI-compatible proxy in front of ``upstream`` that records each rollout's calls.
 
-    :param upstream: the inference server (its key and headers stay in the gateway).
+    :param upstream: the inference server (its key and headers stay in the gateway; its ``sampling``
+        settings, if any, are set on every call, under a rollout's own).
     :param adapter: how to ask it for tokens: ``vllm``, ``sglang`` or ``openai`` (text only).
     :param host: the address to listen on (loopback by default). Every route but ``/health`` needs a
         token on any address: a rollout's own, or the gateway's ``bearer``. The URLs the gateway hands
@@ -257,17 +279,32 @@ class PolicyGateway:
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self._port}/v1"
 
-    def open_rollout(self, rollout_id: str, *, policy_version: str | None = None) -> PolicyEndpoint:
+    def open_rollout(
+        self,
+        rollout_id: str,
+        *,
+        policy_version: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> PolicyEndpoint:
         """Register a rollout; return the endpoint its model calls go to (its own URL and token).
 
+        :param policy_version: recorded on each call of the rollout (a call's own header or field wins).
+        :param sampling: a trainer's sampling settings (:mod:`osmosis_core.sampling`), set on each call
+            of the rollout over what it sends (and over the upstream endpoint's ``sampling``); the
+            call's trace keeps the request as sent and the settings applied (``TraceCall.sampling``).
+            The endpoint returned carries none: the gateway applies them.
         :raises ValueError: the id is empty or holds a control character (:func:`check_rollout_id`),
-            or the rollout is already open (an id names one rollout).
+            the rollout is already open (an id names one rollout), or a sampling setting is unknown
+            or out of its range (named).
         """
         check_rollout_id(rollout_id)
         if rollout_id in self._slots:
             raise ValueError(f"rollout {rollout_id!r} is already open on this gateway")
+        applied = self.upstream.sampling
+        if sampling is not None:
+            applied = {**(applied or {}), **check_sampling(sampling)} or None
         token = secrets.token_urlsafe(18)
-        self._slots[rollout_id] = _Slot(rollout_id, token, self.adapter, policy_version)
+        self._slots[rollout_id] = _Slot(rollout_id, token, self.adapter, policy_version, applied)
         return PolicyEndpoint(
             f"{self.url}/rollouts/{quote(rollout_id, safe='')}",
             self.upstream.model,
@@ -416,16 +453,23 @@ class PolicyGateway:
             data = json.loads(await request.read())
             rollout_id = data["rollout_id"]
             version = data.get("policy_version")
+            sampling = data.get("sampling")
             if not isinstance(rollout_id, str) or not (version is None or isinstance(version, str)):
                 raise TypeError
         except (ValueError, KeyError, TypeError, AttributeError):
-            return error_response(400, 'expected {"rollout_id": "<string>", "policy_version": "<string, optional>"}')
+            return error_response(
+                400,
+                'expected {"rollout_id": "<string>", "policy_version": "<string, optional>", '
+                '"sampling": {"temperature": 1.0, ...} (optional)}',
+            )
         try:
             check_rollout_id(rollout_id)
+            if sampling is not None:
+                sampling = check_sampling(sampling)
         except ValueError as exc:
             return error_response(400, str(exc))
         try:
-            policy = self.open_rollout(rollout_id, policy_version=version)
+            policy = self.open_rollout(rollout_id, policy_version=version, sampling=sampling)
         except ValueError as exc:
             return error_response(409, str(exc))
         return _json(
@@ -469,7 +513,7 @@ class PolicyGateway:
         )
         slot.next_index += 1
         slot.trace.calls.append(record)
-        call = ModelCall(self._upstream, request, slot.trace, record)
+        call = ModelCall(self._upstream, request, slot.trace, record, slot.sampling)
         slot.calls[call] = asyncio.current_task()
         try:
             body = await request.read() if request.content.is_eof() else await _body(request)

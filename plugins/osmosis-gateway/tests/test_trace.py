@@ -1,100 +1,16 @@
-"""The trace record, the adapters' checks, and the trainer's view (prefix stitching, mask, counts)."""
+"""The adapters' checks (what the gateway captures from each upstream) and their trainer view (the trace
+record and the view themselves are tested in osmosis-trainer)."""
 
 from __future__ import annotations
 
 import json
 
-import cattrs
 import pytest
 from gateway_helpers import MULTIPLY_TOOL, QUESTION, post, run, stack
 
 from osmosis_core.testing.stub_tokens import THINK_BLOCK, render_prompt
-from osmosis_gateway import RolloutTrace, TraceCall, adapters, trace_from_json, trainer_view
+from osmosis_gateway import adapters, trainer_view
 from osmosis_gateway.adapters import prepare_request
-
-
-def call(i, prompt, generated, *, status="ok", version=None):
-    return TraceCall(
-        call_id=f"c{i}",
-        index=i,
-        status=status,
-        prompt_token_ids=prompt,
-        completion_token_ids=generated,
-        logprobs=None if generated is None else [-0.1 * (k + 1) for k in range(len(generated))],
-        policy_version=version,
-    )
-
-
-def test_calls_that_extend_each_other_make_one_sequence_with_a_mask_on_generated_tokens_only():
-    calls = [call(0, [1, 2], [3, 4], version="a"), call(1, [1, 2, 3, 4, 9, 9], [5], version="b")]
-    view = trainer_view(RolloutTrace("r", calls=calls))
-    (sequence,) = view.sequences
-    assert sequence.token_ids == [1, 2, 3, 4, 9, 9, 5]
-    assert sequence.loss_mask == [0, 0, 1, 1, 0, 0, 1]  # the tool tokens (9, 9) are not trained on
-    assert sequence.logprobs == [0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.1]
-    assert sequence.call_ids == ("c0", "c1")
-    assert sequence.policy_versions == ("a", "b")
-    assert sequence.prompt_length == 2
-    assert (view.prefix_breaks, view.generated_tokens, view.delivered_tokens) == (0, 3, 3)
-
-
-def test_a_rewritten_prompt_starts_a_new_sequence_and_is_counted():
-    calls = [call(0, [1, 2], [3]), call(1, [1, 2, 3, 7], [8]), call(2, [1, 2, 7], [9])]  # 2 drops token 3
-    view = trainer_view(RolloutTrace("r", calls=calls))
-    assert view.prefix_breaks == 1
-    assert len(view.sequences) == 2
-    assert [s.token_ids for s in view.sequences] == [[1, 2, 3, 7, 8], [1, 2, 7, 9]]
-    assert view.sequences[1].loss_mask == [0, 0, 0, 1]  # never re-tokenized, never merged
-    assert view.delivered_fraction == 1.0
-
-
-def test_branches_share_a_parent_that_is_trained_once_and_last_keeps_one_branch():
-    calls = [call(0, [1], [2]), call(1, [1, 2, 5], [6]), call(2, [1, 2, 5], [7, 7])]  # a retry of call 1
-    view = trainer_view(RolloutTrace("r", calls=calls))
-    assert [s.call_ids for s in view.sequences] == [("c0", "c1"), ("c0", "c2")]
-    assert view.sequences[0].loss_mask == [0, 1, 0, 1]
-    assert view.sequences[1].loss_mask == [0, 0, 0, 1, 1]  # c0 was trained in the first branch
-    assert view.prefix_breaks == 0
-    assert view.delivered_tokens == view.generated_tokens == 4
-    last = trainer_view(RolloutTrace("r", calls=calls), branches="last")
-    assert [s.call_ids for s in last.sequences] == [("c0", "c2")]
-    assert last.delivered_tokens == 3
-    assert last.delivered_fraction == 0.75
-
-
-def test_the_longest_parent_wins():
-    calls = [call(0, [1], [2]), call(1, [1, 2], [3]), call(2, [1, 2, 3], [4])]
-    (sequence,) = trainer_view(RolloutTrace("r", calls=calls)).sequences
-    assert sequence.call_ids == ("c0", "c1", "c2")
-    assert sequence.loss_mask == [0, 1, 1, 1]
-
-
-def test_failed_calls_are_left_out_and_the_view_says_the_trace_is_incomplete():
-    trace = RolloutTrace("r", calls=[call(0, [1], [2]), call(1, None, None, status="cut")])
-    trace.mark_incomplete("call 1 cut: x")
-    trace.mark_incomplete("later reason")
-    view = trainer_view(trace)
-    assert not view.complete
-    assert view.incomplete_reason == "call 1 cut: x"
-    assert len(view.sequences) == 1
-
-
-def test_json_round_trip():
-    trace = RolloutTrace("r", calls=[call(0, [1], [2], version="v")])
-    data = json.loads(json.dumps(trace.to_json()))
-    assert data["complete"] is True
-    assert trace_from_json({**data, "row_index": 3}) == trace
-
-
-def test_a_plain_list_set_on_a_call_serialises_like_an_array():
-    """Setting a token field does not convert it (the gateway sets a dozen fields per call); a
-    trainer that patches a trace with plain lists still gets its JSON."""
-    trace = RolloutTrace("r", calls=[call(0, [1], [2])])
-    trace.calls[0].logprobs = [-0.5]
-    trace.calls[0].completion_token_ids = [7]
-    data = trace.to_json()
-    assert data["calls"][0]["logprobs"] == [-0.5]
-    assert data["calls"][0]["completion_token_ids"] == [7]
 
 
 def test_an_answer_with_a_nan_keeps_it_when_the_additions_are_stripped():
@@ -105,21 +21,6 @@ def test_an_answer_with_a_nan_keeps_it_when_the_additions_are_stripped():
     stripped = capture.feed_bytes(raw, chunk=False)
     assert stripped is not None
     assert b"NaN" in stripped
-
-
-def test_a_request_held_as_json_text_reads_compares_and_round_trips_as_the_dict():
-    sent = {"messages": [{"role": "user", "content": "caf\u00e9"}], "tools": [], "temperature": 0.5}
-    held = TraceCall(call_id="c0", index=0, request=json.dumps(sent).encode())
-    plain = TraceCall(call_id="c0", index=0, request=sent)
-    assert held == plain
-    assert RolloutTrace("r", calls=[held]).to_json() == RolloutTrace("r", calls=[plain]).to_json()
-    assert RolloutTrace("r", calls=[held]).to_json()["calls"][0]["request"] == sent
-    assert trace_from_json(RolloutTrace("r", calls=[held]).to_json()).calls[0].request == sent
-    held.request["messages"].append({"role": "tool", "content": "84"})  # read once, then a dict like any other
-    assert len(held.request["messages"]) == 2
-    with pytest.raises(cattrs.errors.ClassValidationError) as refused:
-        trace_from_json({"rollout_id": "r", "calls": [{"call_id": "c0", "index": 0, "request": ["no"]}]})
-    assert "request must be a JSON object, got list" in str(refused.value.exceptions[0].exceptions[0].exceptions[0])
 
 
 def capture_of(doc, *, stream=False, request=None):

@@ -44,13 +44,16 @@ class PolicyGateways(SharedGateways):
     def __init__(self) -> None:
         super().__init__(_SETTINGS, source="[backend.harbor]", keep_idle=0)
 
-    async def open(self, policy: PolicyEndpoint, rollout_id: str) -> PolicyEndpoint:
-        """The rollout's endpoint on a gateway in front of ``policy`` (started when none is).
+    async def open(
+        self, policy: PolicyEndpoint, rollout_id: str, *, policy_version: str | None = None
+    ) -> PolicyEndpoint:
+        """The rollout's endpoint on a gateway in front of ``policy`` (started when none is); the
+        gateway sets ``policy.sampling`` (a trainer's settings) on each of the rollout's calls.
 
         :raises GatewayMissing: no plugin provides a gateway.
         """
         try:
-            return await super().open(policy, rollout_id)
+            return await super().open(policy, rollout_id, policy_version=policy_version)
         except ConfigError as exc:
             raise GatewayMissing(str(exc)) from exc
 

@@ -43,6 +43,7 @@ DISTRIBUTIONS = {
     "osmosis_openai_agents": "osmosis-openai-agents",
     "osmosis_harbor": "osmosis-harbor",
     "osmosis_server": "osmosis-server",
+    "osmosis_trainer": "osmosis-trainer",
 }
 """Import package -> the distribution that provides it."""
 
@@ -167,7 +168,7 @@ _SERVER: dict[str, str | NotOffered] = {
 _CLIENT: dict[str, str | NotOffered] = {
     "RolloutClient": "RolloutClient",
     "RolloutHandle": NotOffered(
-        "not offered by that name: osmosis_server.RolloutClient is the counterpart of the client"
+        "not offered by that name: osmosis_trainer.RolloutClient is the counterpart of the client"
     ),
 }
 
@@ -183,7 +184,7 @@ _FAMILIES: dict[str, tuple[str, dict[str, str | NotOffered] | None]] = {
     "osmosis_ai.rollout.integrations.agents.openai_agents": ("osmosis_openai_agents", _OPENAI_AGENTS),
     "osmosis_ai.rollout.backend.harbor": ("osmosis_harbor", _HARBOR),
     "osmosis_ai.rollout.server": ("osmosis_server", _SERVER),
-    "osmosis_ai.rollout.client": ("osmosis_server", _CLIENT),
+    "osmosis_ai.rollout.client": ("osmosis_trainer", _CLIENT),  # the trainer's side (osmosis-trainer)
 }
 
 

@@ -357,6 +357,12 @@ def test_every_documented_name_maps_to_an_importable_name_or_says_why_not(module
     assert hasattr(importlib.import_module(result.module), result.name), result
 
 
+def test_the_reference_client_goes_to_the_trainer_side_distribution():
+    """osmosis-ai's RolloutClient is a trainer's: osmosis-trainer (osmosis_server.RolloutClient is deprecated)."""
+    target = Target("osmosis_trainer", "RolloutClient", "osmosis-trainer")
+    assert resolve_name("osmosis_ai.rollout.client", "RolloutClient") == target
+
+
 def test_migrating_md_lists_every_documented_name_and_where_it_went():
     text = MIGRATING.read_text()
     for module, name in documented_names():

@@ -493,3 +493,48 @@ def test_tracing_is_switched_off_and_the_runner_wrapped_on_first_use_only():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "('TraceImpl', 'AgentRunner') ('NoOpTrace', '_OsmosisRunner')"
+
+
+class TunedWorkflow(AgentWorkflow[Config]):
+    """An agent with sampling settings of its own (``ModelSettings``), as authors write them."""
+
+    config_type = Config
+
+    async def run(self, ctx: AgentWorkflowContext[Config]) -> None:
+        from agents import ModelSettings
+
+        agent = AGENT.clone(model_settings=ModelSettings(temperature=0.2, top_p=0.5, max_tokens=512))
+        if ctx.config.streaming:
+            async for _event in Runner.run_streamed(agent, ctx.prompt).stream_events():
+                pass
+        else:
+            await Runner.run(agent, ctx.prompt)
+
+
+@pytest.mark.parametrize("streaming", MODES)
+def test_a_trainers_sampling_settings_win_over_the_agents_model_settings(
+    policy_server: ScriptedPolicyServer, streaming: bool
+):
+    """``osmosis serve``'s sampling_params reach the rollout as ``policy.sampling``: every turn goes
+    out with the trainer's settings, not the agent's ``ModelSettings``."""
+    trainer = {"temperature": 1.0, "top_p": 0.9, "max_tokens": 64, "top_k": 40}
+    runs = {}
+    for rollout_id, sampling in ((f"tuned-{streaming}", trainer), (f"plain-{streaming}", None)):
+        runs[rollout_id] = run_rollout_sync(
+            TunedWorkflow,
+            LastAnswerGrader,
+            policy=PolicyEndpoint(policy_server.url, "policy-under-training", sampling=sampling),
+            user_prompt="val1 = 6\nval2 = 7",
+            label="42",
+            rollout_id=rollout_id,
+            workflow_config=Config(streaming=streaming),
+        )
+    assert [outcome.reward for outcome in runs.values()] == [1.0, 1.0]
+    tuned = [r.body for r in policy_server.requests_for(f"tuned-{streaming}")]
+    plain = [r.body for r in policy_server.requests_for(f"plain-{streaming}")]
+    assert len(tuned) == len(plain) == 2
+    for body in tuned:
+        assert (body["temperature"], body["top_p"], body["max_tokens"], body["top_k"]) == (1.0, 0.9, 64, 40)
+    for body in plain:
+        assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.2, 0.5, 512)
+        assert "top_k" not in body

@@ -18,6 +18,10 @@ httpx transport slows to a crawl at a hundred concurrent requests, so:
   relies on openai internals (``AsyncCompletions._post``, ``make_request_options``), pinned by
   ``openai>=3,<4``; that test fails loudly, naming what changed, when an openai release breaks
   it, and anything but plain JSON (or ``response_format``) takes openai's normal path;
+* a trainer's sampling settings for the rollout (``ctx.policy.sampling``: ``osmosis serve``'s
+  ``sampling_params``) are set on every ``chat.completions.create`` over what the framework asked
+  for (its ``temperature``, ``max_tokens``, ``extra_body``, ...: :mod:`osmosis_core.sampling`), as
+  ``extra_body``, which openai merges last; a rollout without settings costs one context lookup;
 * what is not a chat completion fails the call with a :class:`~osmosis_core.PolicyError` before
   the SDK reads it: a body over the rollout's ``max_response_bytes``, an HTML page, malformed
   JSON (in a body or in an event of a stream), JSON of the wrong shape (no ``choices``, a choice
@@ -41,11 +45,18 @@ import functools
 import json
 import json.scanner
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from osmosis_core import ROLLOUT_ID_HEADER, PolicyError, current_rollout_context, get_rollout_context
-from osmosis_core.plugin import DEFAULT_MAX_RESPONSE_BYTES, KEEPALIVE_SEC, chat_completion_problem, clip, on_close
+from osmosis_core.plugin import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    KEEPALIVE_SEC,
+    chat_completion_problem,
+    clip,
+    on_close,
+    sampling_overrides,
+)
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -277,6 +288,9 @@ def fast_client_class() -> type[AsyncOpenAI]:
     class FastCompletions(AsyncCompletions):
         async def create(self, **params: Any) -> Any:
             body = {k: v for k, v in params.items() if k not in _OPTION_KEYS and not isinstance(v, (Omit, NotGiven))}
+            ctx = current_rollout_context()
+            if ctx is not None and ctx.policy.sampling is not None:  # the trainer's, over the framework's
+                params = _with_sampling(params, body, ctx.policy.sampling)
             token = _STREAMING.set(body.get("stream") is True)  # for the response check
             try:
                 return await self._create(body, params)
@@ -313,6 +327,17 @@ def fast_client_class() -> type[AsyncOpenAI]:
             return FastChat(self)
 
     return FastAsyncOpenAI
+
+
+def _with_sampling(params: dict[str, Any], body: dict[str, Any], sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """``create``'s keywords with a trainer's ``sampling`` set over the request's fields: in
+    ``extra_body``, which openai merges over the body last (so the settings win over the typed
+    keywords and over an ``extra_body`` of the framework's), by the name(s) the request gave its cap
+    (:func:`osmosis_core.plugin.sampling_overrides`)."""
+    extra = params.get("extra_body")
+    extra = dict(extra) if isinstance(extra, Mapping) else {}
+    overrides = sampling_overrides(sampling, body.keys() | extra.keys())
+    return {**params, "extra_body": {**extra, **overrides}}
 
 
 def _loop_client() -> tuple[Any, dict[_ViewKey, Any]]:

@@ -180,3 +180,35 @@ def test_the_event_check_does_not_depend_on_where_the_network_cuts_the_stream(cu
     else:
         with pytest.raises(PolicyError, match="answered 200 with" + (" malformed JSON" if bad == "json" else " JSON")):
             _check_in_pieces(body, cuts)
+
+
+def test_a_trainers_sampling_settings_win_over_the_frameworks_on_every_path():
+    """``ctx.policy.sampling`` (osmosis serve's sampling_params) is set over what the framework asks
+    for: its typed keywords, its own ``extra_body``, on the fast path, streamed, and on openai's path."""
+    trainer = {"temperature": 1.0, "top_p": 0.9, "max_tokens": 64, "top_k": 20}
+
+    async def main() -> list[dict[str, Any]]:
+        async with ScriptedPolicyServer() as server, http_scope():
+            asked: dict[str, Any] = {
+                "model": "m", "messages": MESSAGES, "temperature": 0.2, "max_tokens": 512,
+                "extra_body": {"top_k": 5, "repetition_penalty": 1.1},
+            }  # fmt: skip
+            with RolloutContext("tuned", PolicyEndpoint(server.url, "m", sampling=trainer)):
+                view = rollout_openai_client()
+                await view.chat.completions.create(**asked)
+                stream = await view.chat.completions.create(**asked, stream=True)
+                _ = [chunk async for chunk in stream]
+                await view.chat.completions.create(**asked, response_format={"type": "text"})  # openai's own path
+                await view.chat.completions.create(model="m", messages=MESSAGES, max_completion_tokens=512)
+            with RolloutContext("plain", PolicyEndpoint(server.url, "m")):
+                await rollout_openai_client().chat.completions.create(**asked)
+            return [r.body for r in server.requests]
+
+    *tuned, capped, plain = anyio.run(main)
+    for body in tuned:
+        assert (body["temperature"], body["top_p"], body["max_tokens"], body["top_k"]) == (1.0, 0.9, 64, 20)
+        assert body["repetition_penalty"] == 1.1  # the framework's own, where the trainer set none
+    assert capped["max_completion_tokens"] == 64
+    assert "max_tokens" not in capped
+    assert (plain["temperature"], plain["max_tokens"], plain["top_k"]) == (0.2, 512, 5)  # untouched without settings
+    assert "top_p" not in plain

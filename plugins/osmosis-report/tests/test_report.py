@@ -183,7 +183,7 @@ def _drive_the_server(serve, policy, folder, while_running):
     import asyncio
 
     from osmosis_core.plugin import http_scope
-    from osmosis_server import RolloutClient, RolloutRequest
+    from osmosis_trainer import RolloutClient, RolloutRequest
 
     url = ""
     for out in serve.stdout:

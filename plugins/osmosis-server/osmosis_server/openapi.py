@@ -78,6 +78,16 @@ _RESULT: Final = {
             "description": "osmosis: seconds per phase.",
         },
         "final": {"type": "boolean", "description": "osmosis, pushes only: true on a rollout's last delivery."},
+        "policy_version": {
+            "type": "string",
+            "description": "osmosis, when the request gave one: its policy_version (each traced call records it too).",
+        },
+        "sampling_params": {
+            "type": "object",
+            "description": "osmosis, when the request gave them: its sampling_params as the server took them "
+            "(null values left out, numbers as floats); with traces on, each call's trace.calls[].sampling says "
+            "what the gateway set on it.",
+        },
         "trace": {
             "type": ["object", "null"],
             "description": "osmosis, with traces on (osmosis serve --traces): the rollout's training trace, "

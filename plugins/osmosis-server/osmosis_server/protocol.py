@@ -17,7 +17,9 @@ request that uses none of ours is a valid reference request.
      "callback_url": "http://trainer:9000/results",  # push mode: results are POSTed here
      "callback_api_key": "...",                       # sent as "Authorization: Bearer ..." to callback_url
      "model": "Qwen/Qwen3-8B",                        # the model name sent to the policy (default: the server's)
-     "row": 7, "sample_index": 2}                     # where the rollout goes in results.jsonl
+     "row": 7, "sample_index": 2,                     # where the rollout goes in results.jsonl
+     "sampling_params": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024},  # the trainer's, over the agent's
+     "policy_version": "step-12"}                     # recorded on each traced call, echoed in the result
 
 A finished rollout's result (``GET /rollout/{id}/result``, and each push)::
 
@@ -27,7 +29,8 @@ A finished rollout's result (``GET /rollout/{id}/result``, and each push)::
      "err_message": null, "err_category": null,       # the reference's vocabulary (see REFERENCE_CATEGORY)
      # ours:
      "reward": 1.0, "error": null,                    # error: {"category", "message"} in osmosis's categories
-     "stage": "grader", "timings": {"queued": 0.0, "workflow": 0.4, "grader": 0.01}}
+     "stage": "grader", "timings": {"queued": 0.0, "workflow": 0.4, "grader": 0.01},
+     "policy_version": "step-12"}                     # only when the request gave one
 
 >>> body = parse_submit(b'{"rollout_id": "r1", "initial_messages": [], "chat_completions_url": "http://h/v1"}')
 >>> body.rollout_id, body.grade
@@ -40,7 +43,6 @@ osmosis_server.protocol.BadRequest: expected an array of message objects, got an
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 import math
@@ -52,6 +54,8 @@ from typing import TYPE_CHECKING, Any, Final, NewType
 import attrs
 
 from osmosis_core import ErrorCategory, ExecutionResult, ExecutionStatus
+from osmosis_core.plugin import SAMPLING_PARAMS, sampling_problems, sampling_schema
+from osmosis_trainer.wire import LEASE_HEADER, RolloutStatus, retry_after_seconds  # shared with the client
 
 if TYPE_CHECKING:
     import cattrs
@@ -73,31 +77,9 @@ __all__ = [
     "retry_after_seconds",
 ]
 
-LEASE_HEADER: Final = "X-Osmosis-Rollout-Lease"
-"""The header a result poll carries its polling-lease token in (the reference's name)."""
-
 MAX_ID_BYTES: Final = 512
 """The longest ``rollout_id``, in bytes of UTF-8."""
 
-
-class RolloutStatus(enum.StrEnum):
-    """A rollout's status on the wire: in flight (queued, running, grading) or final."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    GRADING = "grading"
-    SUCCESS = "success"
-    FAILURE = "failure"
-    CANCELLED = "cancelled"
-    UNKNOWN = "unknown"
-
-    @property
-    def final(self) -> bool:
-        """True for success, failure and cancelled."""
-        return self in _FINAL
-
-
-_FINAL: Final = frozenset({RolloutStatus.SUCCESS, RolloutStatus.FAILURE, RolloutStatus.CANCELLED})
 
 REFERENCE_CATEGORY: Final[Mapping[ErrorCategory, str | None]] = {
     ErrorCategory.TIMEOUT: "timeout",
@@ -208,6 +190,13 @@ RolloutIds = NewType("RolloutIds", list[str])
 """An array of rollout ids (strings)."""
 Prefix = NewType("Prefix", str)
 """A non-empty rollout-id prefix."""
+SamplingParams = NewType("SamplingParams", dict[str, Any])
+"""A trainer's sampling settings (:data:`osmosis_core.plugin.SAMPLING_PARAMS`): an object of known keys."""
+Version = NewType("Version", str)
+"""A policy version: a non-empty string of at most :data:`MAX_VERSION_CHARS` characters."""
+
+MAX_VERSION_CHARS: Final = 256
+"""The longest ``policy_version`` (it is recorded on every traced call of its rollout)."""
 
 
 def _kind(value: Any) -> str:
@@ -293,6 +282,42 @@ def _rollout_ids(value: Any, _type: Any) -> list[str]:
     return value
 
 
+def _version(value: Any, _type: Any) -> str:
+    if type(value) is not str:
+        raise ValueError(f"expected a string or null, got {_kind(value)}")
+    if not value or len(value) > MAX_VERSION_CHARS:
+        raise ValueError(f"must be omitted or a string of 1 to {MAX_VERSION_CHARS} characters")
+    return value
+
+
+def _sampling_params(value: Any, _type: Any) -> dict[str, Any]:
+    """The settings as sent (checked; null values left out): the core checks them again, the same way,
+    when the rollout's endpoint is built. The first problem only (the fast converter's)."""
+    problems = sampling_problems(value)
+    if problems:
+        name, problem = problems[0]
+        raise ValueError(problem if name is None else f"{name}: {problem}")
+    return {name: SAMPLING_PARAMS[name].check(item) for name, item in value.items() if item is not None}
+
+
+def _sampling_params_named(value: Any, _type: Any) -> dict[str, Any]:
+    """:func:`_sampling_params` for the detailed converter: each problem named at its key
+    (``@ $.sampling_params.top_p``), as cattrs names a field of a nested class."""
+    from cattrs.errors import AttributeValidationNote, ClassValidationError
+
+    problems = sampling_problems(value)
+    if not problems:
+        return _sampling_params(value, _type)
+    errors = []
+    for name, problem in problems:
+        if name is None:  # not an object at all
+            raise ValueError(problem)
+        error = ValueError(problem)
+        error.__notes__ = [AttributeValidationNote(f"Structuring sampling_params @ attribute {name}", name, Any)]
+        errors.append(error)
+    raise ClassValidationError("invalid sampling_params", errors, dict)
+
+
 def _prefix(value: Any, _type: Any) -> str:
     if type(value) is not str:
         raise ValueError(f"expected a string, got {_kind(value)}")
@@ -312,6 +337,8 @@ _VALUE_TYPES: Final[dict[Any, tuple[Callable[[Any, Any], Any], dict[str, Any]]]]
     bool: (_boolean, {"type": "boolean"}),
     RolloutIds: (_rollout_ids, {"type": "array", "items": {"type": "string"}}),
     Prefix: (_prefix, {"type": "string", "minLength": 1}),
+    Version: (_version, {"type": "string", "minLength": 1, "maxLength": MAX_VERSION_CHARS}),
+    SamplingParams: (_sampling_params, sampling_schema()),
 }
 """Each checked kind of value: its structure hook and its JSON schema."""
 
@@ -333,6 +360,9 @@ def _converter(detailed: bool) -> cattrs.Converter:
     for type_, (hook, _) in _VALUE_TYPES.items():
         converter.register_structure_hook(type_, hook)
         converter.register_structure_hook_func(_is(type_ | None), _or_null(hook))  # once, not per call
+    if detailed:  # each problem of a trainer's sampling settings named at its key
+        converter.register_structure_hook(SamplingParams, _sampling_params_named)
+        converter.register_structure_hook_func(_is(SamplingParams | None), _or_null(_sampling_params_named))
     items = converter.get_structure_hook(list[Message])
 
     def messages(value: Any, type_: Any) -> list[dict[str, Any]]:
@@ -416,6 +446,25 @@ class SubmitBody:
         default=None,
         kw_only=True,
         metadata=_doc("osmosis: its sample index in results.jsonl (default: metadata.sample_index, else 0)."),
+    )
+    sampling_params: SamplingParams | None = attrs.field(
+        default=None,
+        kw_only=True,
+        metadata=_doc(
+            "osmosis: the trainer's sampling settings, set on every model call of the rollout over what the agent "
+            "asks for (a null value leaves the agent's). With traces on, the policy gateway sets them and each "
+            "traced call records them (trace.calls[].sampling) beside the request as the agent sent it; without, "
+            "the rollout's osmosis clients do (chat_completion, the Strands and OpenAI Agents integrations). "
+            "max_tokens replaces the agent's max_tokens and max_completion_tokens alike; an unknown key is refused."
+        ),
+    )
+    policy_version: Version | None = attrs.field(
+        default=None,
+        kw_only=True,
+        metadata=_doc(
+            "osmosis: the version of the policy serving this rollout: recorded on each traced call "
+            "(trace.calls[].policy_version), echoed in the result and written to results.jsonl."
+        ),
     )
 
     def __repr__(self) -> str:  # no key in a repr
@@ -600,16 +649,3 @@ def result_from_line(line: Mapping[str, Any]) -> ExecutionResult:
             else {**sample, "reward": line.get("reward"), "metrics": line.get("metrics") or {}},
         }
     )
-
-
-def retry_after_seconds(value: str | None, default: float) -> float:
-    """The wait a ``Retry-After`` header asks for, in seconds, kept within 0.05 to 60.
-
-    >>> retry_after_seconds("2", 1.0), retry_after_seconds("soon", 1.0), retry_after_seconds(None, 0.5)
-    (2.0, 1.0, 0.5)
-    """
-    try:
-        seconds = float(value) if value is not None else default
-    except ValueError:
-        return default
-    return min(max(seconds, 0.05), 60.0) if math.isfinite(seconds) else default

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from osmosis_server.protocol import retry_after_seconds
-from osmosis_server.retry import RetryLater, delay_of, retrying
+from osmosis_trainer.retry import RetryLater, delay_of, retrying
+from osmosis_trainer.wire import retry_after_seconds
 
 __all__ = ["RETRY_DELAYS_SEC", "Pusher"]
 

@@ -17,6 +17,10 @@ is never run again; one admitted but never recorded is *lost* and may be submitt
 sends them (or whole numbers under those names in its ``metadata``, for a reference client); else
 ``row`` is a running admission index of this folder (continued across restarts) and
 ``sample_index`` is 0, so each such rollout counts as its own row.
+
+A request that brought a trainer's ``sampling_params`` or ``policy_version`` has them on its line
+too (under those names; a line without them had none), so the folder says what each rollout was
+sampled with, and by which version of the policy.
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ import contextlib
 import datetime as _dt
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from osmosis_core import ExecutionResult, OsmosisError
-from osmosis_core.frontend import TRACES, RunFiles, trace_from_line
+from osmosis_core.frontend import TRACES, RunFiles, result_line, trace_from_line
 from osmosis_server.ledger import Known, Ledger
 
 __all__ = ["RESULTS", "RUN_META", "TOKEN_FILE", "TRACES", "RunFolder"]
@@ -191,10 +195,12 @@ class RunFolder:
         attempts: int = 1,
         label: Any = None,
         trace_offset: int | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> int:
         """Append the line of one finished rollout (``secrets`` are that rollout's own: its key)
         and note it in the ledger, with what :meth:`admit` was given and where :meth:`record_trace`
-        wrote its trace; return where the line starts.
+        wrote its trace; return where the line starts. ``extra``: more fields of the line (the
+        request's ``sampling_params`` and ``policy_version``).
 
         :raises TypeError, ValueError: the line is not JSON (a sample the workflow filled with objects).
         :raises OSError: the line could not be written.
@@ -202,7 +208,10 @@ class RunFolder:
         if self._files is None:
             raise RuntimeError("the run folder is not open")
         start = self._end
-        self._files.write_result(row, sample_index, result, secrets)
+        line = result_line(row, sample_index, result)
+        if extra:
+            line.update(extra)
+        self._files.write_line(line, secrets)
         self._end = os.stat(self._results).st_size  # (a str: a Path costs more than the call)
         self.written += 1
         known = Known(

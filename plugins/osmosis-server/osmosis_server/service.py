@@ -167,12 +167,14 @@ class Rollout:
         "id",
         "label",
         "lease_deadline",
+        "policy_version",
         "push_task",
         "read",
         "request",
         "result_body",
         "row",
         "sample_index",
+        "sampling",
         "secrets",
         "status",
         "task",
@@ -209,6 +211,10 @@ class Rollout:
         self.trace: dict[str, Any] | None = None
         self.trace_policy: PolicyEndpoint | None = None
         """The upstream its calls went to through a trace gateway (traces on)."""
+        self.policy_version: str | None = None
+        """The request's ``policy_version``: recorded on each traced call, echoed in the result."""
+        self.sampling: dict[str, Any] | None = None
+        """The request's ``sampling_params``, as checked: set on each model call, echoed in the result."""
 
 
 def _malformed(result: Any) -> str | None:
@@ -485,6 +491,7 @@ class RolloutService:
             body.llm_api_key or defaults.api_key,
             defaults.headers,
             defaults.max_response_bytes,
+            sampling=body.sampling_params,  # every call of the rollout gets them (its gateway's, or its clients')
         )
         metadata: dict[str, Any] = body.metadata or {}
         entry.request = ExecutionRequest(
@@ -499,6 +506,8 @@ class RolloutService:
         )
         entry.label = body.label
         entry.secrets = tuple(s for s in (body.llm_api_key, body.callback_api_key) if s)
+        entry.policy_version = body.policy_version
+        entry.sampling = policy.sampling
         row = body.row if body.row is not None else _index(metadata.get("row"))
         sample_index = body.sample_index if body.sample_index is not None else _index(metadata.get("sample_index"))
         auto_row = False
@@ -589,8 +598,9 @@ class RolloutService:
         self._finish(entry, final)
 
     async def _open_trace(self, entry: Rollout, request: ExecutionRequest) -> ExecutionRequest:
-        """The request with the rollout's own endpoint on the gateway in front of its policy."""
-        endpoint = await self.gateways.open(request.policy, entry.id)
+        """The request with the rollout's own endpoint on the gateway in front of its policy (which
+        sets the trainer's sampling settings on each call and records them, with the policy version)."""
+        endpoint = await self.gateways.open(request.policy, entry.id, policy_version=entry.policy_version)
         entry.trace_policy = request.policy
         return attrs.evolve(request, policy=endpoint)
 
@@ -731,6 +741,7 @@ class RolloutService:
             # forget what is not needed any more: only the encoded result stays for its retention
             entry.request = None
             entry.workflow_result = entry.grader_result = None
+            entry.sampling = entry.policy_version = None
             entry.task = None
             self._leases.pop(entry.id, None)
             self._active.pop(entry.id, None)
@@ -746,7 +757,7 @@ class RolloutService:
         if problem is None:
             try:
                 document = result_document(final, label=entry.label, lease_expired=lease_expired)
-                return final, self._dumps(entry, self._with_trace(entry, document))
+                return final, self._dumps(entry, self._with_trace(entry, self._with_knobs(entry, document)))
             except (TypeError, ValueError, RecursionError) as exc:
                 info = error_info(exc, secrets=self._server_secrets + entry.secrets)
                 category, problem = (
@@ -757,7 +768,8 @@ class RolloutService:
         else:
             category, stage = ErrorCategory.INFRA_ERROR, _WF
         failure = ExecutionResult(entry.id, stage, ExecutionStatus.FAILURE, error=ErrorInfo(category, problem))
-        return failure, self._dumps(entry, self._with_trace(entry, result_document(failure, label=entry.label)))
+        document = self._with_knobs(entry, result_document(failure, label=entry.label))
+        return failure, self._dumps(entry, self._with_trace(entry, document))
 
     def _dumps(self, entry: Rollout, document: dict[str, Any]) -> bytes:
         """A result document as the trainer gets it, without the server's or the request's secrets.
@@ -772,6 +784,23 @@ class RolloutService:
             if redact(text, secrets) is not text:
                 body = dumps(redact_data(document, secrets))
         return body
+
+    def _with_knobs(self, entry: Rollout, document: dict[str, Any]) -> dict[str, Any]:
+        """``document`` with what the request set of the rollout's sampling (``sampling_params``, as
+        checked) and ``policy_version``, each only when it set it (:meth:`_knobs`)."""
+        document.update(self._knobs(entry))
+        return document
+
+    @staticmethod
+    def _knobs(entry: Rollout) -> dict[str, Any]:
+        """The request's ``sampling_params`` and ``policy_version`` that it set (a result document
+        and a ``results.jsonl`` line carry them; a request without them leaves both as before)."""
+        knobs: dict[str, Any] = {}
+        if entry.sampling is not None:
+            knobs["sampling_params"] = entry.sampling
+        if entry.policy_version is not None:
+            knobs["policy_version"] = entry.policy_version
+        return knobs
 
     def _with_trace(self, entry: Rollout, document: dict[str, Any]) -> dict[str, Any]:
         """``document`` with the rollout's ``trace`` when traces are on (null when it has none)."""
@@ -796,6 +825,7 @@ class RolloutService:
                 attempts=entry.attempts,
                 label=entry.label,
                 trace_offset=trace_offset,
+                extra=self._knobs(entry),
             )
         except (OSError, TypeError, ValueError, RecursionError) as exc:
             self.counts["unrecorded"] += 1
@@ -828,7 +858,8 @@ class RolloutService:
             body = body[:-1] + b',"final":true}'
         else:
             try:
-                body = self._dumps(entry, {**result_document(result, label=entry.label), "final": final})
+                document = self._with_knobs(entry, result_document(result, label=entry.label))
+                body = self._dumps(entry, {**document, "final": final})
             except (TypeError, ValueError, RecursionError):
                 return  # the final delivery reports why
         done = self._delivered(entry) if final else None
@@ -921,6 +952,7 @@ class RolloutService:
         try:
             line, trace = await asyncio.to_thread(self._read_back, known)
             document = result_document(result_from_line(line), label=known.label, lease_expired=known.lease_expired)
+            document.update({key: line[key] for key in ("sampling_params", "policy_version") if key in line})
             if trace is not None or self.traces is not None:
                 document["trace"] = trace
             return dumps(document)

@@ -21,14 +21,12 @@
 from __future__ import annotations
 
 import math
-from typing import Final
 
 import attrs
 
-__all__ = ["DEFAULT_TOKEN_ENV", "ServerSettings"]
+from osmosis_trainer.wire import DEFAULT_TOKEN_ENV  # the variable a token is read from (the client reads it too)
 
-DEFAULT_TOKEN_ENV: Final = "OSMOSIS_SERVER_TOKEN"
-"""The variable a token is read from when ``token_env`` is not set (the client reads it too)."""
+__all__ = ["DEFAULT_TOKEN_ENV", "ServerSettings"]
 
 
 @attrs.define(kw_only=True)

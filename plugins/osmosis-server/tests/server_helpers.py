@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -79,6 +79,26 @@ def run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
             return await coro_fn()
 
     return asyncio.run(main())
+
+
+REFERENCE = os.environ.get("OSMOSIS_AI_PYTHON")
+"""A Python with osmosis-ai[server]==0.3.8 (the reference SDK), for the tests marked ``reference``."""
+
+
+def reference_validate(folder: Path, results: Sequence[Any], admissions: Sequence[Any] = ()) -> dict[str, Any]:
+    """What osmosis-ai 0.3.8's own models make of result and admission documents (run by its
+    Python, ``reference/ref_validate.py``); fails the test when they refuse one."""
+    documents = folder / "documents.json"
+    documents.write_text(json.dumps({"results": list(results), "admissions": list(admissions)}))
+    assert REFERENCE is not None
+    out = subprocess.run(
+        [REFERENCE, str(HERE / "reference" / "ref_validate.py"), str(documents)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:

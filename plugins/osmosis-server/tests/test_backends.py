@@ -13,7 +13,8 @@ from osmosis_core import (
     ExecutionStatus,
     RolloutSample,
 )
-from osmosis_server import RolloutClient, RolloutRequest, RolloutStatus, ServerSettings
+from osmosis_server import RolloutStatus, ServerSettings
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 
 class Remote(ExecutionBackend):

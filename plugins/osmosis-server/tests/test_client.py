@@ -17,7 +17,8 @@ from server_helpers import TOKEN, Served, read_lines, run
 from workflows import EndsWithLabel, Sleepy
 
 from osmosis_core import LocalBackend
-from osmosis_server import RolloutClient, RolloutRequest, RolloutStatus, ServerSettings, create_app
+from osmosis_server import RolloutStatus, ServerSettings, create_app
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 
 def request(rid: str, sleep: float = 0.0, **more) -> RolloutRequest:
@@ -179,7 +180,7 @@ async def _unavailable(retry_after: str):
 
 
 def test_a_503_waits_its_retry_after_and_a_cancellation_ends_the_wait_at_once():
-    from osmosis_server.client import ServerUnavailable
+    from osmosis_trainer import ServerUnavailable
 
     async def go():
         url, times, close = await _unavailable("0.4")
@@ -243,7 +244,7 @@ def test_the_client_works_as_async_with_and_closes_its_connections_on_exit(serve
 CLIENT_SCRIPT = r"""
 import asyncio, gc, sys
 import uvloop
-from osmosis_server import RolloutClient, RolloutRequest
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 url, token = sys.argv[1], sys.argv[2]
 
@@ -265,16 +266,27 @@ async def entered(rollout_id):
     print(rollout_id, results[0].status.value)
 
 
+async def beside_core(rollout_id):
+    from osmosis_core.plugin import http_request
+
+    async with http_request("GET", url + "/livez") as response:  # osmosis-core's own session on this loop
+        await response.read()
+    results = [r async for r in RolloutClient(url, token=token).run_many([request(rollout_id)])]
+    print(rollout_id, results[0].status.value)
+
+
 asyncio.run(plain("asyncio.run"))
 uvloop.run(plain("uvloop.run"))
 asyncio.run(entered("async-with"))
+asyncio.run(beside_core("beside-core"))
 gc.collect()
 """
 
 
 def test_a_script_with_the_client_under_asyncio_run_ends_without_unclosed_sessions(serve, tmp_path):
     """``asyncio.run`` (or ``uvloop.run``) of a client that nobody closes: the loop's session closes
-    with the loop; ``async with`` closes the client's own."""
+    with the loop; ``async with`` closes the client's own; and a loop where osmosis-core keeps its own
+    session too closes both (each at the loop's shutdown, neither waiting for the other)."""
     served = serve(LocalBackend(Sleepy, grader=EndsWithLabel))
     script = tmp_path / "client.py"
     script.write_text(CLIENT_SCRIPT)
@@ -284,6 +296,7 @@ def test_a_script_with_the_client_under_asyncio_run_ends_without_unclosed_sessio
         [sys.executable, str(script), served.url, TOKEN], capture_output=True, text=True, env=env, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["asyncio.run success", "uvloop.run success", "async-with success"], proc.stderr
+    expected = ["asyncio.run success", "uvloop.run success", "async-with success", "beside-core success"]
+    assert proc.stdout.splitlines() == expected, proc.stderr
     for unwanted in ("Unclosed", "unclosed", "Traceback"):
         assert unwanted not in proc.stderr, proc.stderr

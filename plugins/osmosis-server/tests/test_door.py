@@ -25,7 +25,8 @@ from osmosis_core import (
     ExecutionStatus,
     RolloutSample,
 )
-from osmosis_server import RolloutClient, RolloutRequest, RolloutStatus, ServerSettings
+from osmosis_server import RolloutStatus, ServerSettings
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 REST = b'"initial_messages": [{"role": "user", "content": "hi"}], "chat_completions_url": "http://127.0.0.1:9/v1"'

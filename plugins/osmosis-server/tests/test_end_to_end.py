@@ -8,7 +8,8 @@ from server_helpers import TOKEN, read_lines, run
 from workflows import EndsWithLabel, OneCall
 
 from osmosis_core import LocalBackend
-from osmosis_server import RolloutClient, RolloutRequest, RolloutStatus
+from osmosis_server import RolloutStatus
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 
 def test_500_concurrent_rollouts_each_on_its_own_policy_endpoint(serve, policy_server):

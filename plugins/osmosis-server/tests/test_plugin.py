@@ -11,7 +11,9 @@ import sys
 import pytest
 from server_helpers import osmosis_exe
 
+import osmosis_server
 from osmosis_core.testing import check_lazy_exports
+from osmosis_server.client import _MOVED as MOVED_TO_TRAINER  # the names 0.1 had there, as the shim lists them
 
 
 def test_the_plugin_is_discovered_and_adds_serve():
@@ -30,8 +32,8 @@ def test_the_plugin_is_discovered_and_adds_serve():
 def test_importing_the_package_and_its_entry_module_stays_light():
     code = (
         "import sys, osmosis_server, osmosis_server.plugin; "
-        "osmosis_server.ServerSettings; osmosis_server.RolloutRequest; osmosis_server.RolloutStatus; "
-        "import osmosis_server.client; "
+        "osmosis_server.ServerSettings; osmosis_server.LEASE_HEADER; osmosis_server.RolloutStatus; "
+        "import osmosis_server.client, osmosis_trainer.client; "
         "heavy = [m for m in ('starlette', 'uvicorn', 'aiohttp', 'cattrs') if m in sys.modules]; "
         "print(heavy)"
     )
@@ -41,6 +43,41 @@ def test_importing_the_package_and_its_entry_module_stays_light():
 
 def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out():
     check_lazy_exports("osmosis_server")
+
+
+@pytest.mark.parametrize("module", ["osmosis_server", "osmosis_server.client"])
+@pytest.mark.parametrize("name", MOVED_TO_TRAINER)
+def test_the_client_names_moved_to_osmosis_trainer_warn_and_are_the_same_objects(module, name):
+    import importlib
+
+    import osmosis_trainer
+    from osmosis_core.plugin import OsmosisDeprecationWarning
+
+    message = rf"{module}\.{name} is deprecated .*: use osmosis_trainer\.{name} \(pip install osmosis-trainer\)"
+    with pytest.warns(OsmosisDeprecationWarning, match=message):
+        moved = getattr(importlib.import_module(module), name)
+    assert moved is getattr(osmosis_trainer, name)
+    assert name not in osmosis_server.__all__
+
+
+def test_the_moved_client_names_are_in_the_changelogs_deprecations():
+    from server_helpers import REPO
+
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    deprecated = changelog.split("### Deprecated", 1)[1].split("\n### ", 1)[0]
+    assert "`osmosis_server.RolloutClient`" in deprecated
+    assert all(f"`{name}`" in deprecated for name in MOVED_TO_TRAINER if name != "RolloutClient")
+    assert "osmosis_trainer" in deprecated
+
+
+def test_the_protocols_shared_names_are_the_trainer_sides_own():
+    """The server and the client read one status vocabulary, one lease header, one token variable."""
+    import osmosis_trainer
+    from osmosis_server.settings import DEFAULT_TOKEN_ENV
+
+    assert osmosis_server.RolloutStatus is osmosis_trainer.RolloutStatus
+    assert osmosis_server.LEASE_HEADER == osmosis_trainer.LEASE_HEADER
+    assert DEFAULT_TOKEN_ENV == osmosis_trainer.DEFAULT_TOKEN_ENV
 
 
 def test_the_docstring_examples_run():

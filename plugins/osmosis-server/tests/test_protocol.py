@@ -11,8 +11,9 @@ from server_helpers import TOKEN, read_lines, run
 from workflows import EndsWithLabel, Sleepy, Trivial
 
 from osmosis_core import LocalBackend
-from osmosis_server import LEASE_HEADER, RolloutClient, RolloutConflict, RolloutRequest, RolloutStatus, ServerSettings
+from osmosis_server import LEASE_HEADER, RolloutStatus, ServerSettings
 from osmosis_server.protocol import SUBMIT_FIELDS
+from osmosis_trainer import RolloutClient, RolloutConflict, RolloutRequest
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 POLICY = "http://127.0.0.1:9/v1"  # never called by these workflows
@@ -152,7 +153,7 @@ def test_every_status_of_the_protocol_is_provoked_and_documented(serve):
     wire_fields = {
         "rollout_id", "initial_messages", "chat_completions_url", "llm_api_key", "label", "metadata", "grade",
         "agent_timeout_sec", "grader_timeout_sec", "extra_fields", "callback_url", "callback_api_key", "model",
-        "row", "sample_index",
+        "row", "sample_index", "sampling_params", "policy_version",
     }  # fmt: skip
     assert set(document["components"]["schemas"]["SubmitBody"]["properties"]) == wire_fields
     assert set(SUBMIT_FIELDS) == wire_fields

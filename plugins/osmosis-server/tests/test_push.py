@@ -10,7 +10,8 @@ from server_helpers import TOKEN, read_lines, run
 from workflows import EndsWithLabel, Sleepy
 
 from osmosis_core import LocalBackend
-from osmosis_server import RolloutClient, RolloutRequest, ServerSettings
+from osmosis_server import ServerSettings
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 
 async def receiver(fail_first: int):

@@ -13,13 +13,13 @@ import subprocess
 import time
 
 import pytest
-from server_helpers import HERE, TOKEN, run
+from server_helpers import HERE, REFERENCE, TOKEN, reference_validate, run
 from workflows import EndsWithLabel, Sleepy
 
 from osmosis_core import LocalBackend
-from osmosis_server import RolloutClient, RolloutConflict, RolloutRequest, RolloutStatus, ServerSettings
+from osmosis_server import RolloutStatus, ServerSettings
+from osmosis_trainer import RolloutClient, RolloutConflict, RolloutRequest
 
-REFERENCE = os.environ.get("OSMOSIS_AI_PYTHON")
 pytestmark = [
     pytest.mark.reference,
     pytest.mark.skipif(not REFERENCE, reason="set OSMOSIS_AI_PYTHON to a Python with osmosis-ai[server]==0.3.8"),
@@ -129,16 +129,7 @@ def test_results_read_back_from_the_run_folder_are_valid_for_the_reference_clien
         assert again.status_code == 409
         admissions.append(again.json())
     assert read_back == originals
-    documents = tmp_path / "documents.json"
-    documents.write_text(json.dumps({"results": read_back, "admissions": admissions}))
-    out = subprocess.run(
-        [REFERENCE, str(HERE / "reference" / "ref_validate.py"), str(documents)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout)
+    got = reference_validate(tmp_path, read_back, admissions)
     ok, bad = got["results"]
     assert ok["status"] == "success"
     assert ok["sample"]["reward"] == 1.0

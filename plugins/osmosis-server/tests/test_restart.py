@@ -25,7 +25,8 @@ from test_serve import serve_config
 from workflows import EndsWithLabel, Trivial
 
 from osmosis_core import LocalBackend
-from osmosis_server import LEASE_HEADER, RolloutClient, RolloutLost, RolloutRequest, RolloutStatus, ServerSettings
+from osmosis_server import LEASE_HEADER, RolloutStatus, ServerSettings
+from osmosis_trainer import RolloutClient, RolloutLost, RolloutRequest
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 POLICY = "http://127.0.0.1:9/v1"  # never called by these workflows
@@ -159,7 +160,7 @@ def test_after_kill_9_a_restart_answers_recorded_rollouts_and_reports_lost_ones_
 
 
 def _admission(rid: str, lease: str):
-    from osmosis_server import Admission
+    from osmosis_trainer import Admission
 
     return Admission(rid, lease, result_wait_sec=1.0)
 

@@ -15,7 +15,8 @@ import httpx
 import pytest
 from server_helpers import HERE, REPO, TOKEN, ServeProcess, osmosis_exe, read_lines, run
 
-from osmosis_server import RolloutClient, RolloutRequest, RolloutStatus
+from osmosis_server import RolloutStatus
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 
 def config(

@@ -6,17 +6,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
-import subprocess
 
 import pytest
-from server_helpers import HERE, TOKEN, read_lines, run
+from server_helpers import REFERENCE, TOKEN, read_lines, reference_validate, run
 from test_push import receiver
 from workflows import OneCall
 
 from osmosis_core import LocalBackend
 from osmosis_core.testing import ScriptedPolicyServer
-from osmosis_server import RolloutClient, RolloutRequest, ServerSettings
+from osmosis_server import ServerSettings
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 pytestmark = pytest.mark.together  # with osmosis-gateway installed beside this plugin
 
@@ -158,9 +157,6 @@ def test_without_traces_a_result_has_no_trace_field(serve):
     assert result.trace is None
 
 
-REFERENCE = os.environ.get("OSMOSIS_AI_PYTHON")
-
-
 @pytest.mark.reference
 @pytest.mark.skipif(not REFERENCE, reason="set OSMOSIS_AI_PYTHON to a Python with osmosis-ai[server]==0.3.8")
 def test_the_reference_client_still_reads_a_result_with_a_trace(serve, tmp_path):
@@ -178,13 +174,7 @@ def test_the_reference_client_still_reads_a_result_with_a_trace(serve, tmp_path)
         lease = http.post("/rollout", json=body).json()["polling_lease_token"]
         document = http.get("/rollout/ref/result?wait=final", headers={LEASE_HEADER: lease}).json()
     assert document["trace"]["calls"]
-    (tmp_path / "documents.json").write_text(json.dumps({"results": [document], "admissions": []}))
-    out = subprocess.run(
-        [REFERENCE, str(HERE / "reference" / "ref_validate.py"), str(tmp_path / "documents.json")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    [read] = json.loads(out.stdout)["results"]
+    [read] = reference_validate(tmp_path, [document])["results"]
     assert read["status"] == "success"
     assert read["rollout_id"] == "ref"
 

@@ -12,7 +12,8 @@ import time
 
 from server_helpers import TOKEN, read_lines, run
 
-from osmosis_server import RolloutClient, RolloutRequest, RolloutStatus
+from osmosis_server import RolloutStatus
+from osmosis_trainer import RolloutClient, RolloutRequest
 
 # What a rollout's main.py adds to be served (proposed for the multiply-plain template itself): the
 # app is built on first access, so `osmosis run` and `osmosis validate` never build it.

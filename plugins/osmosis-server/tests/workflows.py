@@ -59,3 +59,13 @@ class NanMetric(AgentWorkflow):
     async def run(self, ctx: AgentWorkflowContext) -> RolloutSample:
         reply = await chat_completion(ctx.prompt)
         return RolloutSample(messages=[*ctx.prompt, reply], metrics={"ratio": float("nan"), "turns": 1})
+
+
+class TwoCallsOfItsOwn(AgentWorkflow):
+    """Two calls to the policy, each with sampling settings of the workflow's own (as agents set them)."""
+
+    async def run(self, ctx: AgentWorkflowContext) -> list[dict]:
+        first = await chat_completion(ctx.prompt, temperature=0.2, top_p=0.5, max_tokens=512)
+        history = [*ctx.prompt, first, {"role": "user", "content": "And once more?"}]
+        second = await chat_completion(history, temperature=0.2, top_p=0.5, max_tokens=512)
+        return [*history, second]

@@ -624,3 +624,26 @@ def test_chat_messages_become_strands_blocks_or_a_clear_error():
     assert history[3]["content"] == [{"text": "#### 6"}]
     with pytest.raises(ValueError, match=r"messages\[0\]: a 'developer' message has no Strands form"):
         strands_messages([{"role": "developer", "content": "x"}])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_trainers_sampling_settings_win_over_the_models_own(policy_server, stream):
+    """``osmosis serve``'s sampling_params reach the rollout as ``policy.sampling``: every turn goes
+    out with the trainer's temperature, top_p and cap, not the model's (0.5, 256)."""
+    trainer = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 48}
+    policy = PolicyEndpoint(policy_server.url, "osmosis-stub", sampling=trainer)
+    rollout_id = f"r-tuned-{stream}"
+    outcome = rollout(policy, rollout_id=rollout_id, metadata={"agent": {"model": {"stream": stream}}})
+    assert outcome.error is None
+    assert outcome.reward == 1.0
+    bodies = [r.body for r in policy_server.requests_for(rollout_id)]
+    assert len(bodies) == 2
+    for body in bodies:
+        assert (body["temperature"], body["top_p"], body["max_tokens"]) == (1.0, 0.95, 48)
+        assert body.get("stream", False) is stream
+    plain = rollout(policy_server, rollout_id="r-untuned")
+    assert [(r.body["temperature"], r.body["max_tokens"]) for r in policy_server.requests_for("r-untuned")] == [
+        (0.5, 256),
+        (0.5, 256),
+    ]
+    assert plain.reward == 1.0

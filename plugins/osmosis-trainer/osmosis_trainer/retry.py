@@ -1,4 +1,5 @@
-"""The one retry loop of the server plugin (the client's requests, the push-mode callback deliveries): stamina's.
+"""The one retry loop of the rollout protocol's clients (this package's requests, osmosis-server's
+push-mode callback deliveries): stamina's.
 
 An attempt that should be tried again raises :class:`RetryLater` with its wait (the caller's delay
 for that attempt, or what a ``Retry-After`` header asked for); any other exception, and
@@ -19,8 +20,6 @@ cancellation, pass through at once.
 from __future__ import annotations
 
 from typing import Any
-
-import stamina
 
 __all__ = ["RetryLater", "delay_of", "retrying"]
 
@@ -48,4 +47,6 @@ def retrying(delays: tuple[float, ...]) -> Any:
 
     After the last attempt its :class:`RetryLater` propagates.
     """
+    import stamina  # (with its tenacity: on the first request, not on import)
+
     return stamina.retry_context(on=_wait, attempts=len(delays) + 1, timeout=None)

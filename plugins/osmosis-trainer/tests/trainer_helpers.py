@@ -1,0 +1,18 @@
+"""What the trainer-side tests share: a traced call made by hand."""
+
+from __future__ import annotations
+
+from osmosis_trainer import TraceCall
+
+
+def call(i, prompt, generated, *, status="ok", version=None):
+    """Call ``i``: its prompt ids and generated ids, with logprobs -0.1, -0.2, ... (None: not captured)."""
+    return TraceCall(
+        call_id=f"c{i}",
+        index=i,
+        status=status,
+        prompt_token_ids=prompt,
+        completion_token_ids=generated,
+        logprobs=None if generated is None else [-0.1 * (k + 1) for k in range(len(generated))],
+        policy_version=version,
+    )
