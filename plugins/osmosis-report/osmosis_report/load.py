@@ -313,27 +313,57 @@ def _dataset_rows(meta: dict[str, Any]) -> dict[int, tuple[list[dict[str, Any]],
     return {row.index: (row.prompt, row.label) for row in rows}
 
 
-_PROMPT_IDS = re.compile(rb'"prompt_token_ids"\s*:\s*(null|\[)')
-_COMPLETION_IDS = re.compile(rb'"completion_token_ids"\s*:\s*(null|\[)')
-_VERSION = re.compile(rb'"policy_version"\s*:\s*(null|"(?:[^"\\]|\\.)*")')
-"""A call's ``"policy_version": "step-12"`` (or null) in a trace line."""
+_PROMPT_IDS = b'"prompt_token_ids"'
+_VERSION = b'"policy_version"'
+_LIST = re.compile(rb"\s*:\s*(null|\[)")
+_COMPLETION = re.compile(rb'\s*,\s*"completion_token_ids"\s*:\s*(null|\[)')
+_STRING = re.compile(rb'\s*:\s*(null|"(?:[^"\\]|\\.)*")')
+"""What follows a key in a trace line: an id list (or null); after the prompt's list, the completion's;
+a version (a string or null)."""
 
 
-def _count_ids(raw: bytes, key: re.Pattern[bytes]) -> list[int]:
-    """The length of each ``key: [ids]`` list in a trace line (0 for ``null``: a call not captured),
-    counted without parsing the ids."""
-    counts = []
-    at = 0
-    while (found := key.search(raw, at)) is not None:
-        at = found.end()
-        if found.group(1) == b"null":
-            counts.append(0)
-            continue
-        end = raw.index(b"]", at)
-        body = raw[at:end]
-        counts.append(body.count(b",") + 1 if body.strip() else 0)
-        at = end
-    return counts
+def _id_count(raw: bytes, value: re.Match[bytes]) -> tuple[int, int]:
+    """(length, where it ends) of the id list (or null: 0) ``value`` opened, counted without parsing it."""
+    if value.group(1) == b"null":
+        return 0, value.end()
+    end = raw.index(b"]", value.end())
+    body = raw[value.end() : end]
+    return (body.count(b",") + 1 if body.strip() else 0), end + 1
+
+
+def _calls(raw: bytes, at: int) -> list[tuple[int, int, Any]]:
+    """(prompt ids, completion ids, policy version) of each call of a trace line from ``at`` (its
+    ``"calls"``), in one pass: the id lists are counted, not parsed (a trace holds every token id of
+    every call: parsing them all would take most of a report's time), relying on the order the gateway
+    writes a call's keys in (its version before its prompt ids, the completion ids right after them).
+
+    :raises ValueError: a line in another order, or whose request holds a key of the same name (it is
+        then parsed whole)."""
+    calls = []
+    version_at, more = -1, True  # (where the next version is; False: the line holds no more)
+    while (prompt_at := raw.find(_PROMPT_IDS, at)) >= 0:
+        if more and version_at < at:  # searched from this call on: never through an earlier call's ids
+            version_at = raw.find(_VERSION, at)
+            more = version_at >= 0
+        version = None
+        if more and version_at < prompt_at:
+            value = _STRING.match(raw, version_at + len(_VERSION))
+            if value is None:
+                raise ValueError("a policy_version that is neither a string nor null")
+            version = json.loads(value.group(1))
+            if raw.find(_VERSION, value.end(), prompt_at) >= 0:
+                raise ValueError("two policy versions before a call's prompt ids")
+            version_at = -1
+        opened = _LIST.match(raw, prompt_at + len(_PROMPT_IDS))
+        if opened is None:
+            raise ValueError("prompt_token_ids holds neither a list nor null")
+        prompt, end = _id_count(raw, opened)
+        opened = _COMPLETION.match(raw, end)
+        if opened is None:
+            raise ValueError("prompt_token_ids not followed by completion_token_ids")
+        completion, at = _id_count(raw, opened)
+        calls.append((prompt, completion, version))
+    return calls
 
 
 def _version(value: Any) -> str | None:
@@ -346,21 +376,16 @@ def _version(value: Any) -> str | None:
 
 
 def _trace_tokens(raw: bytes) -> tuple[str, Tokens]:
-    """(rollout id, token counts and call versions) of one ``traces.jsonl`` line; the id lists are
-    counted, not parsed (a trace holds every token id of every call: parsing them all would take most
-    of a report's time). A line this shortcut cannot follow (keys in another order, a request that
-    holds a key of the same name) is parsed whole."""
+    """(rollout id, token counts and call versions) of one ``traces.jsonl`` line, read by :func:`_calls`;
+    a line that shortcut cannot follow is parsed whole."""
     try:
-        head = raw[: raw.index(b'"calls"')].rstrip().rstrip(b",")
-        meta = json.loads(head + b"}")
-        prompts, generated = _count_ids(raw, _PROMPT_IDS), _count_ids(raw, _COMPLETION_IDS)
-        if not isinstance(meta, dict) or "rollout_id" not in meta or len(prompts) != len(generated):
+        at = raw.index(b'"calls"')
+        meta = json.loads(raw[:at].rstrip().rstrip(b",") + b"}")
+        if not isinstance(meta, dict) or "rollout_id" not in meta:
             raise ValueError("not in the usual order")
-        calls = list(zip(prompts, generated, strict=True))
-        found = [json.loads(v) for v in _VERSION.findall(raw)]
-        if found and len(found) != len(calls):
-            raise ValueError("a policy_version that is not a call's")
-        versions = tuple(_version(v) for v in found)
+        found = _calls(raw, at)
+        calls = [(p, c) for p, c, _ in found]
+        versions = tuple(_version(v) for _, _, v in found)
     except ValueError:
         meta = json.loads(raw)
         whole = [call for call in meta.get("calls") or () if isinstance(call, dict)]

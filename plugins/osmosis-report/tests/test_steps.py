@@ -124,11 +124,13 @@ def test_hand_written_results_give_the_steps_in_order_with_failures_as_zero(tmp_
         line(1, 1, reward=1.0, version="10", rollout_id="f"),
     ]
     run = write_run(tmp_path / "r", lines, meta=SERVE)
+    unnamed = trace("a", ["10", "10"])
+    del unnamed["calls"][0]["policy_version"]  # (a gateway that wrote no version for that call)
     (run / "traces.jsonl").write_text(
         "".join(
             json.dumps(t) + "\n"
             for t in (
-                trace("a", ["10", "10"]),
+                unnamed,
                 trace("b", ["2", "3", None]),  # its later call served by the next weights
                 # a request that holds a key named as the trace's (the shortcut cannot follow: read whole)
                 trace("f", ["9", "10"], request={"messages": [], "policy_version": "mine"}),
@@ -148,6 +150,7 @@ def test_hand_written_results_give_the_steps_in_order_with_failures_as_zero(tmp_
     tokens = {r.rollout_id: r.tokens for r in data.rollouts if r.tokens is not None}
     assert (tokens["b"].calls, tokens["b"].prompt, tokens["b"].generated) == (3, 6, 6)  # a null prompt is 0
     assert tokens["f"].versions == ("9", "10")
+    assert tokens["a"].versions == (None, "10")
     html = build_report([run], tmp_path / "r.html").path.read_text()
     assert "1 rollouts without a policy version left out" in html
     assert len(chart_titles(html, "r0-steps")) == 6  # the versionless rollout is in the table, not the plot
