@@ -19,8 +19,9 @@ training loop, once per rollout; this bench says whether it matters next to the 
    * ``osmosis_trainer.rollout_rows(result, sequences="last")`` (one row per rollout: TRL, verl) and
      ``sequences="all"`` (a row per stitched sequence: SkyRL, slime);
    * ``group_advantages`` over the batch's rewards (groups of ``--group``), per rollout;
-   * the TRL and SkyRL adapters' builders (a ``rollout_func`` row dict, a ``GeneratorOutput``), when
-     osmosis-trainer has them (looked up by name; a line says when one is not there).
+   * the TRL and SkyRL adapters' builders (a ``rollout_func`` row dict from the rows, a
+     ``GeneratorOutput``), when osmosis-trainer has them (looked up by name in ``ADAPTERS``; a line
+     says when one is not there or does not import, e.g. without its trainer installed).
 
 Printed: each figure in microseconds per rollout, and its ratio to the server's CPU per rollout,
 all taken in one run (printed, never asserted). The server and the stand-in run on the same shared
@@ -37,11 +38,8 @@ import argparse
 import asyncio
 import importlib
 import os
-import re
 import secrets
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,74 +47,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from _serve import CONFIG, Served, ticks  # (bench/ is the script's folder: on sys.path)
+
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = """
-[rollout]
-path = "{rollout}"
-entrypoint = "main.py"
-
-[run]
-concurrency = {concurrency}
-agent_timeout_sec = 120
-grader_timeout_sec = 30
-"""
 SYSTEM = "You are a careful calculator. Use the multiply tool, then answer on the last line as: #### <number>"
-ADAPTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("TRL rollout_func rows", "osmosis_trainer.trl", ("trl_rows", "rollout_func_rows", "to_trl_rows")),
-    ("SkyRL GeneratorOutput", "osmosis_trainer.skyrl", ("generator_output", "to_generator_output")),
+ADAPTERS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    ("TRL rollout_func rows", "osmosis_trainer.trl", (("trl_rows", "results"), ("OsmosisRollout._output", "rows"))),
+    ("SkyRL GeneratorOutput", "osmosis_trainer.skyrl", (("generator_output", "results"),)),
 )
-"""(what, module, builder names tried in turn): each builder takes the batch's results and the group size."""
-
-
-def ticks(pid: int) -> float:
-    """CPU seconds (user + system) of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Served:
-    """``osmosis serve CONFIG --traces`` in a child process."""
-
-    def __init__(self, config: Path, out: Path, token: str) -> None:
-        exe = Path(sys.executable).parent / "osmosis"
-        cmd = [
-            str(exe),
-            "serve",
-            str(config),
-            "--port",
-            "0",
-            "--traces",
-            "--output",
-            str(out),
-            "--log-level",
-            "warning",
-        ]
-        self.log = (out.parent / f"{out.name}.log").open("w")
-        env = {**os.environ, "OSMOSIS_SERVER_TOKEN": token}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        assert self.proc.stdout is not None
-        self.url = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise SystemExit(f"osmosis serve exited ({self.proc.wait()}); see {self.log.name}")
-            if found := re.search(r"listening on (http://\S+)", line):
-                self.url = found.group(1)
-                break
-        if not self.url:
-            raise SystemExit("osmosis serve did not start")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            assert self.proc.stdout is not None
-            self.proc.stdout.close()
-            self.log.close()
+"""(what, module, builders tried in turn): a builder's attribute path in the module and what it takes:
+``results`` (the batch's results: it makes the rows itself) or ``rows`` (the batch's one-row-per-rollout
+rows and a filler token id; the ``rollout_rows`` that makes them is timed with it)."""
 
 
 def requests_for(kind: str, n: int, group: int, policy_url: str, tag: str) -> list[Any]:
@@ -184,17 +125,27 @@ def per_rollout(
     return best
 
 
-def builder(module: str, names: Sequence[str]) -> tuple[str, Callable[..., Any]] | str:
-    """``(name, function)`` of the first of ``names`` that ``module`` has, or why there is none."""
+def builder(module: str, candidates: Sequence[tuple[str, str]]) -> tuple[str, Callable[[Sequence[Any]], Any]] | str:
+    """``(name, results -> the adapter's output)`` of the first of ``candidates`` that ``module`` has, or
+    why there is none."""
+    from osmosis_trainer import rollout_rows
+
     try:
-        found = importlib.import_module(module)
+        found: Any = importlib.import_module(module)
     except ImportError as exc:
         return f"{module} does not import here ({exc})"
-    for name in names:
-        function = getattr(found, name, None)
-        if callable(function):
-            return f"{module}.{name}", function
-    return f"{module} has none of {', '.join(names)}"
+    for path, takes in candidates:
+        function: Any = found
+        for part in path.split("."):
+            function = getattr(function, part, None)
+        if not callable(function):
+            continue
+        if takes == "rows":
+            return path, lambda results, build=function: build(
+                [rollout_rows(r, sequences="last")[0] for r in results], 0
+            )
+        return path, function
+    return f"{module} has none of {', '.join(path for path, _ in candidates)}"
 
 
 def measure(results: Sequence[Any], server_us: float, group: int, repeat: int) -> None:
@@ -226,13 +177,13 @@ def measure(results: Sequence[Any], server_us: float, group: int, repeat: int) -
         advantages: lambda: group_advantages(rewards, group, mask=mask),
     }
     skipped = []
-    for what, module, names in ADAPTERS:
-        found = builder(module, names)
+    for what, module, candidates in ADAPTERS:
+        found = builder(module, candidates)
         if isinstance(found, str):
             skipped.append(f"  {what:<52} skipped: {found}")
         else:
             name, build = found
-            works[f"{what} ({name.rsplit('.', 1)[-1]})"] = lambda build=build: build(results, group)
+            works[f"{what} ({name})"] = lambda build=build: build(results)
     best = per_rollout(works, n, repeat)
     for what, seconds in best.items():
         line(what, seconds)
@@ -272,7 +223,7 @@ def main() -> None:
             ):
                 config = tmp / f"{kind}.toml"
                 config.write_text(CONFIG.format(rollout=folder, concurrency=args.concurrency))
-                served = Served(config, tmp / f"run-{kind}", token)
+                served = Served(config, tmp / f"run-{kind}", token, "--traces", "--log-level", "warning")
                 try:
                     run(
                         collect(
@@ -283,9 +234,9 @@ def main() -> None:
                         )
                     )
                     requests = requests_for(kind, n, args.group, stub.url, "step-1")
-                    before = ticks(served.proc.pid)
+                    before = ticks(served.pid)
                     results = run(collect(served.url, token, requests, args.concurrency))
-                    server = (ticks(served.proc.pid) - before) / n
+                    server = (ticks(served.pid) - before) / n
                 finally:
                     served.stop()
                 print(f"{what}")
