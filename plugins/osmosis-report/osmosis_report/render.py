@@ -125,6 +125,7 @@ def run_figures(run: RunData) -> dict[str, Any]:
         "traces": run.traces,
         "threshold": run.pass_threshold,
         "steps": steps,
+        "versions": len(versioned),
         "first_step": versioned[0] if versioned else None,
         "last_step": versioned[-1] if versioned else None,
         "off_policy": sum(step.off_policy for step in steps),
@@ -138,7 +139,7 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
     rewards = [r.reward for r in rollouts if r.ok and r.reward is not None]
     failed_graded = [0.0 for r in rollouts if not r.ok and r.graded] if rewards else []  # (no grader: no zeros)
     slug = f"r{index}"
-    out = _step_charts(figures["steps"], figures, slug)
+    out = _step_charts(figures, slug)
     out += [
         charts.histogram(
             "Reward distribution",
@@ -204,13 +205,14 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
     return out
 
 
-def _step_charts(steps: Sequence[StepFigures], figures: dict[str, Any], slug: str) -> list[charts.Chart]:
+def _step_charts(figures: dict[str, Any], slug: str) -> list[charts.Chart]:
     """Mean reward and pass rate by training step, and the rollouts of each step (none without versions)."""
+    steps: list[StepFigures] = figures["steps"]
     spans = bucketed(steps)
     if not spans:
         return []
     names = [span.label for span in spans]
-    versioned = sum(1 for step in steps if step.version is not None)
+    versioned = figures["versions"]
     merged = f"; every {math.ceil(versioned / MAX_POINTS)} steps drawn as one" if len(spans) < versioned else ""
     notes = {
         float(i): f"{span.graded} graded of {span.rollouts} rollouts, {span.failed} failed"

@@ -206,12 +206,11 @@ def _by_step(figures: dict[str, Any]) -> str:
     first, last = figures["first_step"], figures["last_step"]
     if first is None:
         return "-"
-    count = sum(1 for step in figures["steps"] if step.version is not None)
 
     def mean(step: Any) -> str:
         return "-" if step.mean_reward is None else f"{step.mean_reward:.3f}"
 
-    return f"{mean(first)} ({first.label}) -> {mean(last)} ({last.label}), {count} versions"
+    return f"{mean(first)} ({first.label}) -> {mean(last)} ({last.label}), {figures['versions']} versions"
 
 
 def _status(figures: dict[str, Any]) -> str:
