@@ -180,7 +180,11 @@ def print_report_summary(console: Any, built: Built) -> None:
     if any(f["first_step"] is not None for f in figures):
         row("mean reward by step", [_by_step(f) for f in figures])
     if any(f["call_versions"] for f in figures):
-        row("off-policy rollouts", [f"{f['off_policy']} ({f['off_policy_calls']} calls)" for f in figures])
+        calls = [f["off_policy_calls"] for f in figures]
+        row(
+            "off-policy rollouts",
+            [f"{f['off_policy']} ({n} call{'s' if n != 1 else ''})" for f, n in zip(figures, calls, strict=True)],
+        )
     if built.comparison is not None:
         deltas = built.comparison.deltas
         row("Δ mean reward [95% CI]", ["(baseline)"] + [_signed(d.reward) for d in deltas])

@@ -93,7 +93,7 @@ def test_a_training_run_served_by_osmosis_serve_shows_reward_by_step(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "0.000 (step-8) -> 0.750 (step-10), 3 versions" in r.stdout
-    assert "1 (1 calls)" in r.stdout
+    assert re.search(r"off-policy rollouts\s*│\s*1 \(1 call\)", r.stdout)
 
 
 def trace(rollout_id: str, versions: list[str | None], *, request: dict | None = None) -> dict:
