@@ -49,6 +49,7 @@ from osmosis_trainer.skyrl import (
 from osmosis_trainer.skyrl.experiment import config_from_cli
 
 N = 2  # samples per prompt
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata's, in SkyRL
 
 
 class _Dataset:  # what RayPPOTrainer's constructor needs of a dataset (SkyRL's CPU tests' DummyDataset)
@@ -262,13 +263,16 @@ def test_the_experiment_wires_skyrls_inference_endpoint_and_the_osmosis_section(
     )
     assert isinstance(cfg, OsmosisSkyRLConfig)
     experiment = object.__new__(OsmosisExp)  # (its __init__ loads a tokenizer and datasets, asks Ray for GPUs)
-    endpoint = SimpleNamespace(get_endpoint_url=lambda: "http://10.0.0.1:8080")
+    endpoint = SimpleNamespace(get_endpoint_url=lambda: "http://127.0.0.1:9")
     generator = experiment.get_generator(cfg, None, endpoint)
-    assert (generator.policy_url, generator.model) == ("http://10.0.0.1:8080/v1", "policy")
+    assert (generator.policy_url, generator.model) == ("http://127.0.0.1:9/v1", "policy")
     assert (generator.step_wise, generator.overlong_filtering, generator.failed_groups) == (True, True, "mask")
     assert (generator.client.url, generator.concurrency) == ("http://127.0.0.1:8000", 8)
     assert generator.client._auth == {"Authorization": "Bearer s3cret"}
     assert "s3cret" not in repr(generator)
+    monkeypatch.delenv("ROLLOUT_TOKEN")
+    monkeypatch.setenv("OSMOSIS_SERVER_TOKEN", "not-this-one")
+    assert experiment.get_generator(cfg, None, endpoint).client._auth == {}  # the variable it names is unset
     with pytest.raises(ValueError, match=r"osmosis\.server_url is not set"):
         experiment.get_generator(config_from_cli(["trainer.policy.model.path=stub"]), None, endpoint)
     with pytest.raises(ValueError, match=r"Invalid fields \{'nope'\} for OsmosisConfig"):

@@ -79,7 +79,7 @@ class OsmosisExp(BasePPOExp):  # type: ignore[misc]
             cfg,
             inference_engine_client,
             server_url=section.server_url,
-            token=os.environ.get(section.token_env) or None,
+            token=os.environ.get(section.token_env, ""),  # unset: no token (not the default variable)
             concurrency=section.concurrency,
             failed_groups=section.failed_groups,
             rollout_id_prefix=section.rollout_id_prefix,

@@ -125,7 +125,7 @@ class OsmosisGenerator(GeneratorInterface):  # type: ignore[misc]  # SkyRL's cla
 
     async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
         """Run one rollout per trajectory of ``input_batch``; SkyRL's output, in the batch's order."""
-        requests = self.requests(input_batch)
+        requests = self._requests(input_batch)
         finished = [result async for result in self.client.run_many(requests, concurrency=self.concurrency)]
         output = generator_output(
             order_results(requests, finished),
@@ -138,7 +138,7 @@ class OsmosisGenerator(GeneratorInterface):  # type: ignore[misc]  # SkyRL's cla
         )
         return cast(GeneratorOutput, output)
 
-    def requests(self, input_batch: Mapping[str, Any]) -> list[RolloutRequest]:
+    def _requests(self, input_batch: Mapping[str, Any]) -> list[RolloutRequest]:
         """The rollout requests of a batch (one per trajectory, in its order): what :meth:`generate` sends.
 
         :raises ValueError: no ``trajectory_ids``, or lists of different lengths (the message names them).
