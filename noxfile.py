@@ -231,7 +231,7 @@ def skyrl(session: nox.Session) -> None:
     """osmosis-trainer's SkyRL adapter against SkyRL itself: SkyRL's validation, trainer and step-wise merge
     on its output, with rollouts of a real ``osmosis serve --traces`` (the trainer session's serve Python).
 
-    SkyRL 0.4.0 declares Python >= 3.12 and SkyRL 0.1-0.3 do not import on 3.11 (pydantic refuses a
+    SkyRL 0.4.0 declares Python >= 3.12, and 0.2 and 0.3 (which declare 3.11) do not import on it (pydantic refuses a
     ``typing.TypedDict`` in ``skyrl.tinker.types``); its code runs on 3.11 once that one name is
     ``typing_extensions.TypedDict``, which tests/test_skyrl.py sets before importing SkyRL. So: torch's CPU
     build by pip (uv does not look on this disk), SkyRL by pip without its metadata's Python check and
