@@ -15,6 +15,10 @@ Sessions (`nox -l` lists them):
                             3.10 installed here: its tests (the client's against osmosis serve run by a
                             Python >= 3.12 of its own, as a trainer and its rollout server run), and
                             mypy --strict for Python 3.10
+  skyrl                     osmosis-trainer's SkyRL adapter against SkyRL itself (Python 3.11: SkyRL's published
+                            package and what its `skyrl-train` extra installs but the CUDA-only packages, on
+                            torch's CPU build): SkyRL's validate_generator_output, its trainer's generate and
+                            postprocessing, real rollouts of osmosis serve
   plugins_all               every plugin installed together: pip check, no name clashes, and the tests that
                             need other plugins beside their own (marked `together`; the rest ran alone)
   bench                     the benchmarks in bench/ (not run by default)
@@ -211,6 +215,58 @@ def _serve_python(session: nox.Session) -> str:
     editable = [arg for path in (".", *(f"plugins/{p}" for p in local)) for arg in ("-e", path)]
     session.run("uv", "pip", "install", "-q", "--python", str(python), *editable, external=True)
     return str(python)
+
+
+SKYRL_PYTHON = "3.11"
+"""The skyrl session's Python: torch's CPU build lies on this machine's disk for 3.11 only (on 3.12 the
+only torch on PyPI is a CUDA build of several GB)."""
+SKYRL = "skyrl==0.4.0"
+TORCH_CPU = "torch==2.13.0"
+SKYRL_CUDA_ONLY = frozenset({"flash-attn", "nixl", "vllm-router"})
+"""What SkyRL's `skyrl-train` extra installs that is built for CUDA (or serves vLLM engines): left out."""
+
+
+@nox.session(python=SKYRL_PYTHON)
+def skyrl(session: nox.Session) -> None:
+    """osmosis-trainer's SkyRL adapter against SkyRL itself: SkyRL's validation, trainer and step-wise merge
+    on its output, with rollouts of a real ``osmosis serve --traces`` (the trainer session's serve Python).
+
+    SkyRL 0.4.0 declares Python >= 3.12, and 0.2 and 0.3 (which declare 3.11) do not import on it (pydantic refuses a
+    ``typing.TypedDict`` in ``skyrl.tinker.types``); its code runs on 3.11 once that one name is
+    ``typing_extensions.TypedDict``, which tests/test_skyrl.py sets before importing SkyRL. So: torch's CPU
+    build by pip (uv does not look on this disk), SkyRL by pip without its metadata's Python check and
+    without dependencies, then the dependencies its metadata declares for ``skyrl[skyrl-train]`` (SkyRL's
+    own pins: ray, hydra-core, peft, transformers) but :data:`SKYRL_CUDA_ONLY`."""
+    folder = ROOT / "plugins" / TRAINER
+    session.install("pip", "-e", f"plugins/{TRAINER}", *_group("test", folder))
+    session.run("python", "-m", "pip", "install", "-q", TORCH_CPU)
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--ignore-requires-python", SKYRL)
+    declared = session.run("python", "-c", _SKYRL_REQUIRES, silent=True)
+    requirements = []
+    for line in str(declared).splitlines():
+        requirement = Requirement(line)
+        if requirement.name in SKYRL_CUDA_ONLY:
+            continue
+        if requirement.marker is None or requirement.marker.evaluate({"extra": "skyrl-train"}):
+            requirement.marker = None
+            requirements.append(str(requirement))
+    pin = Path(session.create_tmp()) / "torch-cpu.txt"
+    pin.write_text(TORCH_CPU + "\n")  # nothing below may replace the CPU build
+    session.install("-c", str(pin), *requirements)
+    session.run("python", "-c", _TORCH_CPU_CHECK)
+    _compile_sources(session, f"plugins/{TRAINER}")
+    serve_python = _serve_python(session)
+    session.chdir(folder)
+    session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
+    session.run("pytest", "tests/test_skyrl.py", "tests/test_skyrl_convert.py", *session.posargs)
+
+
+_SKYRL_REQUIRES = "import importlib.metadata as m; print('\\n'.join(m.requires('skyrl') or []))"
+_TORCH_CPU_CHECK = """
+import importlib.metadata, torch
+assert torch.__version__.endswith("+cpu"), f"torch {torch.__version__} is not the CPU build"
+print("skyrl", importlib.metadata.version("skyrl"), "on torch", torch.__version__)
+"""
 
 
 REFERENCE_SDK = "osmosis-ai[server]==0.3.8"

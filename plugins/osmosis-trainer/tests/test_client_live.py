@@ -17,6 +17,7 @@ import warnings
 
 import attrs
 import pytest
+from trainer_helpers import LABELS, PROMPTS
 
 from osmosis_trainer import (
     RolloutClient,
@@ -31,15 +32,6 @@ from osmosis_trainer import (
     rows_metrics,
     trace_from_json,
 )
-
-PROMPTS = [
-    [
-        {"role": "system", "content": "Use the multiply tool, then answer on the last line as: #### <number>"},
-        {"role": "user", "content": f"val1 = {a}\nval2 = {b}"},
-    ]
-    for a, b in ((6, 7), (12, 11))
-]
-LABELS = ["42", "132"]
 
 
 def _requests(server, prompts, *, tag: str, policy_url: str | None = None) -> list[RolloutRequest]:
