@@ -19,6 +19,10 @@ Sessions (`nox -l` lists them):
                             of torch 2.13.0 lies on this disk for 3.11): the TRL adapter against TRL's real
                             GRPOTrainer, the live policy server, and the proof that a model learns (a tiny
                             model trained with GRPO through osmosis serve --traces, its figures printed)
+  skyrl                     osmosis-trainer's SkyRL adapter against SkyRL itself (Python 3.11: SkyRL's published
+                            package and what its `skyrl-train` extra installs but the CUDA-only packages, on
+                            torch's CPU build): SkyRL's validate_generator_output, its trainer's generate and
+                            postprocessing, real rollouts of osmosis serve
   plugins_all               every plugin installed together: pip check, no name clashes, and the tests that
                             need other plugins beside their own (marked `together`; the rest ran alone)
   bench                     the benchmarks in bench/ (not run by default)
@@ -195,17 +199,21 @@ def trainer(session: nox.Session) -> None:
     session.run("pytest", "tests", "-m", "not together and not torch", *session.posargs)
 
 
-TRAIN_PYTHON = "3.11"
-"""The train session's Python: a CPU build of torch 2.13.0 lies on this disk for it, and pip takes it
-(uv does not look there; from the index, torch on 3.12 is a CUDA build of several GB)."""
+TORCH_PYTHON = "3.11"
+"""The Python of the sessions with torch (train, skyrl): a CPU build of torch lies on this disk for it,
+and pip takes it (uv does not look there; from the index, torch on 3.12 is a CUDA build of several GB)."""
+TORCH_CPU = next(
+    line.strip() for line in (ROOT / "test-constraints.txt").read_text().splitlines() if line.startswith("torch==")
+)
+"""torch's pin (test-constraints.txt: the CPU build on this disk), which SkyRL's install must not replace."""
 
 
-@nox.session(python=TRAIN_PYTHON, venv_backend="venv")
+@nox.session(python=TORCH_PYTHON, venv_backend="venv")
 def train(session: nox.Session) -> None:
     """osmosis-trainer with torch, transformers and TRL (the tests marked ``torch``): the TRL adapter
     against TRL's real GRPOTrainer, the live policy server, and a tiny model that learns through
     ``osmosis serve --traces`` (run by a Python >= 3.12 of its own, as in a deployment). pip, not uv,
-    installs it: see TRAIN_PYTHON."""
+    installs it: see TORCH_PYTHON."""
     folder = ROOT / "plugins" / TRAINER
     constraints = ["-c", str(ROOT / "test-constraints.txt")]
     session.install(*constraints, "-e", f"plugins/{TRAINER}", *_group("test", folder), *_group("train", folder))
@@ -237,6 +245,54 @@ def _serve_python(session: nox.Session) -> str:
     editable = [arg for path in (".", *(f"plugins/{p}" for p in local)) for arg in ("-e", path)]
     session.run("uv", "pip", "install", "-q", "--python", str(python), *editable, external=True)
     return str(python)
+
+
+SKYRL = "skyrl==0.4.0"
+SKYRL_CUDA_ONLY = frozenset({"flash-attn", "nixl", "vllm-router"})
+"""What SkyRL's `skyrl-train` extra installs that is built for CUDA (or serves vLLM engines): left out."""
+
+
+@nox.session(python=TORCH_PYTHON)
+def skyrl(session: nox.Session) -> None:
+    """osmosis-trainer's SkyRL adapter against SkyRL itself: SkyRL's validation, trainer and step-wise merge
+    on its output, with rollouts of a real ``osmosis serve --traces`` (the trainer session's serve Python).
+
+    SkyRL 0.4.0 declares Python >= 3.12, and 0.2 and 0.3 (which declare 3.11) do not import on it (pydantic refuses a
+    ``typing.TypedDict`` in ``skyrl.tinker.types``); its code runs on 3.11 once that one name is
+    ``typing_extensions.TypedDict``, which tests/test_skyrl.py sets before importing SkyRL. So: torch's CPU
+    build by pip (uv does not look on this disk), SkyRL by pip without its metadata's Python check and
+    without dependencies, then the dependencies its metadata declares for ``skyrl[skyrl-train]`` (SkyRL's
+    own pins: ray, hydra-core, peft, transformers) but :data:`SKYRL_CUDA_ONLY`."""
+    folder = ROOT / "plugins" / TRAINER
+    session.install("pip", "-e", f"plugins/{TRAINER}", *_group("test", folder))
+    session.run("python", "-m", "pip", "install", "-q", TORCH_CPU)
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--ignore-requires-python", SKYRL)
+    declared = session.run("python", "-c", _SKYRL_REQUIRES, silent=True)
+    requirements = []
+    for line in str(declared).splitlines():
+        requirement = Requirement(line)
+        if requirement.name in SKYRL_CUDA_ONLY:
+            continue
+        if requirement.marker is None or requirement.marker.evaluate({"extra": "skyrl-train"}):
+            requirement.marker = None
+            requirements.append(str(requirement))
+    pin = Path(session.create_tmp()) / "torch-cpu.txt"
+    pin.write_text(TORCH_CPU + "\n")  # nothing below may replace the CPU build
+    session.install("-c", str(pin), *requirements)
+    session.run("python", "-c", _TORCH_CPU_CHECK)
+    _compile_sources(session, f"plugins/{TRAINER}")
+    serve_python = _serve_python(session)
+    session.chdir(folder)
+    session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
+    session.run("pytest", "tests/test_skyrl.py", "tests/test_skyrl_convert.py", *session.posargs)
+
+
+_SKYRL_REQUIRES = "import importlib.metadata as m; print('\\n'.join(m.requires('skyrl') or []))"
+_TORCH_CPU_CHECK = """
+import importlib.metadata, torch
+assert torch.__version__.endswith("+cpu"), f"torch {torch.__version__} is not the CPU build"
+print("skyrl", importlib.metadata.version("skyrl"), "on torch", torch.__version__)
+"""
 
 
 REFERENCE_SDK = "osmosis-ai[server]==0.3.8"

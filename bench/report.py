@@ -121,7 +121,7 @@ def write_run(folder: Path, rows: int, samples: int, seed: int = 0) -> int:
                 calls = [
                     {
                         "prompt_token_ids": list(range(rng.randint(60, 200))),
-                        "generated_token_ids": list(range(rng.randint(10, 60))),
+                        "completion_token_ids": list(range(rng.randint(10, 60))),
                     }
                     for _ in range((len(messages) - 2) // 2)
                 ]

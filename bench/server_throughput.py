@@ -26,12 +26,11 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _serve import CONFIG, Served, ticks  # (bench/ is the script's folder: on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIVIAL = '''
@@ -49,65 +48,12 @@ class Exact(Grader):
     async def grade(self, ctx):
         return 1.0 if ctx.sample.last_text().endswith(str(ctx.label)) else 0.0
 '''
-CONFIG = """
-[rollout]
-path = "{rollout}"
-entrypoint = "main.py"
-
-[run]
-concurrency = {concurrency}
-agent_timeout_sec = 60
-grader_timeout_sec = 30
-"""
-
-
-def ticks(pid: int) -> float:
-    """CPU seconds (user + system) of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
     match = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
     assert match
     return int(match.group(1)) / 1024
-
-
-class Served:
-    """`osmosis serve` in a child process."""
-
-    def __init__(self, config: Path, out: Path, token: str, *extra: str) -> None:
-        exe = Path(sys.executable).parent / "osmosis"
-        cmd = [str(exe), "serve", str(config), "--port", "0", "--output", str(out), *extra]
-        env = {**os.environ, "OSMOSIS_SERVER_TOKEN": token}
-        self.log = (out.parent / f"{out.name}.log").open("w")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 60
-        self.url = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise SystemExit(f"osmosis serve exited ({self.proc.wait()}); see {self.log.name}")
-            match = re.search(r"listening on (http://\S+)", line)
-            if match:
-                self.url = match.group(1)
-                break
-        if not self.url:
-            raise SystemExit("osmosis serve did not start")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.log.close()
 
 
 async def drive(url: str, token: str, n: int, concurrency: int, policy_url: str, tag: str) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -137,6 +137,11 @@ def _y_ticks(top: float, *, integer: bool) -> list[float]:
         while ticks[-1] < top:  # (nice steps of counts end on a whole number; kept as a guarantee)
             ticks.append(ticks[-1] + max(ticks[-1] - ticks[-2], 1.0) if len(ticks) > 1 else 1.0)
     return ticks
+
+
+def _fitting(widest: int, most: int = 10) -> int:
+    """How many x tick labels of ``widest`` characters fit side by side (at least 2, at most ``most``)."""
+    return max(2, min(most, int((WIDTH - MARGIN[0] - MARGIN[2]) // (widest * CHAR_WIDTH + 10))))
 
 
 def _frame(lo: float, hi: float, top: float, *, integer: bool = False) -> tuple[_Scale, _Scale, list[float]]:
@@ -271,13 +276,18 @@ def lines(
     y_label: str = "",
     y_max: float | None = 1.0,
     tip: str = "{series}: {x_label} {x}, {y_label} {y}",
+    x_names: Sequence[str] = (),
+    notes: Mapping[float, str] | None = None,
     note: str = "",
     slug: str = "",
 ) -> Chart:
     """Line plots with a dot per point (``(label, css class, [(x, y), ...])``), e.g. pass@k against k.
 
-    The y axis goes from 0 to ``y_max``, or further when a point is higher. ``tip`` is each dot's
-    hover title, formatted with ``series``, ``x``, ``y``, ``x_label`` and ``y_label``.
+    The y axis goes from 0 (or below, to the lowest point) to ``y_max``, or further when a point is
+    higher. ``tip`` is each dot's hover title, formatted with ``series``, ``x``, ``y``, ``x_label``,
+    ``y_label`` and ``note`` (``notes[x]``: what the point counts, e.g. ``16 rollouts``). With
+    ``x_names``, the x values are positions in it (0, 1, ...: training steps), and the ticks and
+    titles say the names; the ticks are thinned so that their labels do not overlap.
     """
     points = [p for _, _, ps in series for p in ps]
     if not points:
@@ -287,9 +297,14 @@ def lines(
     if hi == lo:
         lo, hi = lo - 0.5, hi + 0.5
     top = max(y_max or 0.0, max(p[1] for p in points))
-    ticks = _y_ticks(top, integer=False)
-    y = _Scale(0.0, ticks[-1], HEIGHT - MARGIN[3], MARGIN[1])
+    low = min(0.0, min(p[1] for p in points))  # (a mean reward may be negative)
+    ticks = _y_ticks(top, integer=False) if low == 0 else nice_ticks(low, top, 4)
+    y = _Scale(ticks[0], ticks[-1], HEIGHT - MARGIN[3], MARGIN[1])
     x = _Scale(lo, hi, MARGIN[0] + 8, WIDTH - MARGIN[2] - 8)
+
+    def name(value: float) -> str:
+        return x_names[int(value)] if x_names and 0 <= int(value) < len(x_names) else _fmt(value)
+
     marks = []
     for label, cls, ps in series:
         if not ps:
@@ -297,11 +312,13 @@ def lines(
         d = "M" + " L".join(f"{x(a):.1f},{y(b):.1f}" for a, b in ps)
         marks.append(Mark("path", cls, label, d=d))
         for a, b in ps:
-            text = tip.format(series=label, x=_fmt(a), y=f"{b:.3f}", x_label=x_label, y_label=y_label)
+            said = (notes or {}).get(a, "")
+            text = tip.format(series=label, x=name(a), y=f"{b:.3f}", x_label=x_label, y_label=y_label, note=said)
             marks.append(Mark("dot", cls, text, x(a), y(b)))
     whole = sorted({a for a in xs})
-    step = max(1, math.ceil(len(whole) / 10))
-    xt = [(x(v), _fmt(v)) for v in whole[::step]]
+    most = _fitting(max(len(name(v)) for v in whole)) if x_names else 10
+    step = max(1, math.ceil(len(whole) / most))
+    xt = [(x(v), name(v)) for v in whole[::step]]
     legend = [(label, cls) for label, cls, _ in series] if len(series) > 1 else []
     return Chart(
         title, marks, xt, [(y(t), _fmt(t)) for t in ticks], x_label, y_label, legend, note, slug=slug, y_max=ticks[-1]
@@ -318,6 +335,8 @@ def bars(
     tip: str = "{group}, {stack}: {n} {counted}",
     note: str = "",
     empty: str = "none",
+    x_label: str = "",
+    thin: bool = False,
     slug: str = "",
 ) -> Chart:
     """Vertical bars per group (an error category), stacked (by stage) or side by side (by run).
@@ -326,10 +345,12 @@ def bars(
     :param stacks: ``(label, css class)`` of each count.
     :param counted: what a bar counts (the y axis's title).
     :param tip: each bar's hover title, formatted with ``group``, ``stack``, ``n`` and ``counted``.
+    :param x_label: what the groups are (the x axis's title).
+    :param thin: label only as many groups as fit side by side (many groups: training steps).
     """
     groups = [(g, counts) for g, counts in groups if sum(counts)]
     if not groups:
-        return Chart(title, [], [], [], "", counted, note=empty, slug=slug)
+        return Chart(title, [], [], [], x_label, counted, note=empty, slug=slug)
     top = max((max(c) if grouped else sum(c)) for _, c in groups)
     x, y, yt = _frame(0, len(groups), top, integer=True)
     marks = []
@@ -347,9 +368,11 @@ def bars(
             else:
                 marks.append(Mark("rect", cls, text, left, y(base + n), slot, y(base) - y(base + n)))
                 base += n
-    xt = [(x(i + 0.5), g) for i, (g, _) in enumerate(groups)]
+    every = math.ceil(len(groups) / _fitting(max(len(g) for g, _ in groups), len(groups))) if thin else 1
+    xt = [(x(i + 0.5), g) for i, (g, _) in enumerate(groups) if i % every == 0]
     legend = [(label, cls) for label, cls in stacks] if len(stacks) > 1 else []
-    return Chart(title, marks, xt, [(y(t), _fmt(t)) for t in yt], "", counted, legend, note, slug=slug, y_max=yt[-1])
+    y_ticks = [(y(t), _fmt(t)) for t in yt]
+    return Chart(title, marks, xt, y_ticks, x_label, counted, legend, note, slug=slug, y_max=yt[-1])
 
 
 def timeline(

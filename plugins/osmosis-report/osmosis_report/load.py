@@ -12,7 +12,14 @@ non-finite reward makes its rollout a failure (``validation_error``), as a grade
 reward is one now; a non-finite timing or time is left out. Prompts and labels come from
 the dataset named in ``run.json`` when it is still the file the run read (same SHA-256); else from
 the samples' own leading messages. ``traces.jsonl``, when the run captured traces, gives token
-counts per rollout.
+counts per rollout and the policy version of each model call.
+
+A training run: a trainer that drives ``osmosis serve`` tags each rollout with its ``policy_version``
+(its step), which the rollout's line records. A server's rollouts are told apart by their rollout
+id, not by (row, sample): a trainer names the rows of each step's batch again (row 0 of step 12 is
+not row 0 of step 11), and a server records each id once. When the lines carry policy versions, the
+report's rows are the groups of a step: one per (policy version, row), in training order (see
+:mod:`osmosis_report.steps`), each keeping the row its lines name (``source_row``).
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ import hashlib
 import json
 import math
 import os
+import re
 import tomllib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +49,11 @@ from osmosis_core.frontend import (
     scan_results,
     summary_fields,
 )
+from osmosis_report.steps import training_order
 
 __all__ = ["Rollout", "Row", "RunData", "Tokens", "load_run", "prompt_hash", "prompt_text"]
+
+_NO_CALLS: tuple[str | None, ...] = ()
 
 MAX_STRING = 200_000
 """Characters kept of any one string of a trajectory (a longer one is clipped, and says where the
@@ -58,6 +69,9 @@ class Tokens:
     generated: int
     complete: bool
     per_call: list[tuple[int, int]]
+    versions: tuple[str | None, ...] = _NO_CALLS
+    """The policy version each call was served by, in call order (None: the call names none; empty: no
+    call names one)."""
 
 
 @attrs.define(slots=True)
@@ -84,6 +98,12 @@ class Rollout:
     first_messages: list[dict[str, Any]] | None = None
     tokens: Tokens | None = None
     passed: bool | None = None
+    version: str | None = None
+    """The policy version that made it: its line's ``policy_version`` (the trainer's step), else the
+    first one its traced calls name; None when neither says."""
+    source_row: int | None = None
+    """The row its line names, when the report numbers rows otherwise (a training run: one row per
+    policy version and row; see the module)."""
 
     @property
     def latency(self) -> float:
@@ -99,6 +119,22 @@ class Rollout:
         """Counts for pass rates and pass@k: a failure (never passes) or a success with a reward."""
         return self.status not in ("success", "cancelled") or self.reward is not None
 
+    @property
+    def call_versions(self) -> tuple[str | None, ...]:
+        """The policy version of each traced call (empty without a trace, or when no call names one)."""
+        return self.tokens.versions if self.tokens is not None else _NO_CALLS
+
+    @property
+    def off_policy_calls(self) -> int:
+        """Traced calls served by another policy version than the rollout's own (:attr:`version`): the
+        weights changed while it ran. A call that names no version is not counted."""
+        return sum(1 for v in self.call_versions if v is not None and v != self.version)
+
+    @property
+    def off_policy(self) -> bool:
+        """Its traced calls span several policy versions (or name another than its own)."""
+        return self.off_policy_calls > 0
+
 
 @attrs.define
 class Row:
@@ -108,6 +144,10 @@ class Row:
     prompt: list[dict[str, Any]] | None
     label: Any
     rollouts: list[Rollout] = attrs.field(factory=list)
+    version: str | None = None
+    """The policy version of its rollouts, when the run has versions (one row per version and row)."""
+    source_row: int | None = None
+    """The row its results lines name, when the report numbers rows otherwise (see the module)."""
 
     @property
     def hash(self) -> str:
@@ -152,6 +192,9 @@ class RunData:
     traces: bool
     cancelled: int
     read_bytes: int
+    versions: list[str] = attrs.field(factory=list)
+    """The policy versions its rollouts name, in training order (:func:`osmosis_report.steps.training_order`);
+    empty when none does."""
 
     @property
     def name(self) -> str:
@@ -271,41 +314,94 @@ def _dataset_rows(meta: dict[str, Any]) -> dict[int, tuple[list[dict[str, Any]],
 
 
 _PROMPT_IDS = b'"prompt_token_ids"'
-_GENERATED_IDS = b'"generated_token_ids"'
+_VERSION = b'"policy_version"'
+_LIST = re.compile(rb"\s*:\s*(null|\[)")
+_COMPLETION = re.compile(rb'\s*,\s*"completion_token_ids"\s*:\s*(null|\[)')
+_STRING = re.compile(rb'\s*:\s*(null|"(?:[^"\\]|\\.)*")')
+"""What follows a key in a trace line: an id list (or null); after the prompt's list, the completion's;
+a version (a string or null)."""
 
 
-def _count_ids(raw: bytes, key: bytes) -> list[int]:
-    """The length of each ``key: [ids]`` list in a trace line, counted without parsing the ids."""
-    counts = []
-    at = raw.find(key)
-    while at >= 0:
-        start = raw.index(b"[", at + len(key))
-        end = raw.index(b"]", start)
-        body = raw[start + 1 : end]
-        counts.append(body.count(b",") + 1 if body.strip() else 0)
-        at = raw.find(key, end)
-    return counts
+def _id_count(raw: bytes, value: re.Match[bytes]) -> tuple[int, int]:
+    """(length, where it ends) of the id list (or null: 0) ``value`` opened, counted without parsing it."""
+    if value.group(1) == b"null":
+        return 0, value.end()
+    end = raw.index(b"]", value.end())
+    body = raw[value.end() : end]
+    return (body.count(b",") + 1 if body.strip() else 0), end + 1
+
+
+def _calls(raw: bytes, at: int) -> list[tuple[int, int, Any]]:
+    """(prompt ids, completion ids, policy version) of each call of a trace line from ``at`` (its
+    ``"calls"``), in one pass: the id lists are counted, not parsed (a trace holds every token id of
+    every call: parsing them all would take most of a report's time), relying on the order the gateway
+    writes a call's keys in (its version before its prompt ids, the completion ids right after them).
+
+    :raises ValueError: a line in another order, or whose request holds a key of the same name (it is
+        then parsed whole)."""
+    calls = []
+    version_at, more = -1, True  # (where the next version is; False: the line holds no more)
+    while (prompt_at := raw.find(_PROMPT_IDS, at)) >= 0:
+        if more and version_at < at:  # searched from this call on: never through an earlier call's ids
+            version_at = raw.find(_VERSION, at)
+            more = version_at >= 0
+        version = None
+        if more and version_at < prompt_at:
+            value = _STRING.match(raw, version_at + len(_VERSION))
+            if value is None:
+                raise ValueError("a policy_version that is neither a string nor null")
+            version = json.loads(value.group(1))
+            if raw.find(_VERSION, value.end(), prompt_at) >= 0:
+                raise ValueError("two policy versions before a call's prompt ids")
+            version_at = -1
+        opened = _LIST.match(raw, prompt_at + len(_PROMPT_IDS))
+        if opened is None:
+            raise ValueError("prompt_token_ids holds neither a list nor null")
+        prompt, end = _id_count(raw, opened)
+        opened = _COMPLETION.match(raw, end)
+        if opened is None:
+            raise ValueError("prompt_token_ids not followed by completion_token_ids")
+        completion, at = _id_count(raw, opened)
+        calls.append((prompt, completion, version))
+    return calls
+
+
+def _version(value: Any) -> str | None:
+    """A policy version as the report keys it: a string (a number written as one), else None."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return str(value)
+    return None
 
 
 def _trace_tokens(raw: bytes) -> tuple[str, Tokens]:
-    """(rollout id, token counts) of one ``traces.jsonl`` line; the id lists are counted, not parsed
-    (a trace holds every token id of every call: parsing them all would take most of a report's time).
-    A line this shortcut cannot follow (keys in another order) is parsed whole."""
+    """(rollout id, token counts and call versions) of one ``traces.jsonl`` line, read by :func:`_calls`;
+    a line that shortcut cannot follow is parsed whole."""
     try:
-        head = raw[: raw.index(b'"calls"')].rstrip().rstrip(b",")
-        meta = json.loads(head + b"}")
-        prompts, generated = _count_ids(raw, _PROMPT_IDS), _count_ids(raw, _GENERATED_IDS)
-        if not isinstance(meta, dict) or "rollout_id" not in meta or len(prompts) != len(generated):
+        at = raw.index(b'"calls"')
+        meta = json.loads(raw[:at].rstrip().rstrip(b",") + b"}")
+        if not isinstance(meta, dict) or "rollout_id" not in meta:
             raise ValueError("not in the usual order")
-        calls = list(zip(prompts, generated, strict=True))
+        found = _calls(raw, at)
+        calls = [(p, c) for p, c, _ in found]
+        versions = tuple(_version(v) for _, _, v in found)
     except ValueError:
         meta = json.loads(raw)
+        whole = [call for call in meta.get("calls") or () if isinstance(call, dict)]
         calls = [
-            (len(call.get("prompt_token_ids") or ()), len(call.get("generated_token_ids") or ()))
-            for call in meta.get("calls") or ()
+            (len(call.get("prompt_token_ids") or ()), len(call.get("completion_token_ids") or ())) for call in whole
         ]
+        versions = tuple(_version(call.get("policy_version")) for call in whole)
+    if not any(v is not None for v in versions):
+        versions = _NO_CALLS
     tokens = Tokens(
-        len(calls), sum(p for p, _ in calls), sum(g for _, g in calls), bool(meta.get("complete", True)), calls
+        len(calls),
+        sum(p for p, _ in calls),
+        sum(g for _, g in calls),
+        bool(meta.get("complete", True)),
+        calls,
+        versions,
     )
     return str(meta["rollout_id"]), tokens
 
@@ -346,39 +442,58 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
     threshold = config.get("run", {}).get("pass_threshold", written.get("pass_threshold", 1.0))
     threshold = float(threshold) if isinstance(threshold, (int, float)) else 1.0
     damaged: list[str] = []
-    attempts: Counter[tuple[int, int]] = Counter()
+    by_id = meta.get("kind") == "serve"  # a server records each rollout id once; its rows repeat (see the module)
+    attempts: Counter[Hashable] = Counter()
     total = _count_lines(results)
-    latest: dict[tuple[int, int], tuple[Rollout, dict[str, Any]]] = {}
-    odd: dict[tuple[int, int], tuple[int, list[str]]] = {}
-    """(line number, its NaN and infinite numbers) of each pair whose latest line holds some."""
+    latest: dict[Hashable, tuple[Rollout, dict[str, Any]]] = {}
+    odd: dict[Hashable, tuple[int, list[str]]] = {}
+    """(line number, its NaN and infinite numbers) of each rollout whose latest line holds some."""
+    first_seen: dict[str, int] = {}
+    """The line each policy version first appears on (the training order's tie-break)."""
     for read, (number, line) in enumerate(scan_results(results, repair=False, damaged=damaged), start=1):
-        pair = (line["row"], line["sample_index"])
-        attempts[pair] += 1
+        named = line.get("rollout_id")
+        key: Hashable = str(named) if by_id and named else (line["row"], line["sample_index"])
+        attempts[key] += 1
         if on_lines is not None and read % 500 == 0:
             on_lines(read, total)
         found: list[str] = []
         line = _finite(line, f"{results}:{number}", found)
-        latest[pair] = _rollout(line, f"{results}:{number}", found), summary_fields(line)
+        rollout = _rollout(line, f"{results}:{number}", found)
+        latest[key] = rollout, summary_fields(line)
+        if rollout.version is not None:
+            first_seen.setdefault(rollout.version, number)
         if found:
-            odd[pair] = (number, found)
+            odd[key] = (number, found)
         else:
-            odd.pop(pair, None)  # a later record of the pair counts, not the earlier one
+            odd.pop(key, None)  # a later record of the rollout counts, not the earlier one
     nonfinite = [problem for _, found in sorted(odd.values()) for problem in found]
     size = results.stat().st_size if results.exists() else 0
     if on_lines is not None:
         on_lines(total, total)
     traces = _read_traces(path / "traces.jsonl", damaged)
+    for key, (rollout, _) in latest.items():
+        rollout.attempts = attempts[key]
+        rollout.tokens = traces.get(rollout.rollout_id)
+        if rollout.version is None and rollout.call_versions:  # the line names none: its calls do
+            rollout.version = next(v for v in rollout.call_versions if v is not None)
+            first_seen.setdefault(rollout.version, total + 1)
+    present = {rollout.version for rollout, _ in latest.values()}
+    versions = training_order({v: n for v, n in first_seen.items() if v in present})
+    rank: dict[str | None, int] = {version: position for position, version in enumerate(versions)}
     from_dataset = _dataset_rows(meta)
     stats = ResultStats(pass_threshold=threshold)
     rows: dict[int, Row] = {}
-    if from_dataset is not None:
-        for index, (prompt, label) in from_dataset.items():
-            rows[index] = Row(index, prompt, label)
+    if from_dataset is not None and not versions:
+        for index, (messages, answer) in from_dataset.items():
+            rows[index] = Row(index, messages, answer)
+    groups: dict[tuple[int, int], int] = {}
+    """(version's rank, row) -> the report's row index, when the run has versions."""
     cancelled = 0
-    for pair in sorted(latest):
-        rollout, fields = latest[pair]
-        rollout.attempts = attempts[pair]
-        rollout.tokens = traces.get(rollout.rollout_id)
+    ordered = sorted(
+        latest.values(),
+        key=lambda item: (rank.get(item[0].version, len(rank)), item[0].row, item[0].sample, item[0].rollout_id),
+    )
+    for rollout, fields in ordered:
         if rollout.status == "cancelled":
             cancelled += 1  # not counted, as the core's summary does not count it (--resume runs it again)
         else:
@@ -388,10 +503,21 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
             if rollout.graded and rollout.status != "cancelled"
             else None
         )
-        row = rows.get(pair[0])
+        named = rollout.row
+        if versions:  # a training run: one row per (version, row), in training order
+            rollout.source_row = named
+            rollout.row = groups.setdefault((rank.get(rollout.version, len(rank)), named), len(groups))
+        row = rows.get(rollout.row)
         if row is None:
-            lead = _leading_prompt(rollout.first_messages or [])
-            row = rows[pair[0]] = Row(pair[0], lead or None, None)
+            prompt: list[dict[str, Any]] | None = None
+            label: Any = None
+            if from_dataset is not None and named in from_dataset:
+                prompt, label = from_dataset[named]
+            else:
+                prompt = _leading_prompt(rollout.first_messages or []) or None
+            row = rows[rollout.row] = Row(
+                rollout.row, prompt, label, version=rollout.version, source_row=rollout.source_row
+            )
         elif row.prompt is None and rollout.first_messages:
             row.prompt = _leading_prompt(rollout.first_messages) or None
         rollout.first_messages = None
@@ -422,6 +548,7 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
         traces=bool(traces),
         cancelled=cancelled,
         read_bytes=size,
+        versions=versions,
     )
 
 
@@ -530,4 +657,5 @@ def _rollout(line: dict[str, Any], where: str = "", problems: list[str] | None =
         attempts=1,
         trajectory=trajectory,
         first_messages=first,
+        version=_version(line.get("policy_version")),
     )

@@ -36,6 +36,7 @@ from osmosis_report import charts
 from osmosis_report.compare import Comparison, Mismatch, compare, row_passes
 from osmosis_report.load import Rollout, RunData, load_run
 from osmosis_report.stats import Interval, mean_interval, pass_at_k_curve
+from osmosis_report.steps import MAX_POINTS, StepFigures, bucketed, step_figures
 from osmosis_report.units import duration_unit, format_duration, format_durations
 
 __all__ = ["DEFAULT_MAX_BYTES", "Built", "build_report", "render_runs", "run_figures"]
@@ -91,6 +92,8 @@ def run_figures(run: RunData) -> dict[str, Any]:
         started = _dt.datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="seconds") if stamp else None
     wall = s.wall_sec or (max(times) - min(times) if len(times) > 1 else 0.0)
     never = sum(1 for row in rows if row.counts()[0] and row.counts()[1] == 0)
+    steps = step_figures(run)
+    versioned = [step for step in steps if step.version is not None]
     return {
         "name": run.name,
         "path": str(run.path),
@@ -121,6 +124,13 @@ def run_figures(run: RunData) -> dict[str, Any]:
         "cancelled": run.cancelled,
         "traces": run.traces,
         "threshold": run.pass_threshold,
+        "steps": steps,
+        "versions": len(versioned),
+        "first_step": versioned[0] if versioned else None,
+        "last_step": versioned[-1] if versioned else None,
+        "off_policy": sum(step.off_policy for step in steps),
+        "off_policy_calls": sum(step.off_policy_calls for step in steps),
+        "call_versions": any(r.call_versions for r in rollouts),
     }
 
 
@@ -129,7 +139,8 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
     rewards = [r.reward for r in rollouts if r.ok and r.reward is not None]
     failed_graded = [0.0 for r in rollouts if not r.ok and r.graded] if rewards else []  # (no grader: no zeros)
     slug = f"r{index}"
-    out = [
+    out = _step_charts(figures, slug)
+    out += [
         charts.histogram(
             "Reward distribution",
             [("rewarded", "s0", rewards), ("failed (counted as 0)", "fail", failed_graded)],
@@ -192,6 +203,58 @@ def _run_charts(run: RunData, figures: dict[str, Any], index: int) -> list[chart
     )
     out.extend(_metric_charts(rollouts, slug))
     return out
+
+
+def _step_charts(figures: dict[str, Any], slug: str) -> list[charts.Chart]:
+    """Mean reward and pass rate by training step, and the rollouts of each step (none without versions)."""
+    steps: list[StepFigures] = figures["steps"]
+    spans = bucketed(steps)
+    if not spans:
+        return []
+    names = [span.label for span in spans]
+    versioned = figures["versions"]
+    merged = f"; every {math.ceil(versioned / MAX_POINTS)} steps drawn as one" if len(spans) < versioned else ""
+    notes = {
+        float(i): f"{span.graded} graded of {span.rollouts} rollouts, {span.failed} failed"
+        for i, span in enumerate(spans)
+    }
+    means = [(float(i), mean) for i, span in enumerate(spans) if (mean := span.mean_reward) is not None]
+    passes = [(float(i), rate) for i, span in enumerate(spans) if (rate := span.pass_rate) is not None]
+    unversioned = next((step.rollouts for step in steps if step.version is None), 0)
+    left_out = f"; {unversioned} rollouts without a policy version left out (see the table)" if unversioned else ""
+    reward = charts.lines(
+        "Reward by training step",
+        [("mean reward", "s0", means), ("pass rate", "s2 dashed", passes)],  # (dashed: 0/1 rewards draw one line)
+        x_label="policy version (training step)",
+        y_label="mean reward / pass rate",
+        tip="{x}: {series} {y} ({note})",
+        x_names=names,
+        notes=notes,
+        note=(
+            f"Every graded rollout of each step, a failure counting as reward 0 and not passing{merged}{left_out}."
+            if means
+            else "no rewards"
+        ),
+        slug=f"{slug}-steps",
+    )
+    off, calls = figures["off_policy"], figures["off_policy_calls"]
+    off_note = (
+        f"; {off} off-policy rollout{'s' if off != 1 else ''} ({calls} call{'s' if calls != 1 else ''}), see the table"
+        if off
+        else ""
+    )
+    counts = charts.bars(
+        "Rollouts by training step",
+        [(name, [span.rollouts - span.failed, span.failed]) for name, span in zip(names, spans, strict=True)],
+        [("succeeded", "ok"), ("failed", "fail")],
+        counted="rollouts",
+        tip="{group}: {n} {counted} {stack}",
+        x_label="policy version (training step)",
+        thin=True,
+        note=f"Finished rollouts per policy version (cancelled ones not counted){merged}{off_note}.",
+        slug=f"{slug}-step-counts",
+    )
+    return [reward, counts]
 
 
 def _scores(run: RunData, rewarded: bool) -> list[float]:
@@ -261,6 +324,10 @@ def _rollout_json(r: Rollout, t0: float | None) -> dict[str, Any]:
         item["a"] = r.attempts
     if r.finished_at is not None and t0 is not None:
         item["f"] = round(r.finished_at - t0, 2)
+    if r.version is not None:
+        item["v"] = r.version
+    if r.off_policy:
+        item["cv"] = list(r.call_versions)
     if r.tokens is not None:
         item["k"] = [
             r.tokens.calls,
@@ -357,6 +424,10 @@ def _rows_json(runs: Sequence[RunData], comparison: Comparison | None) -> list[d
             "h": first.hash,
             "r": [offsets[k].get(index, []) if rows[k] is not None else [] for k in range(len(runs))],
         }
+        if first.version is not None:
+            entry["v"] = first.version
+        if first.source_row is not None:
+            entry["o"] = first.source_row
         if len(label) > LABEL_SHORT:
             entry["L"] = label[:LABEL_LONG] + (
                 f"\u2026 [clipped: {len(label) - LABEL_LONG:,} more characters]" if len(label) > LABEL_LONG else ""
@@ -503,6 +574,7 @@ def render_runs(
         "rollouts": rollouts_json,
         "rows": rows_json,
         "categories": sorted({r.category for run in runs for r in run.rollouts if r.category}),
+        "steps": list(dict.fromkeys(v for run in runs for v in run.versions)),
     }
     script = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()

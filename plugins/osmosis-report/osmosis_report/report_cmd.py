@@ -177,6 +177,14 @@ def print_report_summary(console: Any, built: Built) -> None:
     )
     row("latency p50/p95/p99", [format_durations([f["latency"][q] for q in (50, 95, 99)]) for f in figures])
     row("rollouts/s", [num(f["rate"], ".1f") for f in figures])
+    if any(f["first_step"] is not None for f in figures):
+        row("mean reward by step", [_by_step(f) for f in figures])
+    if any(f["call_versions"] for f in figures):
+        calls = [f["off_policy_calls"] for f in figures]
+        row(
+            "off-policy rollouts",
+            [f"{f['off_policy']} ({n} call{'s' if n != 1 else ''})" for f, n in zip(figures, calls, strict=True)],
+        )
     if built.comparison is not None:
         deltas = built.comparison.deltas
         row("Δ mean reward [95% CI]", ["(baseline)"] + [_signed(d.reward) for d in deltas])
@@ -195,6 +203,18 @@ def _signed(interval: Any) -> str:
     if interval is None:
         return "-"
     return f"{interval.value:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
+
+
+def _by_step(figures: dict[str, Any]) -> str:
+    """The mean reward of the first and the last training step (policy version), and how many there are."""
+    first, last = figures["first_step"], figures["last_step"]
+    if first is None:
+        return "-"
+
+    def mean(step: Any) -> str:
+        return "-" if step.mean_reward is None else f"{step.mean_reward:.3f}"
+
+    return f"{mean(first)} ({first.label}) -> {mean(last)} ({last.label}), {figures['versions']} versions"
 
 
 def _status(figures: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ Chromium and chromedriver come from Debian (`apt-get install chromium chromium-d
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -279,3 +280,64 @@ def test_the_viewer_shows_the_label_the_metrics_by_stage_a_link_long_text_and_hi
     shot(browser, "report-viewer-unfolded.png")
     assert console_errors(browser) == []
     assert [u for u in requests_made(browser) if not u.startswith(page.resolve().as_uri())] == []
+
+
+def test_a_training_run_shows_reward_by_step_and_its_rows_filter_by_step(browser, tmp_path):
+    # 30 steps of a trainer's batches (rows 0 and 1, 2 samples each, named again every step), the reward
+    # rising; at step-12 one rollout failed and another had a call served by step-13's weights
+    lines = []
+    for k in range(30):
+        for row in (0, 1):
+            for sample in (0, 1):
+                rid = f"step-{k}-g{row}-s{sample}"
+                right = (row * 2 + sample) < k * 5 // 30
+                failed = rid == "step-12-g1-s1"
+                lines.append(line(row, sample, reward=float(right), version=f"step-{k}", rollout_id=rid,
+                                  status="failure" if failed else "success"))  # fmt: skip
+    run = write_run(tmp_path / "training", lines, meta={"kind": "serve"})
+    calls = [
+        {"policy_version": v, "prompt_token_ids": [1, 2], "completion_token_ids": [3]} for v in ("step-12", "step-13")
+    ]
+    (run / "traces.jsonl").write_text(
+        json.dumps({"rollout_id": "step-12-g0-s1", "complete": True, "calls": calls}) + "\n"
+    )
+    page = build_report([run], tmp_path / "training.html").path
+    open_page(browser, page)
+    dots = "return document.querySelectorAll('figure[data-chart=\"r0-steps\"] circle.dot').length"
+    assert browser.execute_script(dots) == 60  # mean reward and pass rate at each of the 30 steps
+    ticks = browser.execute_script(
+        'return [...document.querySelectorAll(\'figure[data-chart="r0-steps"] text.tick[text-anchor="middle"]\')]'
+        ".map((t) => { const b = t.getBBox(); return [t.textContent, b.x, b.width]; })"
+    )
+    assert ticks[0][0] == "step-0"
+    for (_, x, width), (_, next_x, _) in itertools.pairwise(ticks):
+        assert x + width <= next_x, f"step labels overlap: {ticks}"  # thinned to what fits
+    steps = "return [...document.querySelectorAll('table.steps tbody tr')].map((tr) => tr.dataset.step)"
+    assert browser.execute_script(steps) == [f"step-{k}" for k in range(30)]
+    browser.execute_script("document.querySelector('#run-0 .kpis').scrollIntoView(); window.scrollBy(0, -60)")
+    shot(browser, "report-training-steps.png")
+
+    # the row table: a step column, the trainer's row, and a filter by step
+    assert browser.execute_script("return document.getElementById('filter-step').hidden") is False
+    assert browser.execute_script("return document.querySelectorAll('#filter-step option').length") == 31
+    browser.execute_script(
+        "const s = document.getElementById('filter-step'); s.value = 'step-12'; s.dispatchEvent(new Event('change'))"
+    )
+    cells = (
+        "return [...document.querySelectorAll('#row-table tbody tr')]"
+        ".map((tr) => [tr.cells[0].innerText, tr.cells[1].innerText])"
+    )
+    assert browser.execute_script(cells) == [["0", "step-12"], ["1", "step-12"]]
+    browser.execute_script("document.querySelectorAll('#row-table tbody tr')[0].querySelectorAll('a.chip')[1].click()")
+    assert wait_for(browser, "return document.getElementById('viewer-body').innerText.includes('off-policy')")
+    title = browser.execute_script("return document.getElementById('viewer-title').innerText")
+    assert title.startswith("step-12 \u00b7 row 0, sample 1")
+    body = browser.execute_script("return document.getElementById('viewer-body').innerText")
+    assert "served by step-12, step-13" in body
+    # j steps through the filtered rows only: the next rollouts are step-12's row 1
+    browser.execute_script("document.dispatchEvent(new KeyboardEvent('keydown', {key: 'j'}))")
+    assert wait_for(
+        browser, "return document.getElementById('viewer-title').innerText.startsWith('step-12 \u00b7 row 1')"
+    )
+    assert console_errors(browser) == []
+    assert [u for u in requests_made(browser) if u != page.resolve().as_uri()] == []

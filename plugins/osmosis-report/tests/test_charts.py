@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -115,3 +116,24 @@ def test_durations_come_in_a_unit_that_suits_them():
     assert format_duration(1234.0) == "20.6 min"
     assert format_duration(None) == "\u2013"
     assert format_durations([None, None]) == "\u2013 / \u2013"
+
+
+def test_named_x_ticks_of_many_steps_do_not_overlap_and_a_negative_mean_stays_in_the_plot():
+    names = [f"checkpoint-{k}" for k in range(60)]
+    points = [(float(k), -0.5 + k / 40) for k in range(60)]
+    chart = charts.lines("Reward by training step", [("mean reward", "s0", points)], x_names=names,
+                         notes={0.0: "4 rollouts"}, tip="{x}: {series} {y} ({note})")  # fmt: skip
+    labels = [label for _, label in chart.x_ticks]
+    assert labels[0] == "checkpoint-0"
+    assert all(label in names for label in labels)
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(chart.x_ticks)]
+    assert min(gaps) >= len("checkpoint-59") * charts.CHAR_WIDTH  # each label fits before the next
+    assert chart.marks[1].title == "checkpoint-0: mean reward -0.500 (4 rollouts)"
+    assert float(chart.y_ticks[0][1]) <= -0.5  # the axis reaches the lowest mean
+    for mark in chart.marks:
+        if mark.kind == "dot":
+            assert chart.top - 1e-6 <= mark.y <= chart.bottom + 1e-6
+    counts = charts.bars("Rollouts by training step", [(n, [3, 1]) for n in names], [("ok", "ok"), ("failed", "fail")],
+                         thin=True)  # fmt: skip
+    assert 2 <= len(counts.x_ticks) < len(names)
+    assert len([m for m in counts.marks if m.kind == "rect"]) == 120  # every step is drawn; only labels are thinned

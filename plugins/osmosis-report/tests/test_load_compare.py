@@ -61,7 +61,7 @@ def test_traces_give_token_counts_and_their_absence_is_fine(tmp_path):
     trace = {
         "rollout_id": "a",
         "complete": True,
-        "calls": [{"prompt_token_ids": [1, 2, 3], "generated_token_ids": [4, 5]}] * 2,
+        "calls": [{"prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5]}] * 2,
     }
     (run / "traces.jsonl").write_text(json.dumps(trace) + "\n" + "{broken\n")
     data = load_run(run)

@@ -11,7 +11,9 @@ result's token trace into its own rows. This package is what its image installs:
 * :mod:`osmosis_trainer.rows`: :func:`rollout_rows`, a result as per-sequence training rows (prompt
   ids, completion ids, mask, logprobs, reward, and why a row is masked);
 * :mod:`osmosis_trainer.groups`: prompts repeated per group, results back in the rows' order,
-  group-relative advantages that leave failed rollouts out.
+  group-relative advantages that leave failed rollouts out;
+* :mod:`osmosis_trainer.skyrl`: SkyRL's generator (``OsmosisGenerator``) and experiment, for a
+  trainer that has SkyRL installed (imported only when used).
 
 Names are imported lazily: ``import osmosis_trainer`` imports neither aiohttp nor cattrs.
 

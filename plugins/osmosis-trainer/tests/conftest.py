@@ -9,6 +9,7 @@ that need a server are skipped with that reason, and every other test still runs
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -171,3 +172,29 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
             yield LiveServer(server.url, server.token, policy.url, server.run_dir)
     finally:
         policy.close()
+
+
+@pytest.fixture
+def start_policy(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start a scripted policy of its own (``tests/fault_policy.py``, run by the serve Python):
+    ``start_policy(flavor="drifting", faults=[{"rollout_id": ..., "kind": "status", "status": 500,
+    "times": 9}])`` gives its OpenAI base URL; every policy started is ended after the test."""
+    python = serve_python()
+    if python is None:
+        pytest.skip("needs a Python with osmosis-core for the scripted policy (OSMOSIS_SERVE_PYTHON)")
+    env = _clean_env()
+    started: list[_Child] = []
+
+    def start(*, flavor: str = "vllm", faults: Sequence[dict[str, object]] = ()) -> str:
+        args = [python, str(HERE / "fault_policy.py"), "--flavor", flavor]
+        for fault in faults:
+            args += ["--fault", json.dumps(fault)]
+        child = _Child(args, banner="listening on ", env=env, log=tmp_path / f"policy-{len(started)}.log")
+        started.append(child)
+        return child.url
+
+    try:
+        yield start
+    finally:
+        for child in started:
+            child.close()

@@ -17,6 +17,7 @@ import warnings
 
 import attrs
 import pytest
+from trainer_helpers import LABELS, PROMPTS
 
 from osmosis_trainer import (
     RolloutClient,
@@ -31,15 +32,6 @@ from osmosis_trainer import (
     rows_metrics,
     trace_from_json,
 )
-
-PROMPTS = [
-    [
-        {"role": "system", "content": "Use the multiply tool, then answer on the last line as: #### <number>"},
-        {"role": "user", "content": f"val1 = {a}\nval2 = {b}"},
-    ]
-    for a, b in ((6, 7), (12, 11))
-]
-LABELS = ["42", "132"]
 
 
 def _requests(server, prompts, *, tag: str, policy_url: str | None = None) -> list[RolloutRequest]:
@@ -159,6 +151,7 @@ def test_a_run_many_the_loops_shutdown_closes_still_cancels_what_it_had_in_fligh
         await asyncio.sleep(0.5)  # the stuck rollout is admitted, waiting on its policy
         return results, first
 
+    gc.collect()  # (what earlier tests left for the collector is not this test's)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -171,7 +164,8 @@ def test_a_run_many_the_loops_shutdown_closes_still_cancels_what_it_had_in_fligh
         del results
         gc.collect()
     # the session was still open for the cancel (not a new one made after the shutdown, never closed)
-    assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not [m for m in unclosed if "client session" in m or "connector" in m or "transport" in m], unclosed
     deadline = time.monotonic() + 10
     lines: dict[str, str] = {}
     while time.monotonic() < deadline and stuck.rollout_id not in lines:

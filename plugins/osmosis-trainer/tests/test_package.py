@@ -6,6 +6,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import pkgutil
 import subprocess
@@ -14,6 +15,8 @@ import sys
 import pytest
 
 import osmosis_trainer
+import osmosis_trainer.skyrl
+from osmosis_trainer.skyrl import SKYRL_NAMES
 
 MODULES = sorted(
     f"osmosis_trainer.{m.name}" for m in pkgutil.iter_modules(osmosis_trainer.__path__) if not m.name.startswith("__")
@@ -53,13 +56,21 @@ def test_the_distribution_declares_python_3_10_and_no_osmosis_dependency():
 
 
 def test_importing_the_package_and_the_client_module_stays_light():
+    """Nor does the SkyRL adapter's package import SkyRL, torch or Ray (its conversions are pure)."""
     code = (
-        "import sys, osmosis_trainer, osmosis_trainer.client; "
+        "import sys, osmosis_trainer, osmosis_trainer.client, osmosis_trainer.skyrl; "
         "osmosis_trainer.RolloutRequest; osmosis_trainer.RolloutStatus; osmosis_trainer.repeat_prompts; "
-        "print([m for m in ('aiohttp', 'cattrs', 'msgspec', 'stamina') if m in sys.modules])"
+        "print([m for m in ('aiohttp', 'cattrs', 'msgspec', 'stamina', 'skyrl', 'torch', 'ray') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _skyrl_installed() -> bool:
+    try:
+        return importlib.util.find_spec("skyrl") is not None
+    except ValueError:
+        return False
 
 
 def test_every_public_name_resolves_and_is_listed():
@@ -68,8 +79,21 @@ def test_every_public_name_resolves_and_is_listed():
     for name in osmosis_trainer.__all__:
         assert getattr(osmosis_trainer, name) is not None, name
     for module in MODULES:
-        for name in getattr(importlib.import_module(module), "__all__", ()):
-            assert hasattr(importlib.import_module(module), name), (module, name)
+        imported = importlib.import_module(module)
+        for name in getattr(imported, "__all__", ()):
+            if module == "osmosis_trainer.skyrl" and name in SKYRL_NAMES and not _skyrl_installed():
+                continue  # the next test
+            assert hasattr(imported, name), (module, name)
+
+
+@pytest.mark.skipif(_skyrl_installed(), reason="SkyRL is installed here")
+@pytest.mark.parametrize("name", sorted(SKYRL_NAMES))
+def test_the_skyrl_adapter_without_skyrl_says_what_to_install(name):
+    """``import osmosis_trainer.skyrl`` needs nothing more (its conversions are pure); the names that
+    subclass SkyRL's classes say they need SkyRL, by name."""
+    with pytest.raises(ModuleNotFoundError, match=f"osmosis_trainer.skyrl.{name} needs SkyRL installed"):
+        getattr(osmosis_trainer.skyrl, name)
+    assert osmosis_trainer.skyrl.generator_output is not None
 
 
 @pytest.mark.together  # osmosis-core's checker (its testing helpers), with osmosis-core installed beside
@@ -79,9 +103,10 @@ def test_the_public_names_type_checkers_read_are_the_ones_the_package_hands_out(
     check_lazy_exports("osmosis_trainer")
 
 
-@pytest.mark.parametrize("module", ["osmosis_trainer", *MODULES])
+@pytest.mark.parametrize("module", ["osmosis_trainer", *MODULES, "osmosis_trainer.skyrl.convert"])
 def test_the_docstring_examples_run(module):
     failed, tried = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert not failed, module
-    if module in ("osmosis_trainer", "osmosis_trainer.rows", "osmosis_trainer.groups", "osmosis_trainer.trace"):
+    examples = ("osmosis_trainer", "osmosis_trainer.rows", "osmosis_trainer.groups", "osmosis_trainer.trace")
+    if module in (*examples, "osmosis_trainer.skyrl.convert"):
         assert tried, module

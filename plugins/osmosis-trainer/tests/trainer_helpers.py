@@ -1,4 +1,4 @@
-"""What the trainer-side tests share: a traced call made by hand."""
+"""What the trainer-side tests share: a traced call made by hand, the prompts the live tests send."""
 
 from __future__ import annotations
 
@@ -16,3 +16,14 @@ def call(i, prompt, generated, *, status="ok", version=None):
         logprobs=None if generated is None else [-0.1 * (k + 1) for k in range(len(generated))],
         policy_version=version,
     )
+
+
+PROMPTS = [
+    [
+        {"role": "system", "content": "Use the multiply tool, then answer on the last line as: #### <number>"},
+        {"role": "user", "content": f"val1 = {a}\nval2 = {b}"},
+    ]
+    for a, b in ((6, 7), (12, 11))
+]
+"""Two prompts of the multiply-plain rollout (configs/training/multiply-plain.toml): a tool call, then the answer."""
+LABELS = ["42", "132"]

@@ -8,7 +8,7 @@
   const RUNS = D.runs.length;
   const COMPARE = RUNS > 1;
   const PAGE = 100;
-  const state = { text: "", failures: false, never: false, category: "", flip: "", sort: null, page: 0 };
+  const state = { text: "", failures: false, never: false, category: "", flip: "", step: "", sort: null, page: 0 };
   const $ = (id) => document.getElementById(id);
 
   // Characters that show nothing themselves but change how the text around them reads: the
@@ -67,6 +67,13 @@
     return amount(v / size) + " " + unit;
   }
   const ROWS = new Map(D.rows.map((row) => [row.i, row]));
+  const STEPS = D.steps.length > 0; // a training run: rows are the groups of each policy version (step)
+  // the row a trainer named (a training run's report numbers its groups), and a rollout's place in words
+  const rowName = (row) => String(row.o !== undefined ? row.o : row.i);
+  const placeOf = (ro) => {
+    const row = ROWS.get(ro.w);
+    return (ro.v !== undefined ? ro.v + " \u00b7 " : "") + "row " + (row ? rowName(row) : ro.w) + ", sample " + ro.s;
+  };
   // a trajectory's address in this page: #rollout=<run>:<rollout id> (opens it when the page loads)
   const linkOf = (run, i) => "rollout=" + run + ":" + encodeURIComponent(D.rollouts[run][i].id || "@" + i);
 
@@ -82,13 +89,16 @@
       if (ro.p !== undefined) graded = true;
     }));
     const errors = [...cats].sort();
-    const hay = [String(row.i), row.p, row.l, ...errors,
+    const hay = [rowName(row), row.v || "", row.p, row.l, ...errors,
       ...row.r.flatMap((list, k) => list.map((i) => D.rollouts[k][i].m || ""))].join("\n").toLowerCase();
     const delta = COMPARE && row.m[0] !== null ? row.m.slice(1).map((m) => (m === null ? null : m - row.m[0])) : [];
     return { row, errors, failed, never: graded && !solved, hay, delta };
   });
   const select = $("filter-category");
   for (const c of D.categories) select.append(el("option", { value: c, text: c }));
+  const stepSelect = $("filter-step");
+  for (const v of D.steps) stepSelect.append(el("option", { value: v, text: v }));
+  stepSelect.hidden = !STEPS;
 
   function visible() {
     const text = state.text.trim().toLowerCase();
@@ -97,6 +107,7 @@
       (!state.failures || x.failed) &&
       (!state.never || x.never) &&
       (!state.category || x.errors.includes(state.category)) &&
+      (!state.step || x.row.v === state.step) &&
       (!state.flip || (state.flip === "any" ? x.row.fl.some((f) => f) : x.row.fl.includes(state.flip))));
     if (state.sort) {
       const { key, dir } = state.sort;
@@ -112,7 +123,10 @@
     return out;
   }
 
-  const columns = [{ title: "row", key: (x) => x.row.i, cls: "num idx" }, { title: "prompt" }, { title: "label" }];
+  const columns = [{ title: "row", key: (x) => (x.row.o !== undefined ? x.row.o : x.row.i), cls: "num idx",
+    tip: STEPS ? "the row the trainer named in its batch (with the step: one group of samples)" : null }];
+  if (STEPS) columns.push({ title: "step", key: (x) => x.row.i, tip: "the policy version (training step) of the row's rollouts; sorts in training order" });
+  columns.push({ title: "prompt" }, { title: "label" });
   for (let k = 0; k < RUNS; k++) {
     const name = COMPARE ? (k + 1) + ". " : "";
     columns.push({ title: name + "samples", run: k, kind: "chips" });
@@ -152,12 +166,14 @@
     else if (ro.st === 2) bits.push("cancelled");
     else bits.push("reward " + (ro.rw === undefined ? "none" : fmt(ro.rw)));
     if (ro.a) bits.push(ro.a + " attempts");
+    if (ro.cv) bits.push("off-policy");
     return bits.join(" \u00b7 ");
   }
 
   function cell(col, x) {
     const row = x.row;
-    if (col.title === "row") return el("td", { class: col.cls, text: row.i });
+    if (col.title === "row") return el("td", { class: col.cls, text: rowName(row) });
+    if (col.title === "step") return el("td", { class: "step", text: row.v !== undefined ? row.v : "\u2013" });
     if (col.title === "prompt") return el("td", { class: "prompt" }, el("div", { text: row.p, title: row.p }));
     if (col.title === "label") return el("td", { class: "label", text: row.l, title: row.l });
     if (col.title === "errors") return el("td", {}, x.errors.map((c) => el("span", { class: "tag cat", text: c })));
@@ -212,6 +228,7 @@
   $("filter-failures").addEventListener("change", (e) => { state.failures = e.target.checked; state.page = 0; draw(); });
   $("filter-never").addEventListener("change", (e) => { state.never = e.target.checked; state.page = 0; draw(); });
   select.addEventListener("change", (e) => { state.category = e.target.value; state.page = 0; draw(); });
+  stepSelect.addEventListener("change", (e) => { state.step = e.target.value; state.page = 0; draw(); });
   if ($("filter-flip")) $("filter-flip").addEventListener("change", (e) => { state.flip = e.target.value; state.page = 0; draw(); });
   $("page-prev").addEventListener("click", () => { state.page--; draw(); });
   $("page-next").addEventListener("click", () => { state.page++; draw(); });
@@ -334,7 +351,7 @@
       try { history.replaceState(null, "", link); } catch (e) { /* a page that may not change its address */ }
     }
     const status = ro.st === 0 ? "success" : ro.st === 1 ? "failure" : "cancelled";
-    $("viewer-title").replaceChildren(el("span", { text: (COMPARE ? (run + 1) + ". " + D.runs[run].name + " \u00b7 " : "") + "row " + ro.w + ", sample " + ro.s }),
+    $("viewer-title").replaceChildren(el("span", { text: (COMPARE ? (run + 1) + ". " + D.runs[run].name + " \u00b7 " : "") + placeOf(ro) }),
       el("span", { class: "sub", text: status + (ro.rw !== undefined ? " \u00b7 reward " + fmt(ro.rw) : "") }));
     const body = $("viewer-body");
     const parts = [];
@@ -348,12 +365,14 @@
     const row = ROWS.get(ro.w);
     const own = row && !(row.u || []).includes(run);
     parts.push(section("row", kv([
-      ["row", String(ro.w)],
+      ["row", row ? rowName(row) : String(ro.w)],
+      ["policy version", ro.v],
       ["label", !own ? "(this run's row has another prompt than the one shown)" : row.L || row.l || "none"],
     ])));
     parts.push(section("rollout", kv([
       ["rollout id", ro.id], ["status", status], ["reward", ro.rw === undefined ? "none" : fmt(ro.rw, 4)],
       ["passed", ro.p === undefined ? "not graded" : ro.p ? "yes" : "no"], ["attempts", ro.a || 1],
+      ["off-policy", ro.cv ? "yes: its calls were served by " + ro.cv.map((v) => (v === null ? "(none)" : v)).join(", ") : null],
       ["finished", ro.f !== undefined ? "+" + ro.f.toFixed(1) + " s after the first rollout" : null],
     ]), ro.t ? timingBar(ro.t) : null));
     if (ro.k) {
