@@ -19,9 +19,9 @@ training loop, once per rollout; this bench says whether it matters next to the 
    * ``osmosis_trainer.rollout_rows(result, sequences="last")`` (one row per rollout: TRL, verl) and
      ``sequences="all"`` (a row per stitched sequence: SkyRL, slime);
    * ``group_advantages`` over the batch's rewards (groups of ``--group``), per rollout;
-   * the TRL and SkyRL adapters' builders (a ``rollout_func`` row dict from the rows, a
-     ``GeneratorOutput``), when osmosis-trainer has them (looked up by name in ``ADAPTERS``; a line
-     says when one is not there or does not import, e.g. without its trainer installed).
+   * the TRL and SkyRL adapters' builders: ``OsmosisRollout``'s ``rollout_func`` rows (from
+     ``rollout_rows``, timed with it) and SkyRL's step-wise ``GeneratorOutput`` (neither needs TRL or
+     SkyRL installed).
 
 Printed: each figure in microseconds per rollout, and its ratio to the server's CPU per rollout,
 all taken in one run (printed, never asserted). The server and the stand-in run on the same shared
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import secrets
 import shutil
@@ -51,13 +50,6 @@ from _serve import CONFIG, Served, ticks  # (bench/ is the script's folder: on s
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = "You are a careful calculator. Use the multiply tool, then answer on the last line as: #### <number>"
-ADAPTERS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("TRL rollout_func rows", "osmosis_trainer.trl", (("trl_rows", "results"), ("OsmosisRollout._output", "rows"))),
-    ("SkyRL GeneratorOutput", "osmosis_trainer.skyrl", (("generator_output", "results"),)),
-)
-"""(what, module, builders tried in turn): a builder's attribute path in the module and what it takes:
-``results`` (the batch's results: it makes the rows itself) or ``rows`` (the batch's one-row-per-rollout
-rows and a filler token id; the ``rollout_rows`` that makes them is timed with it)."""
 
 
 def requests_for(kind: str, n: int, group: int, policy_url: str, tag: str) -> list[Any]:
@@ -125,27 +117,22 @@ def per_rollout(
     return best
 
 
-def builder(module: str, candidates: Sequence[tuple[str, str]]) -> tuple[str, Callable[[Sequence[Any]], Any]] | str:
-    """``(name, results -> the adapter's output)`` of the first of ``candidates`` that ``module`` has, or
-    why there is none."""
+def adapters(results: Sequence[Any], group: int) -> dict[str, Callable[[], Any]]:
+    """The TRL and SkyRL builders, each from the batch's results to what its trainer takes: TRL's
+    ``rollout_func`` rows (the rows ``OsmosisRollout`` returns, made from ``rollout_rows``) and SkyRL's
+    step-wise ``GeneratorOutput`` (its trajectory ids as a trainer numbers them: a prompt's ``group``
+    rollouts share one). Neither imports TRL or SkyRL."""
     from osmosis_trainer import rollout_rows
+    from osmosis_trainer.skyrl import generator_output
+    from osmosis_trainer.trl import OsmosisRollout
 
-    try:
-        found: Any = importlib.import_module(module)
-    except ImportError as exc:
-        return f"{module} does not import here ({exc})"
-    for path, takes in candidates:
-        function: Any = found
-        for part in path.split("."):
-            function = getattr(function, part, None)
-        if not callable(function):
-            continue
-        if takes == "rows":
-            return path, lambda results, build=function: build(
-                [rollout_rows(r, sequences="last")[0] for r in results], 0
-            )
-        return path, function
-    return f"{module} has none of {', '.join(path for path, _ in candidates)}"
+    ids = [(f"p{i // group}", i % group) for i in range(len(results))]
+    return {
+        "TRL rollout_func rows (OsmosisRollout)": lambda: OsmosisRollout._output(
+            [rollout_rows(result, sequences="last")[0] for result in results], 0
+        ),
+        "SkyRL GeneratorOutput (step-wise)": lambda: generator_output(results, ids, step_wise=True),
+    }
 
 
 def measure(results: Sequence[Any], server_us: float, group: int, repeat: int) -> None:
@@ -176,19 +163,9 @@ def measure(results: Sequence[Any], server_us: float, group: int, repeat: int) -
         'rollout_rows(sequences="all")': lambda: [rollout_rows(r, sequences="all") for r in results],
         advantages: lambda: group_advantages(rewards, group, mask=mask),
     }
-    skipped = []
-    for what, module, candidates in ADAPTERS:
-        found = builder(module, candidates)
-        if isinstance(found, str):
-            skipped.append(f"  {what:<52} skipped: {found}")
-        else:
-            name, build = found
-            works[f"{what} ({name})"] = lambda build=build: build(results)
-    best = per_rollout(works, n, repeat)
+    best = per_rollout({**works, **adapters(results, group)}, n, repeat)
     for what, seconds in best.items():
         line(what, seconds)
-    for text in skipped:
-        print(text)
     line('rows ("last") + advantages', best[last] + best[advantages])
 
 
