@@ -59,26 +59,38 @@ def repeat_prompts(prompts: Iterable[T], num_generations: int) -> list[T]:
     return [prompt for prompt in prompts for _ in range(num_generations)]
 
 
-def prompt_groups(rows: Sequence[Any], num_generations: int, *, check: bool = True) -> list[tuple[int, int]]:
+def prompt_groups(
+    rows: Sequence[Any], num_generations: int, *, check: bool = True, offset: int = 0
+) -> list[tuple[int, int]]:
     """``(group, sample)`` of each row of rows repeated per prompt (``num_generations`` in a row).
 
     :param check: also check that the rows of each group are equal (the same prompt), which catches
         a ``num_generations`` that is not the trainer's.
-    :raises ValueError: the row count is not a multiple of ``num_generations``, or (``check``) a row
-        differs from the first of its group (the message names both rows).
+    :param offset: where ``rows`` start in the whole batch, when they are one process's slice of it
+        (process ``i`` of a data-parallel trainer holds rows ``i * len(rows)`` onwards): a group may
+        then begin or end in another process, and rows are numbered where they stand in the batch.
+    :raises ValueError: the row count is not a multiple of ``num_generations`` (without ``offset``),
+        or (``check``) a row differs from the first of its group held here (the message names both).
+
+    >>> prompt_groups(["a", "a", "b", "b"], 2)
+    [(0, 0), (0, 1), (1, 0), (1, 1)]
+    >>> prompt_groups(["a", "b", "b", "b"], 3, offset=2)  # rows 2 to 5 of a batch of two groups of 3
+    [(0, 2), (1, 0), (1, 1), (1, 2)]
     """
     if num_generations < 1:
         raise ValueError(f"num_generations must be >= 1, got {num_generations}")
-    if len(rows) % num_generations:
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    if not offset and len(rows) % num_generations:
         raise ValueError(
             f"{len(rows)} rows are not whole groups of num_generations={num_generations} "
             "(trainers hand each prompt num_generations times in a row)"
         )
-    slots = [(index // num_generations, index % num_generations) for index in range(len(rows))]
+    slots = [((offset + index) // num_generations, (offset + index) % num_generations) for index in range(len(rows))]
     if check:
-        for index, (group, sample) in enumerate(slots):
-            first = group * num_generations
-            if sample and rows[index] != rows[first]:
+        for index, (group, _) in enumerate(slots):
+            first = max(group * num_generations - offset, 0)
+            if index != first and rows[index] != rows[first]:
                 raise ValueError(
                     f"row {index} differs from row {first}, the first of its group: rows are expected as each "
                     f"prompt num_generations={num_generations} times in a row"

@@ -558,9 +558,16 @@ def _handler(server: LivePolicyServer) -> type[BaseHTTPRequestHandler]:
             if not path.endswith("/chat/completions"):
                 self._error(404, f"not found: POST {self.path}")
                 return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                self._error(413, f"the body has {length} bytes; at most {MAX_BODY_BYTES}")
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_BODY_BYTES:
+                self.close_connection = True  # the body is not read: the connection cannot carry on
+                if length < 0:
+                    self._error(400, "Content-Length must be a count of bytes")
+                else:
+                    self._error(413, f"the body has {length} bytes; at most {MAX_BODY_BYTES}")
                 return
             try:
                 body = json.loads(self.rfile.read(length) or b"null")

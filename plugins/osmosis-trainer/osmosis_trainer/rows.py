@@ -29,7 +29,13 @@ possibly empty). The reasons, in the order they are checked:
     calls' tokens (a chat template that re-renders history), so no single sequence holds the
     rollout; with ``sequences="all"`` each piece is a row of its own and nothing is masked for it;
 ``no_tokens``
-    the sequence has no generated token (no model call, a text-only trace, an empty generation).
+    the sequence has no generated token (no model call, a text-only trace, an empty generation);
+``no_reward``
+    asked for (``mask_no_reward=True``): the rollout succeeded without a finite reward (not graded,
+    or NaN), so it has nothing to teach and would only dilute its batch's loss;
+``truncated``
+    asked for (``mask_truncated=True``): the completion was cut to ``max_completion_tokens``, so the
+    turns that earned the reward may be gone from the row.
 
 The function is pure (nothing is fetched or re-tokenized). It reads the trace's JSON form straight
 (:func:`osmosis_trainer.view_of_json`: lists checked by msgspec, no records built): about 20 ns per
@@ -56,6 +62,7 @@ token id the trace holds, each call's prompt counted whole (measured on Python 3
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -68,7 +75,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MASK_REASONS", "MaskReason", "SequenceRow", "rollout_rows", "rows_metrics"]
 
-MaskReason = Literal["failed", "removed", "no_trace", "incomplete_trace", "prefix_break", "no_tokens"]
+MaskReason = Literal[
+    "failed", "removed", "no_trace", "incomplete_trace", "prefix_break", "no_tokens", "no_reward", "truncated"
+]
 """Why a row is masked (see the module docstring)."""
 
 MASK_REASONS: Final[tuple[MaskReason, ...]] = (
@@ -78,6 +87,8 @@ MASK_REASONS: Final[tuple[MaskReason, ...]] = (
     "incomplete_trace",
     "prefix_break",
     "no_tokens",
+    "no_reward",
+    "truncated",
 )
 
 
@@ -163,6 +174,8 @@ def rollout_rows(
     *,
     sequences: Literal["all", "last"] = "all",
     max_completion_tokens: int | None = None,
+    mask_truncated: bool = False,
+    mask_no_reward: bool = False,
 ) -> list[SequenceRow]:
     """The training rows of one rollout (see the module docstring for the fields and the masks).
 
@@ -173,6 +186,9 @@ def rollout_rows(
         ``rollout_func``, verl's classic path: one sample per prompt row).
     :param max_completion_tokens: cut each completion to this many tokens (``truncated`` says so),
         as a trainer's response length demands.
+    :param mask_truncated: mask a row so cut (``truncated``) instead of training on what is left.
+    :param mask_no_reward: mask the rows of a rollout that succeeded without a finite reward
+        (``no_reward``).
     :raises ValueError: a trace that is not one (the message names the rollout).
     """
     if sequences not in ("all", "last"):
@@ -180,6 +196,9 @@ def rollout_rows(
     if max_completion_tokens is not None and max_completion_tokens < 0:
         raise ValueError(f"max_completion_tokens must be >= 0, got {max_completion_tokens}")
     reason, detail = _rollout_reason(result)
+    if reason is None and mask_no_reward and (result.reward is None or not math.isfinite(result.reward)):
+        reason = "no_reward"
+        detail = "the rollout succeeded without a reward (is it graded?)" if result.reward is None else "reward NaN"
     if result.trace is None:
         if reason is None:
             reason, detail = "no_trace", "the result carries no trace: is the server running with --traces?"
@@ -225,6 +244,9 @@ def rollout_rows(
         row_reason, row_detail = reason, detail
         if row_reason is None and 1 not in mask:
             row_reason, row_detail = "no_tokens", "no generated token in this sequence"
+        if row_reason is None and truncated and mask_truncated:
+            total = len(sequence.token_ids) - start
+            row_reason, row_detail = "truncated", f"cut to {len(completion)} of its {total} completion tokens"
         if row_reason is not None:
             mask = [0] * len(completion)
             logprobs = [0.0] * len(completion)

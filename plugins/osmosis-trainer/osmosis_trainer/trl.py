@@ -65,6 +65,7 @@ import os
 import secrets
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -296,6 +297,16 @@ def _run(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return box["value"]  # type: ignore[no-any-return]
 
 
+def _own_seed(sampling: SamplingParams, where: str) -> SamplingParams:
+    """``sampling`` with a seed of the rollout's own when the trainer set one: the trainer's seed makes
+    the run reproducible, but one seed on every rollout of a group would make them all the same
+    sample (a group with no variance teaches nothing; TRL's own vLLM call asks ``n`` samples of one
+    seeded request instead)."""
+    if sampling.seed is None:
+        return sampling
+    return attrs.evolve(sampling, seed=zlib.crc32(f"{sampling.seed}-{where}".encode()) & 0x7FFFFFFF)
+
+
 def _filler(trainer: Any) -> int:
     """A token id for a placeholder row (a rollout that gave no tokens): TRL needs one token at least."""
     tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
@@ -335,6 +346,11 @@ class OsmosisRollout:
         refuses an id it has seen).
     :param agent_timeout_sec: the workflow's timeout per rollout (default the server's).
     :param grader_timeout_sec: the grader's.
+    :param truncated: a row cut to ``max_completion_length``: ``"mask"`` (the default: the turns that
+        earned its reward may be gone) or ``"keep"`` (train on what is left).
+    :param max_masked_steps: stop with :class:`RolloutConfigError` after this many steps in a row
+        whose every row was masked (a setup that trains on nothing; the first step's failures stop
+        it at once when all are failures); None never stops.
     """
 
     def __init__(
@@ -355,7 +371,13 @@ class OsmosisRollout:
         run_id: str | None = None,
         agent_timeout_sec: float | None = None,
         grader_timeout_sec: float | None = None,
+        truncated: Literal["mask", "keep"] = "mask",
+        max_masked_steps: int | None = 3,
     ) -> None:
+        if truncated not in ("mask", "keep"):
+            raise ValueError(f"truncated must be 'mask' or 'keep', got {truncated!r}")
+        if max_masked_steps is not None and max_masked_steps < 1:
+            raise ValueError(f"max_masked_steps must be >= 1 or None, got {max_masked_steps}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if max_tokens != "trainer" and max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
@@ -368,6 +390,8 @@ class OsmosisRollout:
         self.run_id = run_id or f"trl-{secrets.token_hex(4)}"
         self.agent_timeout_sec = agent_timeout_sec
         self.grader_timeout_sec = grader_timeout_sec
+        self.truncated = truncated
+        self.max_masked_steps = max_masked_steps
         self.stats = RolloutStats()
         self.last_results: list[RolloutResult] = []
         """The latest step's results, in the rows' order (their traces included)."""
@@ -380,6 +404,8 @@ class OsmosisRollout:
         self._indexes: dict[str, _DatasetIndex | None] = {}
         self._calls = 0
         self._checked = False
+        self._masked_steps = 0  # steps in a row whose every row was masked
+        self._model_name: str | None = None  # the name a non-main process learnt from the main one
 
     def __repr__(self) -> str:
         return f"OsmosisRollout({self.server_url!r}, run_id={self.run_id!r})"
@@ -428,12 +454,19 @@ class OsmosisRollout:
             )
         base = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
         base = base.replace("//0.0.0.0:", "//127.0.0.1:").rstrip("/")
-        model = self.model
+        model = self.model or self._model_name
         if model is None:
             client = getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)
             model = getattr(client, "model", None) or getattr(
                 getattr(trainer.model, "config", None), "_name_or_path", None
             )
+            accelerator = getattr(trainer, "accelerator", None)
+            if int(getattr(accelerator, "num_processes", 1)) > 1:
+                # only the main process holds TRL's vLLM client, which knows the name vLLM serves
+                from accelerate.utils import broadcast_object_list
+
+                model = broadcast_object_list([model], from_process=0)[0]
+            self._model_name = model
         return f"{base}/v1", model
 
     def _check(self, trainer: Any) -> None:
@@ -472,15 +505,19 @@ class OsmosisRollout:
         """The rollouts of one step: one per prompt row, in the rows' order (what :meth:`__call__` sends)."""
         mode = "train" if getattr(trainer.model, "training", True) else "eval"
         group_size = trainer.num_generations if mode == "train" else getattr(trainer, "num_generations_eval", None)
-        slots = prompt_groups(prompts, int(group_size or trainer.num_generations))
+        accelerator = getattr(trainer, "accelerator", None)
+        processes = int(getattr(accelerator, "num_processes", 1))
+        process_index = int(getattr(accelerator, "process_index", 0))
+        # with several processes each holds a slice of the step's rows (process i: rows i*n to (i+1)*n),
+        # so a group may span two processes: its rows are numbered where they stand in the whole batch
+        offset = process_index * len(prompts) if processes > 1 else 0
+        slots = prompt_groups(prompts, int(group_size or trainer.num_generations), offset=offset)
         index = self._index(mode)
         policy_url, model = self._policy(trainer)
         sampling = self.sampling_params(trainer)
         step = int(trainer.state.global_step)
         version = f"step-{step}"
-        accelerator = getattr(trainer, "accelerator", None)
-        processes = int(getattr(accelerator, "num_processes", 1))
-        process = f"-p{getattr(accelerator, 'process_index', 0)}" if processes > 1 else ""
+        process = f"-p{process_index}" if processes > 1 else ""
         call = f"{self.run_id}-{step:06d}-c{self._calls}{process}"
         requests = []
         for position, (group, sample) in enumerate(slots):
@@ -507,7 +544,7 @@ class OsmosisRollout:
                     model=model,
                     row=row.index if row is not None else None,
                     sample_index=sample,
-                    sampling_params=sampling,
+                    sampling_params=_own_seed(sampling, f"{step}-{group}-{sample}"),
                     policy_version=version,
                 )
             )
@@ -524,6 +561,11 @@ class OsmosisRollout:
         """
         if not self._checked:
             self._check(trainer)
+        accelerator: Any = getattr(trainer, "accelerator", None)
+        if int(getattr(accelerator, "num_processes", 1)) > 1:
+            # the main process pushes the new weights to vLLM before this call; the others must not
+            # start their rollouts against weights still being loaded
+            accelerator.wait_for_everyone()
         requests = self.requests(prompts, trainer)
         self._checked = True
         self._calls += 1
@@ -537,10 +579,36 @@ class OsmosisRollout:
         seconds = time.monotonic() - started
         self._no_traces(results)
         limit = getattr(trainer.args, "max_completion_length", None)
-        rows = [rollout_rows(result, sequences="last", max_completion_tokens=limit)[0] for result in results]
+        masks = {"mask_truncated": self.truncated == "mask", "mask_no_reward": True}
+        rows = [rollout_rows(r, sequences="last", max_completion_tokens=limit, **masks)[0] for r in results]
         self.last_results, self.last_rows = results, rows
         self._record(trainer, requests[0].policy_version or "", results, rows, seconds)
+        self._stop_if_nothing_trains(results, rows)
         return self._output(rows, _filler(trainer))
+
+    def _stop_if_nothing_trains(self, results: Sequence[RolloutResult], rows: Sequence[SequenceRow]) -> None:
+        """A run that trains on nothing is a setup error, not a run: refused once every rollout of the
+        first step failed, or after ``max_masked_steps`` steps in a row with every row masked."""
+        if self.max_masked_steps is None:
+            return
+        if not all(row.masked for row in rows):
+            self._masked_steps = 0
+            return
+        self._masked_steps += 1
+        first = next((r for r in results if r.error is not None), None)
+        why = f"e.g. {first.rollout_id}: {first.error}" if first is not None else f"e.g. {rows[0].mask_detail}"
+        why = why[:_DETAIL_CHARS]
+        if len(self.stats.steps) == 1 and all(not r.ok for r in results):
+            raise RolloutConfigError(
+                f"every rollout of the first step failed ({why}): fix the setup (the policy URL, the rollout "
+                "server's config, the sampling settings the policy refuses) before training"
+            )
+        if self._masked_steps >= self.max_masked_steps:
+            reasons = ", ".join(sorted({row.mask_reason or "" for row in rows}))
+            raise RolloutConfigError(
+                f"{self._masked_steps} steps in a row trained on nothing: every row masked ({reasons}; {why}); "
+                "pass max_masked_steps=None to go on regardless"
+            )
 
     @staticmethod
     def _no_traces(results: Sequence[RolloutResult]) -> None:

@@ -126,3 +126,15 @@ def test_every_groups_included_advantages_sum_to_zero_and_excluded_rows_get_none
         group = advantages[start : start + size]
         assert [a is None for a in group] == [r is None for r in rewards[start : start + size]]
         assert math.fsum(a for a in group if a is not None) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_processes_slice_of_the_batch_is_numbered_where_it_stands():
+    # 2 prompts x 4 over two processes of 4 rows: process 1 holds group 1
+    assert prompt_groups(["a"] * 4, 4, offset=4) == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    # 3 processes of 2 rows over groups of 3: process 1 holds the last of group 0 and the first of group 1
+    assert prompt_groups(["a", "b"], 3, offset=2) == [(0, 2), (1, 0)]
+    assert prompt_groups(["b", "b"], 3, offset=4) == [(1, 1), (1, 2)]
+    with pytest.raises(ValueError, match="row 2 differs from row 1"):
+        prompt_groups(["a", "b", "c"], 3, offset=2)
+    with pytest.raises(ValueError, match="offset must be >= 0"):
+        prompt_groups(["a"], 1, offset=-1)

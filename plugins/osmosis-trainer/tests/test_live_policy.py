@@ -213,3 +213,16 @@ def test_beyond_loopback_it_needs_a_token_and_refuses_requests_without_it(model,
         with urllib.request.urlopen(request, timeout=60) as response:
             assert json.load(response)["choices"]
         assert [call.completion_tokens for call in live.calls] == [1]  # the refused ones never reached the model
+
+
+def test_a_body_it_will_not_read_closes_the_connection(server):
+    import socket
+
+    host, port = server.url.split("//")[1].split("/")[0].split(":")
+    for length, status in ((str(10**9), b"413"), ("abc", b"400")):
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+            answer = b""
+            while chunk := conn.recv(65536):  # the server closes: the loop ends
+                answer += chunk
+            assert answer.split(b" ")[1] == status

@@ -140,15 +140,14 @@ def test_a_tiny_model_learns_to_call_the_tool_and_answer_with_its_letters(tmp_pa
             f"  rollouts that called the tool, by step: {' '.join(f'{x:.2f}' for x in lookups)}\n"
             f"  logprob disagreement, live server vs TRL's recomputation: max {worst:.1e} over {tokens} tokens\n"
             f"  incomplete traces {stats.incomplete_traces}, prefix breaks {stats.prefix_breaks}, "
-            f"masked rows {stats.masked_rows} of {stats.rollouts} rollouts\n"
+            f"masked rows {stats.masked_rows} of {stats.rollouts} rollouts, {stats.truncated} cut\n"
             f"  weights sampled: {calls[0].weights} by the first rollouts, {calls[-1].weights} by the last "
             f"(policy version {sorted(last_versions)})"
         )
     assert first < 0.1, rewards
     # a rollout that never looked the letters up scores a tenth: over 0.5 takes calling the tool in 4 of 9 at least
     assert statistics.fmean(lookups[-3:]) > 0.4, lookups
-    assert last > 0.5, rewards
-    assert steps <= MAX_STEPS, rewards
+    assert last > 0.5, rewards  # within MAX_STEPS: the trainer's max_steps
     assert worst < 1e-4
     assert stats.incomplete_traces == 0, stats
     assert stats.prefix_breaks == 0, stats

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -212,7 +213,9 @@ def test_rows_that_must_not_be_trained_on_are_masked_and_left_out_of_their_group
 
 def test_a_step_whose_every_row_is_masked_leaves_the_weights_as_they_were(served, policy, model, tokenizer, tmp_path):
     data = dataset("raise", "raise")
-    rollout = OsmosisRollout(served.url, token=served.token, policy_url=policy.url, dataset=data, max_tokens=8)
+    rollout = OsmosisRollout(
+        served.url, token=served.token, policy_url=policy.url, dataset=data, max_tokens=8, max_masked_steps=None
+    )
     trainer = trainer_for(model, tokenizer, data, rollout, tmp_path)
     before = weights_fingerprint(model, values_per_tensor=10**9)
     trainer.train()
@@ -220,6 +223,46 @@ def test_a_step_whose_every_row_is_masked_leaves_the_weights_as_they_were(served
     assert weights_fingerprint(model, values_per_tensor=10**9) == before
     assert trainer.state.log_history[0]["reward"] is None  # no scorable row: TRL logs no reward
     assert trainer.state.log_history[0]["osmosis/masked"] == 1.0
+
+
+def test_a_run_that_would_train_on_nothing_stops_with_the_reason(served, policy, model, tokenizer, tmp_path):
+    data = dataset("raise", "raise")
+    rollout = OsmosisRollout(served.url, token=served.token, policy_url=policy.url, dataset=data, max_tokens=8)
+    trainer = trainer_for(model, tokenizer, data, rollout, tmp_path)
+    with pytest.raises(RolloutConfigError, match=r"every rollout of the first step failed \(e\.g\. .*RuntimeError"):
+        trainer.train()
+    # every row masked for another reason (here: cut), step after step: stopped after max_masked_steps
+    clean = dataset(None)
+    rollout = OsmosisRollout(
+        served.url, token=served.token, policy_url=policy.url, dataset=clean, max_tokens=8, max_masked_steps=2
+    )
+    trainer = trainer_for(model, tokenizer, clean, rollout, tmp_path, max_steps=5, max_completion_length=3)
+    with pytest.raises(RolloutConfigError, match=r"2 steps in a row trained on nothing: every row masked \(truncated"):
+        trainer.train()
+    assert len(rollout.stats.steps) == 2
+
+
+def test_a_row_cut_to_max_completion_length_is_masked_unless_kept(served, policy, model, tokenizer, tmp_path):
+    data = dataset(None, None)
+    outputs = {}
+    for truncated in ("mask", "keep"):
+        rollout = OsmosisRollout(
+            served.url, token=served.token, policy_url=policy.url, dataset=data, max_tokens=8, truncated=truncated
+        )
+        recording = Recording(rollout)
+        trainer = trainer_for(model, tokenizer, data, recording, tmp_path, max_completion_length=5)
+        trainer.train()
+        [outputs[truncated]] = recording.outputs
+    cut, kept = outputs["mask"], outputs["keep"]
+    assert all(len(ids) == 5 for ids in cut["completion_ids"])  # two calls of up to 8 tokens: always cut
+    assert cut["osmosis_truncated"] == kept["osmosis_truncated"] == [True] * 4
+    assert cut["osmosis_mask_reason"] == ["truncated"] * 4
+    assert {m for mask in cut["env_mask"] for m in mask} == {0}
+    assert cut["osmosis_reward"] == [None] * 4
+    assert all("cut to 5 of its" in detail for detail in cut["osmosis_mask_detail"])
+    assert kept["osmosis_mask_reason"] == [None] * 4
+    assert all(1 in mask for mask in kept["env_mask"])
+    assert None not in kept["osmosis_reward"]
 
 
 def test_each_request_carries_the_rows_label_metadata_index_and_the_trainers_sampling(
@@ -264,18 +307,29 @@ def test_each_request_carries_the_rows_label_metadata_index_and_the_trainers_sam
     assert {r.chat_completions_url for r in requests} == {"http://10.0.0.7:8000/v1"}
     assert {r.policy_version for r in requests} == {"step-0"}
     assert requests[0].initial_messages == [{"role": "user", "content": "b"}]
+    seeds = [r.sampling_params.seed for r in requests]
     assert requests[0].sampling_params.to_json() == {
         "temperature": 1.0,
         "top_p": 1.0,
         "top_k": -1,  # TRL's 0 (off), as vLLM and SGLang read it
         "min_p": 0.05,
-        "seed": 3,  # generation_kwargs: the sampling fields among them
+        "seed": seeds[0],  # generation_kwargs: the sampling fields among them
         "repetition_penalty": 1.1,
         "max_tokens": 64,  # max_completion_length
     }
+    # the trainer's seed, made each rollout's own: one seed for a whole group would make its samples one
+    assert len(set(seeds)) == 4
+    assert seeds == [r.sampling_params.seed for r in rollout.requests(prompts, trainer)]  # reproducible
     trainer.args.vllm_mode = "colocate"
     with pytest.raises(RolloutConfigError, match="vllm_mode='colocate' runs vLLM inside the trainer"):
         rollout.requests(prompts, trainer)
+    # data parallel, 2 rows a process, groups of 4: process 1 holds the last two samples of group 0
+    trainer.args.num_generations = trainer.num_generations = 4
+    trainer.args.vllm_mode = "server"
+    trainer.accelerator = SimpleNamespace(num_processes=2, process_index=1)
+    sliced = rollout.requests([data[0]["prompt"]] * 2, trainer)
+    slots = [(r.rollout_id.split("-p1-")[1], r.row, r.sample_index) for r in sliced]
+    assert slots == [("g0-s2", 0, 2), ("g0-s3", 0, 3)]
 
 
 def test_setups_that_cannot_train_are_refused_with_the_reason(served, policy, model, tokenizer, tmp_path):

@@ -93,9 +93,9 @@ FailedGroups = Literal["mask_group", "mask"]
 """What a masked rollout does to the other rollouts of its prompt (see the module docstring)."""
 FAILED_GROUPS: Final[tuple[FailedGroups, ...]] = ("mask_group", "mask")
 
-TRAJECTORY_MASK_REASONS: Final = (*MASK_REASONS, "no_reward", "group_masked")
-"""Why a trajectory is a placeholder: a row's reason (:data:`osmosis_trainer.rows.MASK_REASONS`),
-``no_reward`` (it succeeded without a finite reward: not graded, or NaN), or ``group_masked`` (it
+TRAJECTORY_MASK_REASONS: Final = (*MASK_REASONS, "group_masked")
+"""Why a trajectory is a placeholder: a row's reason (:data:`osmosis_trainer.rows.MASK_REASONS`;
+``no_reward``: it succeeded without a finite reward, not graded, or NaN), or ``group_masked`` (it
 was fine, but another rollout of its prompt was masked and ``failed_groups="mask_group"``)."""
 
 PLACEHOLDER_STOP: Final = "error"
