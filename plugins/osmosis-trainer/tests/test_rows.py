@@ -182,3 +182,23 @@ def test_rows_are_their_sequences_split_at_the_first_calls_prompt(calls, sequenc
             assert row.completion_mask == sequence.loss_mask[len(row.prompt_ids) :]
     if sequences == "all":
         assert sum(r.trained_tokens for r in rows) == sum(len(c.completion_token_ids) for c in calls)
+
+
+def test_a_cut_or_ungraded_row_is_masked_only_when_asked():
+    [cut] = rollout_rows(result(TWO_TURNS), max_completion_tokens=3)
+    assert (cut.completion_ids, cut.truncated, cut.masked) == ([3, 4, 9], True, False)
+    [cut] = rollout_rows(result(TWO_TURNS), max_completion_tokens=3, mask_truncated=True)
+    assert (cut.mask_reason, cut.mask_detail) == ("truncated", "cut to 3 of its 5 completion tokens")
+    assert (cut.completion_mask, cut.completion_logprobs) == ([0, 0, 0], [0.0, 0.0, 0.0])
+    [whole] = rollout_rows(result(TWO_TURNS), max_completion_tokens=5, mask_truncated=True)
+    assert not whole.masked
+    assert not rollout_rows(result(TWO_TURNS, reward=None))[0].masked
+    for reward, detail in ((None, "without a reward"), (float("nan"), "NaN")):
+        [row] = rollout_rows(result(TWO_TURNS, reward=reward), mask_no_reward=True)
+        assert row.mask_reason == "no_reward"
+        assert detail in (row.mask_detail or "")
+        assert set(row.completion_mask) == {0}
+    failed = result(TWO_TURNS, status="failure", reward=None, error={"category": "timeout", "message": "300s"})
+    assert rollout_rows(failed, mask_no_reward=True)[0].mask_reason == "failed"  # the first reason wins
+    metrics = rows_metrics(rollout_rows(result(TWO_TURNS, reward=None), mask_no_reward=True))
+    assert (metrics["masked_no_reward"], metrics["masked_truncated"]) == (1, 0)
