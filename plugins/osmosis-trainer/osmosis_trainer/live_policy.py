@@ -481,6 +481,10 @@ def _sample(logits: torch.Tensor, sampling: _Sampling, generator: torch.Generato
         token = int(torch.argmax(logits))
         return token, float(torch.log_softmax(logits, -1)[token])
     scores = logits / sampling.temperature
+    # vLLM's order: temperature, then min_p (an argmax-invariant logits processor), then top-k and top-p
+    if sampling.min_p > 0.0:
+        probabilities = torch.softmax(scores, -1)
+        scores = scores.masked_fill(probabilities < sampling.min_p * probabilities.max(), float("-inf"))
     if sampling.top_k and sampling.top_k < scores.numel():
         kth = torch.topk(scores, sampling.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -489,9 +493,6 @@ def _sample(logits: torch.Tensor, sampling: _Sampling, generator: torch.Generato
         cumulative = torch.softmax(ordered, -1).cumsum(-1)
         drop = cumulative - torch.softmax(ordered, -1) >= sampling.top_p  # keep the smallest set reaching top_p
         scores = scores.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    if sampling.min_p > 0.0:
-        probabilities = torch.softmax(scores, -1)
-        scores = scores.masked_fill(probabilities < sampling.min_p * probabilities.max(), float("-inf"))
     logprobs = torch.log_softmax(scores, -1)
     token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
     return token, float(logprobs[token])

@@ -6,6 +6,7 @@ Needs torch and transformers (the ``train`` nox session; marker ``torch``)."""
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.request
 
@@ -226,3 +227,27 @@ def test_a_body_it_will_not_read_closes_the_connection(server):
             while chunk := conn.recv(65536):  # the server closes: the loop ends
                 answer += chunk
             assert answer.split(b" ")[1] == status
+
+
+def test_min_p_then_top_p_keep_the_tokens_vllm_keeps_and_the_logprob_is_over_them(server, model):
+    """vLLM's order: temperature, min_p (relative to the likeliest token), then top_p over what is left
+    (min_p 0.4 leaves few tokens, so top_p over them differs from top_p over all: the order is tested)."""
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, **TOKENS}
+    answer = post(server, {**body, "temperature": 0.8, "min_p": 0.4, "top_p": 0.5, "seed": 11})
+    choice = answer["choices"][0]
+    prompt, generated = answer["prompt_token_ids"], choice["token_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1].float() / 0.8
+    for position, token in enumerate(generated):
+        probabilities = torch.softmax(logits[position], -1).tolist()
+        kept = [i for i, p in enumerate(probabilities) if p >= 0.4 * max(probabilities)]
+        total = sum(probabilities[i] for i in kept)
+        nucleus, mass = [], 0.0
+        for i in sorted(kept, key=lambda i: -probabilities[i]):  # the smallest set whose mass reaches top_p
+            if mass >= 0.5 * total:
+                break
+            nucleus.append(i)
+            mass += probabilities[i]
+        assert token in nucleus
+        expected = math.log(probabilities[token] / mass)
+        assert choice["logprobs"]["content"][position]["logprob"] == pytest.approx(expected, abs=1e-4)
