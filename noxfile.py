@@ -49,6 +49,12 @@ nox.options.error_on_missing_interpreters = False
 nox.options.reuse_venv = "yes"
 
 os.environ["UV_COMPILE_BYTECODE"] = "1"
+try:  # uv beside nox (scripts/test installs both): found even where a session's PATH has no uv (pip-made venvs)
+    from uv import find_uv_bin
+
+    UV = find_uv_bin()
+except (ImportError, FileNotFoundError):
+    UV = "uv"
 
 ROOT = Path(__file__).parent
 # the versions of every test tool, written once: the dependency groups name the tools without one
@@ -241,9 +247,9 @@ def _serve_python(session: nox.Session) -> str:
     local = sorted({*serve, *(dep for p in serve for dep in _local_deps(p))})
     if not python.exists():
         found = shutil.which(f"python{PYTHONS[0]}")
-        session.run("uv", "venv", "-q", "--python", found or PYTHONS[0], str(venv), external=True)
+        session.run(UV, "venv", "-q", "--python", found or PYTHONS[0], str(venv), external=True)
     editable = [arg for path in (".", *(f"plugins/{p}" for p in local)) for arg in ("-e", path)]
-    session.run("uv", "pip", "install", "-q", "--python", str(python), *editable, external=True)
+    session.run(UV, "pip", "install", "-q", "--python", str(python), *editable, external=True)
     return str(python)
 
 
@@ -304,8 +310,8 @@ def _reference_sdk(session: nox.Session) -> None:
     venv = Path(session.virtualenv.location).parent / "osmosis-ai-0.3.8"
     python = venv / "bin" / "python"
     if not python.exists():
-        session.run("uv", "venv", "-q", "--python", str(Path(session.bin) / "python"), str(venv), external=True)
-        session.run("uv", "pip", "install", "-q", "--python", str(python), REFERENCE_SDK, external=True)
+        session.run(UV, "venv", "-q", "--python", str(Path(session.bin) / "python"), str(venv), external=True)
+        session.run(UV, "pip", "install", "-q", "--python", str(python), REFERENCE_SDK, external=True)
     session.env["OSMOSIS_AI_PYTHON"] = str(python)
 
 
@@ -326,7 +332,7 @@ def plugins_all(session: nox.Session) -> None:
 
 def _pip_check(session: nox.Session) -> None:
     """The installed set is consistent (uv's equivalent of pip check)."""
-    session.run("uv", "pip", "check", "--python", str(Path(session.bin) / "python"), external=True)
+    session.run(UV, "pip", "check", "--python", str(Path(session.bin) / "python"), external=True)
 
 
 _NO_CONFLICTS = """
