@@ -72,10 +72,13 @@ from osmosis_trainer.trace import CallStatus, RolloutTrace, TraceCall
 if TYPE_CHECKING:
     from osmosis_gateway.gateway import Upstream
 
-__all__ = ["POLICY_VERSION_FIELD", "ModelCall", "error_response"]
+__all__ = ["POLICY_VERSION_FIELD", "POLICY_VERSION_HEADER", "ModelCall", "error_response"]
 
 POLICY_VERSION_FIELD: Final = "osmosis_policy_version"
 """A request field that tags a call with a policy version (taken out before the request goes upstream)."""
+POLICY_VERSION_HEADER: Final = "X-Osmosis-Policy-Version"
+"""On a call, the policy version a trainer tags it with; on the upstream's answer, the version whose
+weights answered (it wins: recorded per call)."""
 _ERROR_CHARS: Final = 500
 _EVENT_STREAM: Final = "text/event-stream; charset=utf-8"
 _DONE: Final = b"data: [DONE]\n\n"
@@ -292,7 +295,7 @@ class ModelCall:
             self.finish("bad_request", message, 400)
             return error_response(400, message)
         version = request.pop(POLICY_VERSION_FIELD, None)
-        version = self.request.headers.get("X-Osmosis-Policy-Version") or version or record.policy_version
+        version = self.request.headers.get(POLICY_VERSION_HEADER) or version or record.policy_version
         record.policy_version = None if version is None else str(version)
         sent = {k: v for k, v in request.items() if k not in ("model", "stream")}
         if by_json:  # (what msgspec refused: a NaN or an Infinity, written as its spelling, or no UTF-8)
@@ -319,6 +322,9 @@ class ModelCall:
         try:
             answer = await self._send(data)
             self.answered = True
+            served = answer.headers.get(POLICY_VERSION_HEADER)
+            if served:  # the version whose weights answered, said by the upstream (a weight-sync wrapper)
+                record.policy_version = served[:256]
             try:
                 status = answer.status
                 kind = answer.headers.get("Content-Type", "")

@@ -67,7 +67,7 @@ from osmosis_core.plugin import (
     start_http_server,
 )
 from osmosis_gateway.adapters import ADAPTERS, AdapterName, json_bytes
-from osmosis_gateway.call import POLICY_VERSION_FIELD, ModelCall, error_response
+from osmosis_gateway.call import POLICY_VERSION_FIELD, POLICY_VERSION_HEADER, ModelCall, error_response
 from osmosis_gateway.settings import READ_TIMEOUT_SEC
 from osmosis_trainer.trace import RolloutTrace, TraceCall
 
@@ -81,8 +81,6 @@ __all__ = [
 ]
 
 ROLLOUT_ID_HEADER: Final = "X-Osmosis-Rollout-Id"
-POLICY_VERSION_HEADER: Final = "X-Osmosis-Policy-Version"
-"""A trainer tags a call with the policy version that serves it (recorded per call)."""
 CONNECT_TIMEOUT_SEC: Final = 30.0
 
 log = logging.getLogger(__name__)

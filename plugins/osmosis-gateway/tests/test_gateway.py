@@ -18,9 +18,10 @@ from gateway_helpers import (
     stack,
 )
 
+from osmosis_core import PolicyEndpoint
 from osmosis_core.testing import Fault, ScriptedPolicyServer
 from osmosis_core.testing.stub_tokens import encode, logprob_of, render_prompt
-from osmosis_gateway import POLICY_VERSION_HEADER, trainer_view
+from osmosis_gateway import POLICY_VERSION_HEADER, PolicyGateway, trainer_view
 
 
 def ask(messages=QUESTION, **extra):
@@ -118,6 +119,36 @@ def test_the_plain_route_with_the_rollout_header_and_policy_versions():
     trace = run(main)
     assert [c.policy_version for c in trace.calls] == ["global-3", "step-9", "step-10"]
     assert all("osmosis_policy_version" not in c.request for c in trace.calls)
+
+
+def test_the_version_the_upstream_says_answered_is_the_one_recorded():
+    """A weight-sync wrapper in front of vLLM names the weights that answered: that version wins over
+    the one the call was tagged with, so off-policy calls are seen for what they are."""
+
+    async def versioned(_request: bytes, writer: asyncio.StreamWriter) -> bool:
+        doc = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}  # fmt: skip
+        body = json.dumps(doc).encode()
+        calls.append(1)
+        served = b"X-Osmosis-Policy-Version: step-8\r\n" if len(calls) == 1 else b""  # the first call's only
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s"
+            % (served, len(body), body)
+        )
+        await writer.drain()
+        return True
+
+    async def main():
+        server, url, _ = await raw_upstream(versioned)
+        async with server, PolicyGateway(PolicyEndpoint(url, "m"), adapter="openai") as gateway:
+            policy = gateway.open_rollout("r", policy_version="step-9")
+            for _ in range(2):
+                assert (await post(policy.chat_completions_url, ask(), token=policy.api_key))[0] == 200
+            return gateway.pop_trace("r")
+
+    calls: list[int] = []
+    trace = run(main)
+    assert [c.policy_version for c in trace.calls] == ["step-8", "step-9"]
 
 
 def test_refusals_missing_bearer_forged_rollout_and_another_rollouts_token():

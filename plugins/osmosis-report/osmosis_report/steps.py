@@ -7,9 +7,10 @@ report's headline figures become a learning curve: mean reward (every graded rol
 counting as 0), pass rate, and how many rollouts each step holds, so a reward that rose, stalled or
 rose only because failures stopped is told apart.
 
-**Training order.** Numerically when every version is a number or ends in one (``"step-2"``
-before ``"step-10"``; versions with the same number keep the order they first appeared in), else
-the order in which the versions first appear in ``results.jsonl``.
+**Training order.** Numerically when every version is a number or holds one (``"step-2"`` before
+``"step-10"``; every number in turn: ``"epoch-1-step-9"`` before ``"epoch-2-step-1"``, ``"v1.5"``
+before ``"v2.0"``; versions with the same numbers keep the order they first appeared in), else the
+order in which the versions first appear in ``results.jsonl``.
 
 **Off-policy rollouts.** A rollout whose traced calls were served by another policy version than
 its own (the weights changed while it ran, as in asynchronous training) is counted with its
@@ -59,11 +60,29 @@ def version_number(version: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+_DIGITS = re.compile(r"\d+")
+
+
+def _version_key(version: str) -> tuple[float, ...] | None:
+    """What a version sorts by: its value when it is a number (``"0.5"``), else every number in it in
+    turn (``"e2-s10"``: 2 then 10; ``"v1.5"``: 1 then 5), or None when it holds none."""
+    try:
+        value = float(version)
+    except ValueError:
+        numbers = tuple(float(n) for n in _DIGITS.findall(version))
+        return numbers or None
+    return (value,) if math.isfinite(value) else None
+
+
 def training_order(first_seen: Mapping[str, int]) -> list[str]:
-    """The versions in training order (see the module), from where each first appeared (a line number)."""
-    numbers = {version: version_number(version) for version in first_seen}
-    if all(n is not None for n in numbers.values()):
-        return sorted(first_seen, key=lambda v: (numbers[v], first_seen[v]))
+    """The versions in training order (see the module), from where each first appeared (a line number).
+
+    >>> training_order({"e2-s1": 1, "e1-s2": 2, "e1-s1": 3, "e1-s10": 4})
+    ['e1-s1', 'e1-s2', 'e1-s10', 'e2-s1']
+    """
+    keys = {version: _version_key(version) for version in first_seen}
+    if all(key is not None for key in keys.values()):
+        return sorted(first_seen, key=lambda v: (keys[v], first_seen[v]))
     return sorted(first_seen, key=lambda v: first_seen[v])
 
 

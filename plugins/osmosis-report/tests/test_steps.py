@@ -37,6 +37,9 @@ def test_training_order_is_numeric_when_every_version_ends_in_a_number_else_firs
     assert version_number("ckpt 7 ") == 7.0
     assert version_number("nan") is None
     assert version_number("v1.2") == 2.0
+    # every number in turn, not only the last
+    assert training_order({"e2-s1": 1, "e1-s2": 2, "e2-s2": 3, "e1-s1": 4}) == ["e1-s1", "e1-s2", "e2-s1", "e2-s2"]
+    assert training_order({"v2.0": 1, "v2.1": 2, "v1.5": 3}) == ["v1.5", "v2.0", "v2.1"]
 
 
 @pytest.mark.together

@@ -21,4 +21,10 @@ _MOVED = (
     "Unauthorized",
 )
 
-__getattr__ = moved_names(__name__, {name: (f"osmosis_trainer:{name}", "0.2.0", "osmosis-trainer") for name in _MOVED})
+__getattr__ = moved_names(
+    __name__,
+    {
+        **{name: (f"osmosis_trainer:{name}", "0.2.0", "osmosis-trainer") for name in _MOVED},
+        "RETRY_DELAYS_SEC": ("osmosis_trainer.client:RETRY_DELAYS_SEC", "0.2.0", "osmosis-trainer"),
+    },
+)

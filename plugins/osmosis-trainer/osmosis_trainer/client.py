@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import time
 import urllib.parse
@@ -79,6 +80,8 @@ __all__ = [
     "ServerUnavailable",
     "Unauthorized",
 ]
+
+logger = logging.getLogger("osmosis_trainer.client")
 
 RETRY_DELAYS_SEC: Final = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 """Waits between attempts after a connection error or a 502/503/504 (about 16 s in all)."""
@@ -147,9 +150,15 @@ def _sampling(value: SamplingParams | Mapping[str, Any] | None) -> SamplingParam
     return SamplingParams.from_json(value)
 
 
+MAX_VERSION_CHARS: Final = 256
+"""The longest policy version a server takes (osmosis serve answers 422 beyond it)."""
+
+
 def _policy_version(value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"policy_version must be a string, got {type(value).__name__} ({value!r})")
+    if value is not None and not 1 <= len(value) <= MAX_VERSION_CHARS:
+        raise ValueError(f"policy_version must be None or a string of 1 to {MAX_VERSION_CHARS} characters")
     return value
 
 
@@ -258,6 +267,11 @@ class RolloutResult:
     timings: dict[str, float] = attrs.field(factory=dict)
     remove_sample: bool = False
     trace: dict[str, Any] | None = None
+    sampling_params: dict[str, Any] | None = None
+    """The trainer's sampling settings the server applied, as it echoes them (None: the request gave
+    none, or the server is older than osmosis-server 0.2 and ignored them)."""
+    policy_version: str | None = None
+    """The policy version the request gave, as the server echoes it."""
 
     @property
     def final(self) -> bool:
@@ -320,6 +334,8 @@ class RolloutResult:
             timings=dict(timings) if isinstance(timings, dict) else {},
             remove_sample=remove,
             trace=trace if isinstance(trace := data.get("trace"), dict) else None,
+            sampling_params=knobs if isinstance(knobs := data.get("sampling_params"), dict) else None,
+            policy_version=version if isinstance(version := data.get("policy_version"), str) else None,
         )
 
 
@@ -361,6 +377,7 @@ class RolloutClient:
         self.retry_delays = retry_delays
         self.request_timeout_sec = request_timeout_sec
         self._wait_hint = 30.0  # the server's poll wait, learnt from its admissions
+        self._echo_warned = False
         self._session: aiohttp.ClientSession | None = None  # its own, inside ``async with``
         self._proxy: dict[str, Any] | None = None  # the environment's proxy for the server, read once
 
@@ -559,18 +576,31 @@ class RolloutClient:
         a short rollout costs one request; otherwise (or with another server) it polls.
         """
         admission, result = await self._admit(request, wait=True)
-        if result is not None and result.final:
-            return result
-        try:
-            return await self.result(admission)
-        except RolloutLost as exc:
-            if not exc.rerun:
-                raise
-        # the server restarted and lost it before it finished: it runs once more on this submit
-        admission, result = await self._admit(request, wait=True)
-        if result is not None and result.final:
-            return result
-        return await self.result(admission)
+        if result is None or not result.final:
+            try:
+                result = await self.result(admission)
+            except RolloutLost as exc:
+                if not exc.rerun:
+                    raise
+                # the server restarted and lost it before it finished: it runs once more on this submit
+                admission, result = await self._admit(request, wait=True)
+                if result is None or not result.final:
+                    result = await self.result(admission)
+        self._check_echo(request, result)
+        return result
+
+    def _check_echo(self, request: RolloutRequest, result: RolloutResult) -> None:
+        """Warn once when the server ran a rollout without echoing the trainer's sampling settings:
+        it ignored them (a server older than osmosis-server 0.2, or another one), so the agent's own
+        settings sampled it, which a trainer's loss does not assume (TRL #4159)."""
+        if self._echo_warned or request.sampling_params is None or not result.ok or result.sampling_params:
+            return
+        self._echo_warned = True
+        logger.warning(
+            "the rollout server at %s did not echo sampling_params: it ignores them (older than osmosis-server "
+            "0.2?), so its rollouts sample with the agent's own settings, not the trainer's",
+            self.url,
+        )
 
     async def cancel(
         self,

@@ -23,7 +23,7 @@ possibly empty). The reasons, in the order they are checked:
     the result carries no trace (is ``osmosis serve`` running with ``--traces``?);
 ``incomplete_trace``
     a model call failed or was not captured (``mask_detail`` says which): the trace is not the whole
-    rollout;
+    rollout; or the trace is malformed (not one a gateway writes);
 ``prefix_break``
     with ``sequences="last"`` (one row per rollout), a call's prompt did not extend the earlier
     calls' tokens (a chat template that re-renders history), so no single sequence holds the
@@ -189,7 +189,9 @@ def rollout_rows(
     :param mask_truncated: mask a row so cut (``truncated``) instead of training on what is left.
     :param mask_no_reward: mask the rows of a rollout that succeeded without a finite reward
         (``no_reward``).
-    :raises ValueError: a trace that is not one (the message names the rollout).
+    :raises ValueError: ``sequences`` or ``max_completion_tokens`` out of range. A trace that is not
+        one (lists of different lengths, a field of the wrong type) is a masked ``incomplete_trace``
+        row that says why, not an error: one bad rollout never aborts a step.
     """
     if sequences not in ("all", "last"):
         raise ValueError(f"sequences must be 'all' or 'last', got {sequences!r}")
@@ -209,8 +211,8 @@ def rollout_rows(
         return [_empty(result, reason or "no_tokens", detail, complete=bool(result.trace.get("complete")))]
     try:
         view = view_of_json(result.trace, branches=sequences)
-    except ValueError as exc:
-        raise ValueError(f"rollout {result.rollout_id!r}: its trace is not one ({exc})") from None
+    except ValueError as exc:  # one malformed trace must not abort a trainer's step (SkyRL #1613)
+        return [_empty(result, reason or "incomplete_trace", detail or f"the trace is not one: {exc}"[:500])]
     if reason is None and not view.complete:
         reason, detail = "incomplete_trace", view.incomplete_reason
     if reason is None and sequences == "last" and view.prefix_breaks:

@@ -107,8 +107,8 @@ class SamplingParams:
             raise ValueError(f"sampling_params.top_k must be -1, 0 (off) or a count of tokens, got {self.top_k!r}")
         if self.max_tokens is not None and _integer("max_tokens", self.max_tokens) < 1:
             raise ValueError(f"sampling_params.max_tokens must be >= 1, got {self.max_tokens!r}")
-        if self.seed is not None:
-            _integer("seed", self.seed)
+        if self.seed is not None and not -(2**63) <= _integer("seed", self.seed) < 2**63:
+            raise ValueError(f"sampling_params.seed must fit in 64 bits (signed), got {self.seed!r}")
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={value!r}" for name, value in self._set())

@@ -99,12 +99,13 @@ def _request_dict(value: Any) -> dict[str, Any]:
 
 
 def _captured(call: TraceCall | _JsonCall) -> bool:
-    """A call answered whole whose prompt ids, completion ids and logprobs are all here."""
+    """A call answered whole whose prompt ids, completion ids and logprobs (one per id) are all here."""
     return (
         call.status == "ok"
         and call.prompt_token_ids is not None
         and call.completion_token_ids is not None
         and call.logprobs is not None
+        and len(call.logprobs) == len(call.completion_token_ids)  # else the mask and logprobs would misalign
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -81,6 +82,10 @@ def test_a_step_of_rollouts_through_osmosis_serve_becomes_one_training_row_per_p
         assert (row.complete, row.prefix_breaks, row.delivered_fraction) == (True, 0, 1.0)
     metrics = rows_metrics(rows)
     assert (metrics["masked_rows"], metrics["incomplete_rollouts"], metrics["prefix_breaks"]) == (0, 0, 0)
+    assert {json.dumps(r.sampling_params, sort_keys=True) for r in results} == {
+        json.dumps({"max_tokens": 256, "temperature": 1.0, "top_p": 1.0}, sort_keys=True)
+    }  # the server echoes what it applied
+    assert {r.policy_version for r in results} == {"step-1"}
     assert group_advantages([row.reward for row in rows], 2) == [0.0] * 4  # every sample right: no signal
 
 
@@ -265,3 +270,47 @@ def test_a_server_that_never_answers_is_unavailable_after_the_retries_on_every_p
             connection.close()
     assert len(accepted) == 3
     assert time.monotonic() - started < 5
+
+
+def test_a_server_that_ignores_the_trainers_sampling_is_warned_about_once(caplog):
+    """A server older than osmosis-server 0.2 (or another one) admits a request with sampling_params and
+    runs it with the agent's own settings: the result echoes none, and the trainer is told, once."""
+    from aiohttp import web
+
+    async def submit(request: web.Request) -> web.Response:
+        body = await request.json()
+        rollout_id = body["rollout_id"]
+        result = {"rollout_id": rollout_id, "status": "success", "reward": 1.0}  # no sampling_params echoed
+        admission = {"rollout_id": rollout_id, "polling_lease_token": "t", "status": "success", "result": result}
+        return web.json_response(admission, status=202)
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/rollout", submit)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with RolloutClient(url) as client:
+                asked = SamplingParams(temperature=1.0)
+                for i in range(2):
+                    request = RolloutRequest(
+                        rollout_id=f"r{i}",
+                        initial_messages=[],
+                        chat_completions_url="http://p/v1",
+                        sampling_params=asked,
+                    )
+                    assert (await client.run(request)).ok
+                await client.run(
+                    RolloutRequest(rollout_id="r9", initial_messages=[], chat_completions_url="http://p/v1")
+                )  # none asked: nothing to warn about
+        finally:
+            await runner.cleanup()
+
+    with caplog.at_level(logging.WARNING, logger="osmosis_trainer.client"):
+        asyncio.run(main())
+    warnings = [r.getMessage() for r in caplog.records if "did not echo sampling_params" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "with the agent's own settings, not the trainer's" in warnings[0]

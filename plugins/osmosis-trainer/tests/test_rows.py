@@ -119,12 +119,17 @@ def test_a_completion_cut_to_the_trainers_length_says_so_and_counts_what_it_left
         rollout_rows(result(TWO_TURNS), sequences="first")  # type: ignore[arg-type]
 
 
-def test_a_trace_that_is_not_one_is_an_error_naming_the_rollout():
+def test_a_trace_that_is_not_one_is_a_masked_row_that_says_why_never_an_error():
     bad = RolloutResult.from_json(
         {"rollout_id": "r7", "status": "success", "trace": {"rollout_id": "r7", "calls": [{"index": "x"}]}}
     )
-    with pytest.raises(ValueError, match="rollout 'r7': its trace is not one"):
-        rollout_rows(bad)
+    unaligned = result(TWO_TURNS).trace
+    unaligned["calls"][0]["logprobs"] = [-0.1]  # 2 tokens, 1 logprob
+    for broken in (bad, RolloutResult.from_json({"rollout_id": "r8", "status": "success", "trace": unaligned})):
+        [row] = rollout_rows(broken)
+        assert row.mask_reason == "incomplete_trace"
+        assert "the trace is not one" in (row.mask_detail or "")
+        assert (row.completion_ids, row.completion_mask) == ([], [])
 
 
 def test_the_metrics_of_a_steps_rows():

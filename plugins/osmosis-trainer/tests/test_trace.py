@@ -212,3 +212,16 @@ def test_a_branch_splits_at_the_prompt_of_its_first_call():
 def test_json_that_is_not_a_trace_is_refused_naming_the_place(calls, message):
     with pytest.raises(ValueError, match=message):
         view_of_json({"rollout_id": "r", "calls": calls})
+
+
+def test_a_call_whose_logprobs_do_not_match_its_tokens_is_not_captured():
+    """A third-party or hand-made trace (the gateway's own never has one): stitching it would misalign
+    the mask and the logprobs, so the call is left out and the view is not whole."""
+    for logprobs in ([-0.1], [-0.1, -0.2, -0.3, -0.4]):  # short, long
+        trace = RolloutTrace("r", calls=[call(0, [1], [2, 3]), call(1, [1, 2, 3, 7], [8, 9])])
+        trace.calls[1].logprobs = logprobs
+        view = trainer_view(trace)
+        assert (view.calls, view.captured_calls) == (2, 1)
+        assert view.delivered_fraction < 1.0
+        [sequence] = view.sequences
+        assert len(sequence.token_ids) == len(sequence.loss_mask) == len(sequence.logprobs) == 3

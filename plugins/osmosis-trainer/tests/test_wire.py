@@ -88,6 +88,7 @@ def test_sampling_params_and_policy_version_go_on_the_wire_when_set():
         ({"repetition_penalty": 0}, "sampling_params.repetition_penalty must be > 0"),
         ({"stop": [1]}, "sampling_params.stop must be a string or a list of strings"),
         ({"seed": "7"}, "sampling_params.seed must be an integer"),
+        ({"seed": 2**63}, "sampling_params.seed must fit in 64 bits"),
         ({"temprature": 1.0}, "sampling_params.temprature: not a sampling setting"),
     ],
 )
@@ -96,9 +97,13 @@ def test_a_bad_sampling_setting_is_refused_before_it_is_sent_naming_it(given, me
         _request(sampling_params=given)
 
 
-def test_policy_version_must_be_a_string():
+def test_policy_version_must_be_a_string_the_server_takes():
     with pytest.raises(TypeError, match="policy_version must be a string, got int"):
         _request(policy_version=3)
+    for bad in ("", "v" * 257):  # osmosis serve answers 422: refused before it is sent, not mid-batch
+        with pytest.raises(ValueError, match="policy_version must be None or a string of 1 to 256 characters"):
+            _request(policy_version=bad)
+    assert _request(policy_version="v" * 256).policy_version == "v" * 256
 
 
 def test_the_key_of_a_request_is_kept_out_of_its_repr():

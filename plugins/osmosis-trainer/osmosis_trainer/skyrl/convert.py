@@ -254,7 +254,8 @@ def generator_output(
     :param zero_reward_on_non_stop: SkyRL's ``generator.zero_reward_on_non_stop``: reward 0.0 for a
         trajectory whose last answer did not stop of itself.
     :param max_response_tokens: cut each response to this many tokens (stop reason ``"length"``).
-    :raises ValueError: the lengths differ, a trace is not one, or ``failed_groups`` is unknown.
+    :raises ValueError: the lengths differ, or ``failed_groups`` is unknown (a malformed trace is a
+        masked ``incomplete_trace`` placeholder, never an error).
     """
     if len(results) != len(trajectory_ids):
         raise ValueError(f"{len(results)} results for {len(trajectory_ids)} trajectory ids")
