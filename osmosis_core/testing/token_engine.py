@@ -9,8 +9,9 @@ the ids it saw and the ids it produced, so a test compares a trace with what the
 
 :func:`write_test_tokenizer` builds a small byte-level BPE tokenizer folder offline (no hub
 access): ``tokenizer.json`` and a ``tokenizer_config.json`` holding a Qwen-like ChatML template with
-tools (``template="chatml"``), or one that re-renders history, dropping past ``<think>`` blocks as
-Qwen3's does (``template="drifting"``). Needs ``tokenizers`` (osmosis-gateway's ``token-in`` extra).
+tools (``template="chatml"``), or one that re-renders history as Qwen3's does
+(``template="drifting"``): past ``<think>`` blocks dropped, an empty one written on a last assistant
+turn without one. Needs ``tokenizers`` (osmosis-gateway's ``token-in`` extra).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ _CHATML: Final = (
     "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n"
     "{%- set content = message.content or '' %}"
     "{%- if DRIFT and not loop.last and '</think>' in content %}{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"  # noqa: E501
+    "{%- if DRIFT and loop.last and '<think>' not in content %}<think>\n\n</think>\n\n{% endif %}"
     "{{ content }}"
     "{%- for call in message.tool_calls or [] %}"
     "{%- if content or not loop.first %}\n{% endif %}<tool_call>\n"

@@ -189,23 +189,20 @@ class ChatRenderer:
         not generate (``\\n`` after Qwen's ``<|im_end|>``; all of it after a turn cut by length), then
         the rendering of ``new`` alone with the generation prompt.
 
-        ``new`` is rendered after a fixed base conversation and the base's own rendering cut off,
-        as verl's and slime's agent loops do, so the earlier messages are never rendered again.
+        ``new`` is rendered after a fixed base conversation ending in an assistant message, and all
+        up to that message's content cut off (as verl's and slime's agent loops cut a base's
+        rendering), so the earlier messages are never rendered again; consecutive tool answers are
+        rendered together, as the template groups them. What the template writes before the base's
+        assistant content (a Qwen3 ``<think>`` block on the last assistant turn) does not matter.
 
-        :raises TemplateError: the template refused, or renders the base differently once messages
-            follow it (it cannot be rendered a piece at a time).
+        :raises TemplateError: the template refused, or does not write the base's assistant content
+            as it is (the turn's end cannot be found).
         """
-        tools = tools or None
-        base = self.render(_BASE, tools, add_generation_prompt=False)
-        whole = self.render([*_BASE, *new], tools, add_generation_prompt=True)
-        if not whole.startswith(base):
-            raise TemplateError("the template renders the earlier messages differently once new ones follow")
-        at = base.rfind(_SENTINEL)
-        if at < 0:
-            raise TemplateError("the template does not write an assistant message's content as it is")
-        closing = self.encode(base[at + len(_SENTINEL) :])
-        # the part of the close the engine generated (its stop token) is not sent again
-        done = next(
-            (k for k in range(min(len(closing), len(generated)), 0, -1) if list(generated[-k:]) == closing[:k]), 0
-        )
-        return [*closing[done:], *self.encode(whole[len(base) :])]
+        whole = self.render([*_BASE, *new], tools or None, add_generation_prompt=True)
+        at = whole.find(_SENTINEL)
+        if at < 0 or whole.find(_SENTINEL, at + 1) >= 0:
+            raise TemplateError("the template does not write an earlier assistant message's content as it is")
+        after = self.encode(whole[at + len(_SENTINEL) :])
+        # the part of the turn's close the engine generated (its stop token) is not sent again
+        done = next((k for k in range(min(len(after), len(generated)), 0, -1) if list(generated[-k:]) == after[:k]), 0)
+        return after[done:]
