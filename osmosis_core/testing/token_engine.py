@@ -95,22 +95,28 @@ def write_test_tokenizer(folder: str | Path, template: Literal["chatml", "drifti
     return folder
 
 
-_NUMBERS: Final = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_TOOL_RESPONSE: Final = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+_MULTIPLY: Final = {"type": "function", "function": {"name": "multiply"}}
 
 
 def calculator_text(prompt: str) -> str:
-    """A Hermes-format stand-in for a model solving "multiply" with the ``multiply`` tool: a
-    ``<tool_call>`` for the last user message's two numbers, then (once a tool answered after it) the
-    answer ``#### N``; ``#### 0`` when the message holds no two numbers."""
+    """:func:`~osmosis_core.testing.scripts.calculator` in Hermes format, read from a ChatML prompt:
+    a ``<tool_call>`` of ``multiply`` for the last user message's two numbers, then, once a tool
+    answered after it, the answer ``#### N`` (``#### 0`` when the message holds no two numbers)."""
+    from osmosis_core.testing.scripts import calculator
+
     user = prompt.rpartition("<|im_start|>user\n")[2]
-    if "<tool_response>" in user:  # (a tool's answer comes as a user turn in ChatML)
-        answer = user.partition("<tool_response>\n")[2].partition("\n</tool_response>")[0].strip()
-        return f"The product is {answer}.\n#### {answer}"
-    numbers = _NUMBERS.findall(user.partition("<|im_end|>")[0])
-    if len(numbers) < 2:
-        return "I could not find two numbers to multiply.\n#### 0"
-    arguments = {"a": float(numbers[-2]), "b": float(numbers[-1])}
-    return '<tool_call>\n{"name": "multiply", "arguments": ' + json.dumps(arguments) + "}\n</tool_call>"
+    answers = _TOOL_RESPONSE.findall(user)
+    if answers:  # (a tool's answer comes as a user turn in ChatML)
+        request = {"messages": [{"role": "tool", "content": answers[0]}]}
+    else:
+        request = {"messages": [{"role": "user", "content": user.partition("<|im_end|>")[0]}], "tools": [_MULTIPLY]}
+    reply = calculator(request)
+    calls = [
+        '<tool_call>\n{"name": ' + json.dumps(call.name) + ', "arguments": ' + call.arguments_json() + "}\n</tool_call>"
+        for call in reply.tool_calls
+    ]
+    return "\n".join(calls) if calls else reply.content or ""
 
 
 @attrs.frozen

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_helpers import MULTIPLY_TOOL, post, run, sse_docs
+from gateway_helpers import MULTIPLY_TOOL, REPO, post, run, sse_docs
 
 from osmosis_core import ConfigError, PolicyEndpoint
 from osmosis_core.testing.token_engine import ScriptedTokenEngine, write_test_tokenizer
-from osmosis_gateway import PolicyGateway, trainer_view
+from osmosis_gateway import PolicyGateway, read_traces, trainer_view
 from osmosis_gateway.settings import gateway_from_settings
 from osmosis_gateway.token_in import ChatRenderer, TokenIn, parse_reply
 
@@ -326,3 +329,53 @@ def test_bad_token_in_settings_are_refused_naming_the_key(tmp_path, tokenizers_d
     )
     assert gateway.token_in.engine == "trl-generate"
     assert gateway.token_in.tool_parser == "mistral"
+
+
+def test_osmosis_run_with_a_token_in_engine_traces_one_sequence_per_rollout(tmp_path, tokenizers_dir, clean_env):
+    """``osmosis run --traces`` as a user runs it against SGLang's ``/generate``: the example's
+    tool-calling rollouts pass, and each trace is one sequence of the ids the engine saw and made."""
+    shutil.copytree(
+        REPO / "rollouts" / "multiply-plain",
+        tmp_path / "rollouts" / "multiply-plain",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    folder = tokenizers_dir["drifting"]
+    with ScriptedTokenEngine(folder) as engine:
+        config = tmp_path / "configs" / "eval" / "token-in.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text(
+            (REPO / "configs" / "eval" / "multiply-plain.toml")
+            .read_text()
+            .replace('base_url = "http://127.0.0.1:8000/v1"', f'base_url = "{engine.url}"')
+            + f'\n[traces]\nadapter = "sglang-generate"\ntokenizer = "{folder}"\ntool_parser = "hermes"\n'
+        )
+        r = subprocess.run(
+            [str(Path(sys.executable).parent / "osmosis"), "run", str(config), "--traces", "--limit", "3",
+             "--output", "out"],
+            cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        seen = {(r.rollout_id, tuple(r.prompt_ids)): r for r in engine.requests}
+    assert r.returncode == 0, r.stderr
+    results = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [result["reward"] for result in results] == [1.0, 1.0, 1.0]
+    traces = [trace for _, trace in read_traces(tmp_path / "out" / "traces.jsonl").values()]
+    assert len(traces) == 3 and len(seen) == 6
+    for trace in traces:
+        assert trace.complete
+        assert [call.token_in["render"] for call in trace.calls] == ["full", "incremental"]
+        for call in trace.calls:
+            request = seen[(trace.rollout_id, tuple(call.prompt_token_ids))]
+            assert list(call.completion_token_ids) == request.output_ids
+            assert list(call.logprobs) == pytest.approx(request.logprobs)
+        view = trainer_view(trace)
+        assert view.prefix_breaks == 0 and len(view.sequences) == 1
+
+
+def test_a_chat_gateway_imports_neither_tokenizers_nor_jinja2():
+    code = (
+        "import sys\nfrom osmosis_core import PolicyEndpoint\nfrom osmosis_gateway.settings import gateway_from_settings\n"
+        "gateway_from_settings(PolicyEndpoint('http://127.0.0.1:1/v1', 'm'), {'adapter': 'sglang'}, 'run.toml')\n"
+        "import osmosis_gateway.call\nprint('tokenizers' in sys.modules, 'jinja2' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False False", r.stderr
