@@ -359,7 +359,8 @@ def test_osmosis_run_with_a_token_in_engine_traces_one_sequence_per_rollout(tmp_
     results = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [result["reward"] for result in results] == [1.0, 1.0, 1.0]
     traces = [trace for _, trace in read_traces(tmp_path / "out" / "traces.jsonl").values()]
-    assert len(traces) == 3 and len(seen) == 6
+    assert len(traces) == 3
+    assert len(seen) == 6
     for trace in traces:
         assert trace.complete
         assert [call.token_in["render"] for call in trace.calls] == ["full", "incremental"]
@@ -368,12 +369,14 @@ def test_osmosis_run_with_a_token_in_engine_traces_one_sequence_per_rollout(tmp_
             assert list(call.completion_token_ids) == request.output_ids
             assert list(call.logprobs) == pytest.approx(request.logprobs)
         view = trainer_view(trace)
-        assert view.prefix_breaks == 0 and len(view.sequences) == 1
+        assert view.prefix_breaks == 0
+        assert len(view.sequences) == 1
 
 
 def test_a_chat_gateway_imports_neither_tokenizers_nor_jinja2():
     code = (
-        "import sys\nfrom osmosis_core import PolicyEndpoint\nfrom osmosis_gateway.settings import gateway_from_settings\n"
+        "import sys\nfrom osmosis_core import PolicyEndpoint\n"
+        "from osmosis_gateway.settings import gateway_from_settings\n"
         "gateway_from_settings(PolicyEndpoint('http://127.0.0.1:1/v1', 'm'), {'adapter': 'sglang'}, 'run.toml')\n"
         "import osmosis_gateway.call\nprint('tokenizers' in sys.modules, 'jinja2' in sys.modules)"
     )
