@@ -84,7 +84,10 @@ def write_test_tokenizer(folder: str | Path, template: Literal["chatml", "drifti
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=list(_SPECIAL), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=400,
+        special_tokens=list(_SPECIAL),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator([_CORPUS] * 4, trainer)
     tokenizer.add_tokens(list(_ADDED))
