@@ -382,3 +382,33 @@ def test_a_chat_gateway_imports_neither_tokenizers_nor_jinja2():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False False", r.stderr
+
+
+def test_text_parts_and_argument_text_render_as_vllm_hands_them_to_the_template(tokenizers_dir):
+    folder = tokenizers_dir["chatml"]
+    call = {"id": "c1", "type": "function", "function": {"name": "multiply", "arguments": '{"a":6,"b":7}'}}
+    sent = [
+        {"role": "user", "content": [{"type": "text", "text": "6 x "}, {"type": "text", "text": "7?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+    ]
+
+    async def main():
+        async with ScriptedTokenEngine(folder) as engine, gateway_for(engine, "sglang-generate", folder) as gateway:
+            policy = gateway.open_rollout("r-1")
+            body = {"messages": sent, "tools": [MULTIPLY_TOOL]}
+            status, _ = await post(policy.chat_completions_url, body, token=policy.api_key)
+            return status, engine.requests
+
+    status, seen = run(main)
+    assert status == 200
+    plain = [
+        {"role": "user", "content": "6 x 7?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{**call, "function": {"name": "multiply", "arguments": {"a": 6, "b": 7}}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    assert seen[0].prompt_ids == ChatRenderer(folder).prompt_ids(plain, [MULTIPLY_TOOL])

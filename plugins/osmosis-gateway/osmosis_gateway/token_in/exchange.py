@@ -3,6 +3,7 @@ request, and the engine's answer into a chat completion (the I/O is :class:`~osm
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,37 @@ from osmosis_gateway.token_in.parse import TOOL_PARSERS, ParsedReply, ToolParser
 from osmosis_gateway.token_in.render import ChatRenderer
 
 __all__ = ["Prepared", "TokenIn"]
+
+
+def _for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as a template reads it (as vLLM's chat route hands it over): content given as text
+    parts joined into one string, tool-call arguments given as JSON text read into an object."""
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    if (
+        not (isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content))
+        and not calls
+    ):
+        return message
+    message = dict(message)
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        message["content"] = "".join(str(p.get("text", "")) for p in content)
+    if isinstance(calls, list):
+        message["tool_calls"] = [_call_for_template(call) for call in calls]
+    return message
+
+
+def _call_for_template(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 @attrs.frozen
@@ -82,7 +114,9 @@ class TokenIn:
             raise ValueError("tools must be a list")
         if request.get("n") not in (None, 1):
             raise ValueError("a token-in policy answers one choice per call (n=1); ask for more rollouts instead")
-        rendered, seen, tools_key = conversation.prompt(self.renderer, messages, tools or None)
+        rendered, seen, tools_key = conversation.prompt(
+            self.renderer, [_for_template(m) for m in messages], tools or None
+        )
         body = engine_request(self.engine, rendered.prompt_ids, sampling_of(request), request_id, model)
         return Prepared(body, rendered, seen, tools_key)
 
