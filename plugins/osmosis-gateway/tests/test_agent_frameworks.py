@@ -59,27 +59,37 @@ def strands_workflow() -> tuple[type[AgentWorkflow[Any]], Any]:
 
 @pytest.mark.parametrize("framework", ["strands", "openai"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_agent_frameworks_give_complete_traces(framework, stream):
+def framework_rollout(framework: str, stream: bool) -> tuple[Any, Any, Any]:
+    """The framework's multiply workflow, its grader and its config (streaming or not)."""
     if framework == "strands":
         workflow, grader = strands_workflow()
-        config = StreamConfig(stream=stream)
-    else:
-        pytest.importorskip("osmosis_openai_agents", reason="osmosis-openai-agents")
-        template = load("openai")
-        workflow, grader = template.MultiplyWorkflow, template.MultiplyGrader
-        config = template.MultiplyConfig(streaming=stream)
+        return workflow, grader, StreamConfig(stream=stream)
+    pytest.importorskip("osmosis_openai_agents", reason="osmosis-openai-agents")
+    template = load("openai")
+    return template.MultiplyWorkflow, template.MultiplyGrader, template.MultiplyConfig(streaming=stream)
+
+
+async def two_rollouts(gateway: Any, framework: str, stream: bool) -> tuple[list[Any], list[Any]]:
+    """Two multiply rollouts of ``framework`` through ``gateway``: their outcomes and traces."""
+    workflow, grader, config = framework_rollout(framework, stream)
+    outcomes, traces = [], []
+    for n, (a, b) in enumerate([(12, 7), (3, 41)]):
+        policy = gateway.open_rollout(f"{framework}-{n}")
+        outcome = await run_rollout(
+            workflow, grader, policy=policy, user_prompt=f"What is {a} times {b}?", label=a * b,
+            workflow_config=config, rollout_id=f"{framework}-{n}",
+        )  # fmt: skip
+        outcomes.append(outcome)
+        traces.append(gateway.pop_trace(f"{framework}-{n}"))
+    return outcomes, traces
+
+
+def test_agent_frameworks_give_complete_traces(framework, stream):
+    framework_rollout(framework, stream)  # (skipped here when the framework is not installed)
 
     async def main():
         async with stack() as (server, gateway):
-            outcomes, traces = [], []
-            for n, (a, b) in enumerate([(12, 7), (3, 41)]):
-                policy = gateway.open_rollout(f"{framework}-{n}")
-                outcome = await run_rollout(
-                    workflow, grader, policy=policy, user_prompt=f"What is {a} times {b}?", label=a * b,
-                    workflow_config=config, rollout_id=f"{framework}-{n}",
-                )  # fmt: skip
-                outcomes.append(outcome)
-                traces.append(gateway.pop_trace(f"{framework}-{n}"))
+            outcomes, traces = await two_rollouts(gateway, framework, stream)
             return outcomes, traces, [r.body.get("stream") is True for r in server.requests]
 
     outcomes, traces, streamed = run(main)
@@ -110,14 +120,7 @@ def test_agent_frameworks_through_a_token_in_engine_give_one_sequence(framework,
     from osmosis_gateway import PolicyGateway
     from osmosis_gateway.token_in import TokenIn
 
-    if framework == "strands":
-        workflow, grader = strands_workflow()
-        config: Any = StreamConfig(stream=stream)
-    else:
-        pytest.importorskip("osmosis_openai_agents", reason="osmosis-openai-agents")
-        template = load("openai")
-        workflow, grader = template.MultiplyWorkflow, template.MultiplyGrader
-        config = template.MultiplyConfig(streaming=stream)
+    framework_rollout(framework, stream)  # (skipped here when the framework is not installed)
     folder = write_test_tokenizer(tmp_path / "tokenizer", "drifting")
 
     async def main():
@@ -125,15 +128,7 @@ def test_agent_frameworks_through_a_token_in_engine_give_one_sequence(framework,
             upstream = PolicyEndpoint(engine.url, "policy")
             token_in = TokenIn("sglang-generate", folder)
             async with PolicyGateway(upstream, adapter="sglang-generate", token_in=token_in) as gateway:
-                outcomes, traces = [], []
-                for n, (a, b) in enumerate([(12, 7), (3, 41)]):
-                    policy = gateway.open_rollout(f"{framework}-{n}")
-                    outcome = await run_rollout(
-                        workflow, grader, policy=policy, user_prompt=f"What is {a} times {b}?", label=a * b,
-                        workflow_config=config, rollout_id=f"{framework}-{n}",
-                    )  # fmt: skip
-                    outcomes.append(outcome)
-                    traces.append(gateway.pop_trace(f"{framework}-{n}"))
+                outcomes, traces = await two_rollouts(gateway, framework, stream)
                 return outcomes, traces, engine.requests
 
     outcomes, traces, seen = run(main)
