@@ -57,8 +57,6 @@ def strands_workflow() -> tuple[type[AgentWorkflow[Any]], Any]:
     return StrandsWorkflow, template.MultiplyGrader
 
 
-@pytest.mark.parametrize("framework", ["strands", "openai"])
-@pytest.mark.parametrize("stream", [False, True])
 def framework_rollout(framework: str, stream: bool) -> tuple[Any, Any, Any]:
     """The framework's multiply workflow, its grader and its config (streaming or not)."""
     if framework == "strands":
@@ -84,6 +82,8 @@ async def two_rollouts(gateway: Any, framework: str, stream: bool) -> tuple[list
     return outcomes, traces
 
 
+@pytest.mark.parametrize("framework", ["strands", "openai"])
+@pytest.mark.parametrize("stream", [False, True])
 def test_agent_frameworks_give_complete_traces(framework, stream):
     framework_rollout(framework, stream)  # (skipped here when the framework is not installed)
 
