@@ -88,7 +88,7 @@ def render_parse(tokenizer: str, rounds: int = 300) -> tuple[float, float]:
                                  "output_token_logprobs": [[-0.1, i, None] for i in generated]}})[1]  # fmt: skip
         firsts += time.process_time() - started
         message = parsed.message()
-        conversation.answered(prepared.seen, prepared.tools_key, message, prepared.rendered.prompt_ids, generated)
+        conversation.answered(prepared.seen, prepared.tools_key, message, prepared.rendered.prompt_ids, generated, 0)
         call = message["tool_calls"][0]
         messages = [*messages, message, {"role": "tool", "tool_call_id": call["id"], "content": "84"}]
         started = time.process_time()

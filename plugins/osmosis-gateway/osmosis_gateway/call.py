@@ -393,7 +393,10 @@ class ModelCall:
             self.finish("capture_failed", "the engine echoed other prompt ids than the gateway sent", status)
         else:
             self.finish("ok", None, status)
-            conversation.answered(prepared.seen, prepared.tools_key, message, prompt_ids, answer.token_ids)
+            conversation.answered(
+                prepared.seen, prepared.tools_key, message, record.prompt_token_ids, record.completion_token_ids,
+                record.index,
+            )  # fmt: skip
         if not record.stream:
             return web.Response(status=200, body=json_bytes(doc), content_type="application/json")
         return await self._write_stream(self._events_of(doc))

@@ -13,6 +13,7 @@ cannot render a piece on its own, the whole conversation is rendered instead and
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -61,8 +62,11 @@ class Turn:
     tools: str
     reply: Any
     """The assistant message the gateway returned, compared so."""
-    prompt_ids: list[int]
-    completion_ids: list[int]
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    """(The traced call's own arrays: the conversation holds no copy of them.)"""
+    call_index: int
+    """The call's index in the rollout (``TraceCall.index``)."""
 
 
 @attrs.frozen
@@ -75,7 +79,7 @@ class Rendered:
     reason: str | None = None
     """Why a later call was rendered whole (None for the first call and for incremental ones)."""
     extends: int | None = None
-    """The index (in the rollout's answered calls) of the call it extends."""
+    """The index of the call it extends (``TraceCall.index``)."""
 
 
 def _tools_key(tools: Any) -> str:
@@ -112,14 +116,15 @@ class Conversation:
                 continue
             new = messages[n + 1 :]
             if any(m.get("role") == "assistant" for m in new):
-                reason = f"an assistant message follows call {index}'s answer that the policy did not write"
+                reason = f"an assistant message follows call {turn.call_index}'s answer that the policy did not write"
                 break
             try:
                 ids = renderer.continuation(turn.completion_ids, new, tools)
             except TemplateError as exc:
-                reason = f"the messages after call {index}'s answer cannot be rendered alone: {exc}"
+                reason = f"the messages after call {turn.call_index}'s answer cannot be rendered alone: {exc}"
                 break
-            return Rendered([*turn.prompt_ids, *turn.completion_ids, *ids], "incremental", None, index), seen, tools_key
+            prompt = [*turn.prompt_ids, *turn.completion_ids, *ids]
+            return Rendered(prompt, "incremental", None, turn.call_index), seen, tools_key
         if reason is None and self.turns:
             last = self.turns[-1]
             if tools_key != last.tools:
@@ -134,7 +139,13 @@ class Conversation:
         return Rendered(renderer.prompt_ids(messages, tools), "full", reason), seen, tools_key
 
     def answered(
-        self, seen: list[Any], tools_key: str, reply: dict[str, Any], prompt_ids: list[int], completion_ids: list[int]
+        self,
+        seen: list[Any],
+        tools_key: str,
+        reply: dict[str, Any],
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        call_index: int,
     ) -> None:
         """Record an answered call (a later one may extend it)."""
-        self.turns.append(Turn(seen, tools_key, same_message(reply), prompt_ids, completion_ids))
+        self.turns.append(Turn(seen, tools_key, same_message(reply), prompt_ids, completion_ids, call_index))
