@@ -380,7 +380,8 @@ class ModelCall:
             answer, parsed, prompt_tokens=len(prompt_ids), model=model, request_id=request_id, logprobs=asked
         )
         message = doc["choices"][0]["message"]
-        record.response = message
+        body = self._redact(self._events_of(doc) if record.stream else json_bytes(doc))  # (whole secrets out)
+        record.response = self._clean(message)
         record.finish_reason = doc["choices"][0]["finish_reason"]
         record.usage = doc["usage"]
         details["tool_calls"] = len(parsed.tool_calls)
@@ -391,6 +392,9 @@ class ModelCall:
         record.logprobs = array("d", answer.logprobs)
         if answer.prompt_ids is not None and answer.prompt_ids != prompt_ids:
             self.finish("capture_failed", "the engine echoed other prompt ids than the gateway sent", status)
+        elif self.altered:  # (the ids say what the policy wrote; the rollout read other text)
+            problem = "the answer held the upstream's key or a header value, taken out: the rollout read other text"
+            self.finish("capture_failed", problem, status)
         else:
             self.finish("ok", None, status)
             conversation.answered(
@@ -398,8 +402,8 @@ class ModelCall:
                 record.index,
             )  # fmt: skip
         if not record.stream:
-            return web.Response(status=200, body=json_bytes(doc), content_type="application/json")
-        return await self._write_stream(self._events_of(doc))
+            return web.Response(status=200, body=body, content_type="application/json")
+        return await self._write_stream(body)
 
     async def _post(self, data: bytes, *, relay: bool) -> web.StreamResponse | tuple[int, str, bytes]:
         """Send ``data`` upstream: its answer's status, content type and whole body, or the answer the

@@ -412,3 +412,24 @@ def test_text_parts_and_argument_text_render_as_vllm_hands_them_to_the_template(
         {"role": "tool", "tool_call_id": "c1", "content": "42"},
     ]
     assert seen[0].prompt_ids == ChatRenderer(folder).prompt_ids(plain, [MULTIPLY_TOOL])
+
+
+def test_the_upstreams_key_in_generated_text_is_taken_out_and_the_call_not_trained_on(tokenizers_dir):
+    folder = tokenizers_dir["chatml"]
+    key = "sk-token-in-0123456789abcdef"
+
+    async def main():
+        async with ScriptedTokenEngine(folder, lambda _: f"the key is {key}") as engine:
+            upstream = PolicyEndpoint(engine.url, "policy", key)
+            token_in = TokenIn("sglang-generate", folder)
+            async with PolicyGateway(upstream, adapter="sglang-generate", token_in=token_in) as gateway:
+                policy = gateway.open_rollout("r-1")
+                body = {"messages": [{"role": "user", "content": "key?"}]}
+                _, raw = await post(policy.chat_completions_url, body, token=policy.api_key)
+                return raw, gateway.pop_trace("r-1")
+
+    raw, trace = run(main)
+    assert key.encode() not in raw
+    assert json.loads(raw)["choices"][0]["message"]["content"] == "the key is ***"
+    assert trace.calls[0].status == "capture_failed"
+    assert key not in json.dumps(trace.to_json())
