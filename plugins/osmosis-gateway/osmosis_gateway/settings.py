@@ -3,7 +3,8 @@
 [traces]
 adapter = "vllm"            # how the upstream is asked for tokens: vllm, sglang, openai (text only),
                             # or a token-in engine: sglang-generate, vllm-completions, trl-generate
-# tokenizer = "/models/Qwen3-8B"      # token-in: the policy's tokenizer folder (tokenizer.json, tokenizer_config.json)
+# tokenizer = "/models/Qwen3-8B"      # token-in: the policy's tokenizer folder (tokenizer.json, tokenizer_config.json);
+#                                     # relative: to the config's folder or a parent of it, else the current one
 # chat_template = "template.jinja"    # token-in: a template replacing the folder's
 # tool_parser = "hermes"              # token-in: hermes, llama3_json, mistral
 policy_version = "step-0"   # recorded on every call that names none
@@ -15,6 +16,7 @@ policy_version = "step-0"   # recorded on every call that names none
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import attrs
@@ -83,13 +85,28 @@ def _token_in(checked: TracesSettings, source: str) -> Any:
         raise ConfigError(
             source, [f"adapter {checked.adapter!r} needs the policy's tokenizer folder @ $.traces.tokenizer"]
         )
+    template = None if checked.chat_template is None else _config_path(checked.chat_template, source)
     try:
         return TokenIn(
             checked.adapter,  # type: ignore[arg-type]  # (one of TOKEN_IN_ADAPTERS)
-            checked.tokenizer,
-            chat_template=checked.chat_template,
+            _config_path(checked.tokenizer, source),
+            chat_template=template,
             tool_parser=checked.tool_parser,
         )
     except TokenizerFolderError as exc:
         key = "chat_template" if checked.chat_template is not None and "chat template" in str(exc) else "tokenizer"
         raise ConfigError(source, [f"{exc} @ $.traces.{key}"]) from None
+
+
+def _config_path(path: str, source: str) -> Path:
+    """A path of the table: absolute (or ``~``) as is; a relative one against the config file's
+    folder and its parents (the first where it exists), else the current folder."""
+    found = Path(path).expanduser()
+    if found.is_absolute():
+        return found
+    config = Path(source)
+    anchors = [config.resolve().parent, *config.resolve().parents] if config.is_file() else []
+    for base in anchors:
+        if (base / found).exists():
+            return base / found
+    return Path.cwd() / found

@@ -433,3 +433,19 @@ def test_the_upstreams_key_in_generated_text_is_taken_out_and_the_call_not_train
     assert json.loads(raw)["choices"][0]["message"]["content"] == "the key is ***"
     assert trace.calls[0].status == "capture_failed"
     assert key not in json.dumps(trace.to_json())
+
+
+def test_a_relative_tokenizer_path_is_read_against_the_config_files_folders(tmp_path, tokenizers_dir, monkeypatch):
+    shutil.copytree(tokenizers_dir["chatml"], tmp_path / "models" / "policy")
+    config = tmp_path / "configs" / "eval" / "run.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    settings = {"adapter": "sglang-generate", "tokenizer": "models/policy"}
+    gateway = gateway_from_settings(PolicyEndpoint("http://127.0.0.1:1", "m"), settings, str(config))
+    assert gateway.token_in.renderer.stop_ids == {gateway.token_in.renderer.tokenizer.token_to_id("<|im_end|>")}
+    with pytest.raises(ConfigError, match=r"no such folder: .*elsewhere/models/nowhere @ \$\.traces\.tokenizer"):
+        gateway_from_settings(
+            PolicyEndpoint("http://127.0.0.1:1", "m"), {**settings, "tokenizer": "models/nowhere"}, str(config)
+        )
