@@ -449,3 +449,38 @@ def test_a_relative_tokenizer_path_is_read_against_the_config_files_folders(tmp_
         gateway_from_settings(
             PolicyEndpoint("http://127.0.0.1:1", "m"), {**settings, "tokenizer": "models/nowhere"}, str(config)
         )
+
+
+def test_the_standalone_gateway_serves_a_token_in_engine(tokenizers_dir, clean_env):
+    osmosis = str(Path(sys.executable).parent / "osmosis")
+    r = subprocess.run(
+        [osmosis, "gateway", "--upstream", "http://127.0.0.1:1", "--adapter", "sglang-generate"],
+        capture_output=True, text=True, env=clean_env, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "--tokenizer" in r.stderr
+    folder = tokenizers_dir["chatml"]
+    with ScriptedTokenEngine(folder) as engine:
+        proc = subprocess.Popen(
+            [osmosis, "gateway", "--upstream", engine.url, "--adapter", "vllm-completions", "--tokenizer", str(folder)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env,
+        )  # fmt: skip
+        try:
+            url = proc.stdout.readline().split()[4]
+            bearer = proc.stdout.readline().removeprefix("bearer: ").strip()
+
+            async def main():
+                _, opened = await post(f"{url}/rollouts", {"rollout_id": "x"}, token=bearer)
+                opened = json.loads(opened)
+                body = {"messages": [{"role": "user", "content": "What is 6 times 7?"}], "tools": [MULTIPLY_TOOL]}
+                _, raw = await post(opened["base_url"] + "/chat/completions", body, token=opened["api_key"])
+                return json.loads(raw)
+
+            answer = run(main)
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=10)
+    (call,) = answer["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "multiply"
+    assert json.loads(call["function"]["arguments"]) == {"a": 6.0, "b": 7.0}
+    assert engine.requests[0].route == "/v1/completions"
