@@ -35,29 +35,55 @@ __all__ = ["EngineRequest", "ScriptedTokenEngine", "TextScript", "calculator_tex
 TextScript = Callable[[str], str]
 """A script of the engine: the prompt as text in, the generated text out (before its stop token)."""
 
-_CHATML: Final = (
-    "{%- if tools %}<|im_start|>system\n"
-    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
-    "# Tools\n<tools>\n{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
-    'Call a tool as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>\n'
-    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'system' %}"
-    "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n"
-    "{%- set content = message.content or '' %}"
-    "{%- if DRIFT and not loop.last and '</think>' in content %}{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"  # noqa: E501
-    "{%- if DRIFT and loop.last and '<think>' not in content %}<think>\n\n</think>\n\n{% endif %}"
-    "{{ content }}"
-    "{%- for call in message.tool_calls or [] %}"
-    "{%- if content or not loop.first %}\n{% endif %}<tool_call>\n"
-    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments if call.function.arguments is string else call.function.arguments | tojson }}}\n</tool_call>'  # noqa: E501
-    "{%- endfor %}<|im_end|>\n"
-    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"  # noqa: E501
-    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+_CHATML: Final = r"""
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + tool | tojson }}
+    {%- endfor %}
+    {{- '\n</tools>\nCall a tool as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' %}
+    {%- elif message.role == 'assistant' %}
+        {%- set content = message.content or '' %}
+        {%- if DRIFT and not loop.last and '</think>' in content %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- if DRIFT and loop.last and '<think>' not in content %}
+            {{- '<think>\n\n</think>\n\n' }}
+        {%- endif %}
+        {{- content }}
+        {%- for call in message.tool_calls or [] %}
+            {%- if content or not loop.first %}
+                {{- '\n' }}
+            {%- endif %}
+            {%- set arguments = call.function.arguments %}
+            {{- '<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' }}
+            {{- arguments if arguments is string else arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and not enable_thinking %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"""
 _SPECIAL: Final = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _ADDED: Final = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
                  "[TOOL_CALLS]", "<|python_tag|>")  # fmt: skip

@@ -341,7 +341,7 @@ class ModelCall:
         assert token_in is not None
         record = self.record
         conversation = self.conversation if self.conversation is not None else Conversation()
-        for key in ("messages", "tools"):
+        for key in ("messages", "tools", "chat_template_kwargs"):
             if isinstance(request.get(key), msgspec.Raw):
                 request[key] = json_read(request[key])
         request_id = f"{self.trace.rollout_id}-{record.index}"

@@ -111,9 +111,9 @@ def test_a_tool_calling_rollout_is_one_sequence_of_the_ids_the_engine_saw(tokeni
     masked = [lp for lp, m in zip(sequence.logprobs, sequence.loss_mask, strict=True) if m]
     assert masked == pytest.approx([*seen[0].logprobs, *seen[1].logprobs])
     whole = ChatRenderer(folder).prompt_ids(trace.calls[1].request["messages"], trace.calls[1].request["tools"])
-    # rendering the whole history again gives other ids (the template drops the <think> block, or
-    # writes the tool calls otherwise than the policy did): a prefix break on the chat path
-    assert whole != seen[1].prompt_ids
+    # on the append-only template the incremental ids are the template's own rendering of the whole
+    # conversation; the drifting one renders history otherwise (a prefix break on the chat path)
+    assert (whole == seen[1].prompt_ids) is (template == "chatml")
 
 
 def test_the_trainers_sampling_goes_under_the_engines_names_over_the_agents(tokenizers_dir):
@@ -484,3 +484,32 @@ def test_the_standalone_gateway_serves_a_token_in_engine(tokenizers_dir, clean_e
     assert call["function"]["name"] == "multiply"
     assert json.loads(call["function"]["arguments"]) == {"a": 6.0, "b": 7.0}
     assert engine.requests[0].route == "/v1/completions"
+
+
+def test_the_requests_chat_template_kwargs_reach_the_template(tokenizers_dir):
+    folder = tokenizers_dir["chatml"]
+
+    async def main():
+        async with ScriptedTokenEngine(folder) as engine, gateway_for(engine, "sglang-generate", folder) as gateway:
+            policy = gateway.open_rollout("r-1")
+            messages = [{"role": "user", "content": "What is 6 times 7?"}]
+            off = {"enable_thinking": False}
+            for options in (off, off, None):
+                body = {"messages": messages, "tools": [MULTIPLY_TOOL], "chat_template_kwargs": options}
+                _, raw = await post(policy.chat_completions_url, body, token=policy.api_key)
+                reply = json.loads(raw)["choices"][0]["message"]
+                if reply.get("tool_calls"):
+                    call = reply["tool_calls"][0]
+                    messages = [*messages, reply, {"role": "tool", "tool_call_id": call["id"], "content": "42"}]
+            return gateway.pop_trace("r-1"), engine.requests
+
+    trace, seen = run(main)
+    text = ChatRenderer(folder).tokenizer.decode
+    assert text(seen[0].prompt_ids, skip_special_tokens=False).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    assert [c.token_in["render"] for c in trace.calls] == ["full", "incremental", "full"]
+    assert (
+        trace.calls[2].token_in["render_reason"] == "the tools or the template's options differ from the earlier calls'"
+    )
+    assert text(seen[2].prompt_ids, skip_special_tokens=False).endswith("<|im_start|>assistant\n")

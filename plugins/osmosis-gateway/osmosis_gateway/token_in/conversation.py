@@ -5,10 +5,9 @@ the messages after the assistant message the gateway returned (:meth:`ChatRender
 the engine sees one growing sequence, so the trainer's prefix stitching never breaks, whatever the
 template does to the history when it renders it whole (strip past ``<think>`` blocks, reformat tool
 calls). When the request does not extend an earlier call's conversation (the agent edited, dropped
-or reordered a message, changed the tools, or wrote an assistant message itself) or the template
-cannot render a piece on its own, the whole conversation is rendered instead and the call says why
-(``render_reason``): never a guess.
-"""
+or reordered a message, changed the tools or the template's options, or wrote an assistant message
+itself) or the template cannot render a piece on its own, the whole conversation is rendered
+instead and the call says why (``render_reason``): never a guess."""
 
 from __future__ import annotations
 
@@ -60,6 +59,7 @@ class Turn:
     messages: list[Any]
     """The request's messages, as :func:`same_message` compares them."""
     tools: str
+    """The request's tools and template options, as JSON text."""
     reply: Any
     """The assistant message the gateway returned, compared so."""
     prompt_ids: Sequence[int]
@@ -99,15 +99,19 @@ class Conversation:
         self.turns: list[Turn] = []
 
     def prompt(
-        self, renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        renderer: ChatRenderer,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        options: dict[str, Any] | None = None,
     ) -> tuple[Rendered, list[Any], str]:
-        """The prompt of a call sending ``messages`` (and ``tools``), with the compared form of its
-        messages and tools (for :meth:`answered`).
+        """The prompt of a call sending ``messages`` (and ``tools``, and the template's ``options``),
+        with the compared form of its messages and its tools and options (for :meth:`answered`).
 
         :raises TemplateError: the template refused the whole conversation.
         """
         seen = [same_message(m) for m in messages]
-        tools_key = _tools_key(tools)
+        tools_key = _tools_key([tools, options or None])
         reason = None
         for index in range(len(self.turns) - 1, -1, -1):
             turn = self.turns[index]
@@ -119,7 +123,7 @@ class Conversation:
                 reason = f"an assistant message follows call {turn.call_index}'s answer that the policy did not write"
                 break
             try:
-                ids = renderer.continuation(turn.completion_ids, new, tools)
+                ids = renderer.continuation(turn.completion_ids, new, tools, options)
             except TemplateError as exc:
                 reason = f"the messages after call {turn.call_index}'s answer cannot be rendered alone: {exc}"
                 break
@@ -128,7 +132,7 @@ class Conversation:
         if reason is None and self.turns:
             last = self.turns[-1]
             if tools_key != last.tools:
-                reason = "the tools differ from the earlier calls'"
+                reason = "the tools or the template's options differ from the earlier calls'"
             else:
                 history = [*last.messages, last.reply]
                 at = _first_difference(history, seen)
@@ -136,7 +140,7 @@ class Conversation:
                     reason = f"message {at} differs from what the earlier calls sent and received"
                 else:
                     reason = "the messages do not extend an earlier call's conversation and its answer"
-        return Rendered(renderer.prompt_ids(messages, tools), "full", reason), seen, tools_key
+        return Rendered(renderer.prompt_ids(messages, tools, options), "full", reason), seen, tools_key
 
     def answered(
         self,

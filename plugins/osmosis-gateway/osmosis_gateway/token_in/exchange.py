@@ -114,9 +114,11 @@ class TokenIn:
             raise ValueError("tools must be a list")
         if request.get("n") not in (None, 1):
             raise ValueError("a token-in policy answers one choice per call (n=1); ask for more rollouts instead")
-        rendered, seen, tools_key = conversation.prompt(
-            self.renderer, [_for_template(m) for m in messages], tools or None
-        )
+        options = request.get("chat_template_kwargs")
+        if options is not None and not isinstance(options, dict):
+            raise ValueError("chat_template_kwargs must be an object")
+        messages = [_for_template(m) for m in messages]
+        rendered, seen, tools_key = conversation.prompt(self.renderer, messages, tools or None, options)
         body = engine_request(self.engine, rendered.prompt_ids, sampling_of(request), request_id, model)
         return Prepared(body, rendered, seen, tools_key)
 

@@ -15,7 +15,7 @@ installed), ``tokenizers`` and jinja2 0.14 s, and rendering is the same template
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -145,9 +145,15 @@ class ChatRenderer:
         """Ids that end a turn (the config's ``eos_token``, ``generation_config.json``'s ``eos_token_id``)."""
 
     def render(
-        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, *, add_generation_prompt: bool
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
-        """The template's text for ``messages`` (and ``tools``), as ``apply_chat_template(tokenize=False)``.
+        """The template's text for ``messages`` (and ``tools``), as ``apply_chat_template(tokenize=False)``;
+        ``options`` are the template's own switches (``enable_thinking``), as its keyword arguments.
 
         :raises TemplateError: the template refused them or failed.
         """
@@ -158,7 +164,7 @@ class ChatRenderer:
         try:
             return template.render(
                 messages=list(messages), tools=tools or None, add_generation_prompt=add_generation_prompt,
-                **self.special_tokens,
+                **{**self.special_tokens, **(options or {})},
             )  # fmt: skip
         except jinja2.exceptions.TemplateError as exc:
             raise TemplateError(f"the chat template refused the conversation: {exc}") from None
@@ -177,12 +183,21 @@ class ChatRenderer:
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)
         return text
 
-    def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        options: Mapping[str, Any] | None = None,
+    ) -> list[int]:
         """The whole conversation rendered with the generation prompt, as ids."""
-        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+        return self.encode(self.render(messages, tools, add_generation_prompt=True, options=options))
 
     def continuation(
-        self, generated: Sequence[int], new: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        generated: Sequence[int],
+        new: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        options: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """The ids that follow an assistant turn of ``generated`` ids when ``new`` messages (a tool's
         answers, a user's next words) come after it: the close of the assistant turn the engine did
@@ -198,7 +213,7 @@ class ChatRenderer:
         :raises TemplateError: the template refused, or does not write the base's assistant content
             as it is (the turn's end cannot be found).
         """
-        whole = self.render([*_BASE, *new], tools or None, add_generation_prompt=True)
+        whole = self.render([*_BASE, *new], tools or None, add_generation_prompt=True, options=options)
         at = whole.find(_SENTINEL)
         if at < 0 or whole.find(_SENTINEL, at + 1) >= 0:
             raise TemplateError("the template does not write an earlier assistant message's content as it is")
