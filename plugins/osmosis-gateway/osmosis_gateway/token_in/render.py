@@ -27,13 +27,13 @@ if TYPE_CHECKING:
 __all__ = ["ChatRenderer", "TemplateError", "TokenizerFolderError"]
 
 _SENTINEL: Final = "OSMOSIS-END-OF-ASSISTANT-7f3a"
-"""The content of the base conversation's assistant message: where it ends in the rendered text is
-where the template's closing of an assistant turn begins."""
+"""The content of the base conversation's assistant message: where it ends in the rendered text,
+the template's close of an assistant turn begins, then the new messages."""
 _BASE: Final[tuple[dict[str, Any], ...]] = (
     {"role": "user", "content": "OSMOSIS-BASE-USER"},
     {"role": "assistant", "content": _SENTINEL},
 )
-"""The fixed conversation new messages are rendered after (then its own rendering is cut off)."""
+"""The fixed conversation new messages are rendered after (the text up to its assistant content is cut off)."""
 
 
 class TemplateError(ValueError):
