@@ -1,6 +1,7 @@
 """Test tools for rollout and plugin authors: a scripted OpenAI-compatible policy server that speaks
-real HTTP on 127.0.0.1, rule-based scripts for it, helpers that run one rollout end to end, the
-backend contract suite, and :func:`check_lazy_exports` for a package that loads its names lazily.
+real HTTP on 127.0.0.1, a scripted token-in engine (SGLang's ``/generate``, vLLM's token routes),
+rule-based scripts for them, helpers that run one rollout end to end, the backend contract suite,
+and :func:`check_lazy_exports` for a package that loads its names lazily.
 
 The server is a stand-in for a model (these machines have none), never a fake of osmosis itself.
 """
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from osmosis_core.testing.scripts import calculator as calculator
     from osmosis_core.testing.scripts import echo as echo
     from osmosis_core.testing.stub_process import StubPolicyProcess as StubPolicyProcess
+    from osmosis_core.testing.token_engine import ScriptedTokenEngine as ScriptedTokenEngine
+    from osmosis_core.testing.token_engine import write_test_tokenizer as write_test_tokenizer
 
 __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
@@ -38,5 +41,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "rollout": ["RolloutOutcome", "run_rollout", "run_rollout_sync"],
         "scripts": ["calculator", "echo"],
         "stub_process": ["StubPolicyProcess"],
+        "token_engine": ["ScriptedTokenEngine", "write_test_tokenizer"],
     },
 )

@@ -8,6 +8,8 @@
   ``logprobs``; SGLang gives no ids when streaming, so a streamed call is asked for unstreamed and
   the gateway streams the whole answer to the rollout (:func:`completion_events`).
 * ``openai``: nothing added (the OpenAI API refuses unknown fields); the trace holds text only.
+* ``sglang-generate``, ``vllm-completions``, ``trl-generate``: token-in engines; the gateway renders
+  the chat itself and sends ids (:mod:`osmosis_gateway.token_in`), none of the above applies.
 
 What the gateway added is taken out of the answer again, streamed or not, so the rollout sees an
 ordinary chat completion. When sources disagree, or the token and logprob lists differ in
@@ -23,10 +25,12 @@ from typing import Any, Final, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-__all__ = ["ADAPTERS", "AdapterName", "CallCapture", "completion_events", "prepare_request"]
+__all__ = ["ADAPTERS", "TOKEN_IN_ADAPTERS", "AdapterName", "CallCapture", "completion_events", "prepare_request"]
 
-AdapterName = Literal["vllm", "sglang", "openai"]
-ADAPTERS: Final = ("vllm", "sglang", "openai")
+AdapterName = Literal["vllm", "sglang", "openai", "sglang-generate", "vllm-completions", "trl-generate"]
+ADAPTERS: Final = ("vllm", "sglang", "openai", "sglang-generate", "vllm-completions", "trl-generate")
+TOKEN_IN_ADAPTERS: Final = ("sglang-generate", "vllm-completions", "trl-generate")
+"""The adapters whose upstream takes token ids (:mod:`osmosis_gateway.token_in`): the gateway renders."""
 
 _TOKEN_ID_PREFIX: Final = "token_id:"
 _ID_AT: Final = len(_TOKEN_ID_PREFIX)

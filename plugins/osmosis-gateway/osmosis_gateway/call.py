@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import time
+from array import array
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -71,6 +72,7 @@ from osmosis_trainer.trace import CallStatus, RolloutTrace, TraceCall
 
 if TYPE_CHECKING:
     from osmosis_gateway.gateway import Upstream
+    from osmosis_gateway.token_in import Conversation
 
 __all__ = ["POLICY_VERSION_FIELD", "POLICY_VERSION_HEADER", "ModelCall", "error_response"]
 
@@ -163,6 +165,7 @@ class ModelCall:
         "altered",
         "answered",
         "capture",
+        "conversation",
         "include_usage",
         "record",
         "request",
@@ -181,8 +184,11 @@ class ModelCall:
         trace: RolloutTrace,
         record: TraceCall,
         sampling: dict[str, Any] | None = None,
+        conversation: Conversation | None = None,
     ) -> None:
         self.upstream = upstream
+        self.conversation = conversation
+        """The rollout's answered calls, on a token-in upstream (the next prompt extends them)."""
         self.request = request
         self.trace = trace
         self.record = record
@@ -315,9 +321,96 @@ class ModelCall:
         record.stream = request.get("stream") is True
         options = request.get("stream_options")
         self.include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        if self.upstream.token_in is not None:
+            return await self._token_in(request)
         self.capture = prepare_request(request, self.upstream.adapter)  # (may ask for a whole answer instead)
         upstream_streams = request.get("stream") is True
         data = json_bytes_kept(request) if by_json else json_bytes(request)
+        got = await self._post(data, relay=upstream_streams)
+        if isinstance(got, web.StreamResponse):
+            return got
+        status, kind, content = got
+        if record.stream and status == 200:  # asked for whole, or answered so: streamed as asked
+            return await self._stream_whole(content)
+        return self._whole(status, kind, content)
+
+    async def _token_in(self, request: dict[str, Any]) -> web.StreamResponse:
+        """A call to a token-in engine: the conversation rendered to ids (incrementally), sent to
+        the engine's token route, its generated ids read back as a chat completion (tool calls
+        parsed), streamed or not as the rollout asked; the trace holds the ids the engine saw."""
+        from osmosis_gateway.token_in import Conversation, TemplateError
+
+        token_in = self.upstream.token_in
+        assert token_in is not None
+        record = self.record
+        conversation = self.conversation if self.conversation is not None else Conversation()
+        for key in ("messages", "tools", "chat_template_kwargs"):
+            if isinstance(request.get(key), msgspec.Raw):
+                request[key] = json_read(request[key])
+        request_id = f"{self.trace.rollout_id}-{record.index}"
+        model = record.model or self.upstream.model
+        try:
+            prepared = token_in.prepare(conversation, request, request_id, model)
+        except (ValueError, RecursionError) as exc:
+            kind = "the chat template refused it" if isinstance(exc, TemplateError) else "it cannot be rendered"
+            message = self.message(f"not a request for the token-in policy ({kind}): {exc}")
+            self.finish("bad_request", message, 400)
+            return error_response(400, message)
+        rendered = prepared.rendered
+        details: dict[str, Any] = {"engine": token_in.engine, "render": rendered.mode}
+        if rendered.reason is not None:
+            details["render_reason"] = rendered.reason
+        if rendered.extends is not None:
+            details["extends"] = rendered.extends
+        record.token_in = details
+        got = await self._post(json_bytes(prepared.body), relay=False)
+        if isinstance(got, web.StreamResponse):
+            return got
+        status, kind, content = got
+        if status >= 300:
+            self.finish("upstream_error", self.message(f"the engine answered {status}: {_detail(content)}"), status)
+            content_type = kind.split(";", 1)[0].strip() or "application/octet-stream"
+            return web.Response(status=status, body=self._redact_error(content), content_type=content_type)
+        try:
+            answer, parsed = token_in.reply(_loads(content))
+        except (ValueError, RecursionError) as exc:
+            message = self.message(f"the engine's answer ({len(content)} bytes) cannot be read: {exc}")
+            self.finish("unreadable", message, 502)
+            return error_response(502, message)
+        prompt_ids = rendered.prompt_ids
+        asked = request.get("logprobs") is True
+        doc = token_in.completion(
+            answer, parsed, prompt_tokens=len(prompt_ids), model=model, request_id=request_id, logprobs=asked
+        )
+        message = doc["choices"][0]["message"]
+        body = self._redact(self._events_of(doc) if record.stream else json_bytes(doc))  # (whole secrets out)
+        record.response = self._clean(message)
+        record.finish_reason = doc["choices"][0]["finish_reason"]
+        record.usage = doc["usage"]
+        details["tool_calls"] = len(parsed.tool_calls)
+        if parsed.malformed is not None:
+            details["tool_parse_error"] = parsed.malformed
+        record.prompt_token_ids = array("i", prompt_ids)
+        record.completion_token_ids = array("i", answer.token_ids)
+        record.logprobs = array("d", answer.logprobs)
+        if answer.prompt_ids is not None and answer.prompt_ids != prompt_ids:
+            self.finish("capture_failed", "the engine echoed other prompt ids than the gateway sent", status)
+        elif self.altered:  # (the ids say what the policy wrote; the rollout read other text)
+            problem = "the answer held the upstream's key or a header value, taken out: the rollout read other text"
+            self.finish("capture_failed", problem, status)
+        else:
+            self.finish("ok", None, status)
+            conversation.answered(
+                prepared.seen, prepared.tools_key, message, record.prompt_token_ids, record.completion_token_ids,
+                record.index,
+            )  # fmt: skip
+        if not record.stream:
+            return web.Response(status=200, body=body, content_type="application/json")
+        return await self._write_stream(body)
+
+    async def _post(self, data: bytes, *, relay: bool) -> web.StreamResponse | tuple[int, str, bytes]:
+        """Send ``data`` upstream: its answer's status, content type and whole body, or the answer the
+        rollout gets when the call failed (recorded) or, with ``relay``, was streamed through."""
         self.sent = True
         try:
             answer = await self._send(data)
@@ -328,7 +421,7 @@ class ModelCall:
             try:
                 status = answer.status
                 kind = answer.headers.get("Content-Type", "")
-                if upstream_streams and status == 200 and kind.startswith("text/event-stream"):
+                if relay and status == 200 and kind.startswith("text/event-stream"):
                     return await self._relay(answer)
                 content = await read_limited(answer, self.upstream.max_response_bytes)
             finally:
@@ -360,9 +453,7 @@ class ModelCall:
         except (ClientError, OSError) as exc:  # the upstream dropped the call: so does the gateway
             self.finish("cut", self.message(f"the upstream dropped the call: {type(exc).__name__}: {exc}"), None)
             return _drop(self.request)
-        if record.stream and status == 200:  # asked for whole, or answered so: streamed as asked
-            return await self._stream_whole(content)
-        return self._whole(status, kind, content)
+        return status, kind, content
 
     async def _send(self, data: bytes) -> ClientResponse:
         """The upstream's answer, its head read. A call is sent once: a connection that closes before
@@ -404,9 +495,17 @@ class ModelCall:
             self.finish("unreadable", f"the upstream's answer ({len(content)} bytes) is not a JSON completion", 200)
             return web.Response(status=200, body=self._redact_error(content), content_type="application/json")
         capture.feed(doc, chunk=False)
-        events = completion_events(doc, include_usage=self.include_usage)
-        body = self._redact(b"".join(b"data: " + json_bytes(event) + b"\n\n" for event in events) + _DONE)
+        body = self._redact(self._events_of(doc))
         self._complete(200)
+        return await self._write_stream(body)
+
+    def _events_of(self, doc: dict[str, Any]) -> bytes:
+        """A whole chat completion as the event stream a rollout that asked for one reads."""
+        events = completion_events(doc, include_usage=self.include_usage)
+        return b"".join(b"data: " + json_bytes(event) + b"\n\n" for event in events) + _DONE
+
+    async def _write_stream(self, body: bytes) -> web.StreamResponse:
+        """Stream a recorded answer's events (``body``) to the rollout."""
         response = web.StreamResponse(status=200, headers=_stream_headers())
         try:
             await response.prepare(self.request)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -23,10 +23,28 @@ BANNER = "osmosis gateway listening on "
 @click.option("--api-key-env", metavar="VAR", help="The environment variable holding the upstream's key.")
 @click.option(
     "--adapter",
-    type=click.Choice(["vllm", "sglang", "openai"]),
+    type=click.Choice(["vllm", "sglang", "openai", "sglang-generate", "vllm-completions", "trl-generate"]),
     default="vllm",
     show_default=True,
-    help="How the upstream is asked for token ids (openai: text only).",
+    help="How the upstream is asked for token ids (openai: text only); sglang-generate, vllm-completions and "
+    "trl-generate: a token-in engine (--upstream its base URL), the gateway renders with --tokenizer.",
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Token-in: the policy's tokenizer folder (tokenizer.json, tokenizer_config.json).",
+)
+@click.option(
+    "--chat-template",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Token-in: a .jinja template replacing the folder's.",
+)
+@click.option(
+    "--tool-parser",
+    type=click.Choice(["hermes", "llama3_json", "mistral"]),
+    default="hermes",
+    show_default=True,
+    help="Token-in: the format of the policy's tool calls.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, help="The port (0: a free one).")
@@ -46,6 +64,9 @@ def gateway(
     model: str,
     api_key_env: str | None,
     adapter: str,
+    tokenizer: Path | None,
+    chat_template: Path | None,
+    tool_parser: str,
     host: str,
     port: int,
     bearer_env: str | None,
@@ -61,6 +82,7 @@ def gateway(
     \b
     Example:
       osmosis gateway --upstream http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B
+      osmosis gateway --upstream http://127.0.0.1:30000 --adapter sglang-generate --tokenizer /models/Qwen3-8B
     """
     import asyncio
     import signal
@@ -81,6 +103,20 @@ def gateway(
     if not upstream_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"must start with http:// or https://, got {upstream_url!r}", param_hint="--upstream")
     upstream = PolicyEndpoint(upstream_url, model, key)
+    token_in = None
+    if adapter in ("sglang-generate", "vllm-completions", "trl-generate"):
+        if tokenizer is None:
+            raise click.BadParameter(f"adapter {adapter} needs the policy's tokenizer folder", param_hint="--tokenizer")
+        from osmosis_gateway.token_in import TokenIn, TokenizerFolderError
+
+        try:
+            token_in = TokenIn(
+                cast("Any", adapter), tokenizer, chat_template=chat_template, tool_parser=cast("Any", tool_parser)
+            )
+        except TokenizerFolderError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
+    elif tokenizer is not None or chat_template is not None:
+        raise click.BadParameter(f"adapter {adapter} does not render: no tokenizer or template", param_hint="--adapter")
 
     async def serve() -> None:
         from osmosis_core.plugin import aclose_http
@@ -97,6 +133,7 @@ def gateway(
             bearer=bearer,
             policy_version=policy_version,
             read_timeout_sec=read_timeout_sec,
+            token_in=token_in,
         )
         try:
             await server.start()

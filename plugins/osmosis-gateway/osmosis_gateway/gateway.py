@@ -51,7 +51,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, unquote
 
 import aiohttp
@@ -66,10 +66,13 @@ from osmosis_core.plugin import (
     redact_data,
     start_http_server,
 )
-from osmosis_gateway.adapters import ADAPTERS, AdapterName, json_bytes
+from osmosis_gateway.adapters import ADAPTERS, TOKEN_IN_ADAPTERS, AdapterName, json_bytes
 from osmosis_gateway.call import POLICY_VERSION_FIELD, POLICY_VERSION_HEADER, ModelCall, error_response
 from osmosis_gateway.settings import READ_TIMEOUT_SEC
 from osmosis_trainer.trace import RolloutTrace, TraceCall
+
+if TYPE_CHECKING:
+    from osmosis_gateway.token_in import Conversation, TokenIn
 
 __all__ = [
     "POLICY_VERSION_FIELD",
@@ -147,18 +150,26 @@ class Upstream:
         "adapter",
         "headers",
         "max_response_bytes",
+        "model",
         "options",
         "read_timeout_sec",
         "secret_bytes",
         "secrets",
         "session",
+        "token_in",
         "url",
     )
 
-    def __init__(self, endpoint: PolicyEndpoint, adapter: AdapterName, read_timeout_sec: float) -> None:
+    def __init__(
+        self, endpoint: PolicyEndpoint, adapter: AdapterName, read_timeout_sec: float, token_in: TokenIn | None = None
+    ) -> None:
         from yarl import URL
 
-        self.url = URL(endpoint.chat_completions_url)  # (parsed once, not per call)
+        self.token_in = token_in
+        """The engine's token route, renderer and tool parser (None: a chat upstream)."""
+        url = endpoint.chat_completions_url if token_in is None else token_in.url(endpoint.base_url)
+        self.url = URL(url)  # (parsed once, not per call)
+        self.model = endpoint.model
         self.adapter = adapter
         self.headers = {"Content-Type": "application/json", **endpoint.headers}
         if endpoint.api_key:
@@ -188,7 +199,7 @@ class Upstream:
 class _Slot:
     """One open rollout: its token, its trace, its policy version and sampling settings, its calls in flight."""
 
-    __slots__ = ("calls", "next_index", "policy_version", "sampling", "token", "trace")
+    __slots__ = ("calls", "conversation", "next_index", "policy_version", "sampling", "token", "trace")
 
     def __init__(
         self,
@@ -197,8 +208,11 @@ class _Slot:
         capture: str,
         policy_version: str | None,
         sampling: dict[str, Any] | None = None,
+        conversation: Conversation | None = None,
     ) -> None:
         self.token = token
+        self.conversation = conversation
+        """On a token-in upstream, the rollout's answered calls (its next prompt extends them)."""
         self.trace = RolloutTrace(rollout_id, capture="text" if capture == "openai" else "tokens")
         self.policy_version = policy_version
         self.sampling = sampling
@@ -233,6 +247,9 @@ class PolicyGateway:
     :param bearer: the gateway's own token (the run's); made up when not given.
     :param policy_version: recorded on calls that name none (settable later: :attr:`policy_version`).
     :param read_timeout_sec: how long the upstream may send nothing before a call is given up.
+    :param token_in: a token-in engine (:class:`~osmosis_gateway.token_in.TokenIn`, with
+        ``adapter`` its engine's name): the gateway renders each call with the policy's tokenizer and
+        sends ids to ``upstream.base_url``'s token route.
     """
 
     def __init__(
@@ -245,9 +262,13 @@ class PolicyGateway:
         bearer: str | None = None,
         policy_version: str | None = None,
         read_timeout_sec: float = READ_TIMEOUT_SEC,
+        token_in: TokenIn | None = None,
     ) -> None:
         if adapter not in ADAPTERS:
             raise ValueError(f"adapter must be one of {', '.join(ADAPTERS)}, got {adapter!r}")
+        if (adapter in TOKEN_IN_ADAPTERS) != (token_in is not None and token_in.engine == adapter):
+            raise ValueError(f"adapter {adapter!r} needs token_in of that engine (and only a token-in adapter has one)")
+        self.token_in = token_in
         if not read_timeout_sec > 0:
             raise ValueError(f"read_timeout_sec must be positive, got {read_timeout_sec!r}")
         self.upstream = upstream
@@ -302,7 +323,12 @@ class PolicyGateway:
         if sampling is not None:
             applied = {**(applied or {}), **check_sampling(sampling)} or None
         token = secrets.token_urlsafe(18)
-        self._slots[rollout_id] = _Slot(rollout_id, token, self.adapter, policy_version, applied)
+        conversation = None
+        if self.token_in is not None:
+            from osmosis_gateway.token_in import Conversation
+
+            conversation = Conversation()
+        self._slots[rollout_id] = _Slot(rollout_id, token, self.adapter, policy_version, applied, conversation)
         return PolicyEndpoint(
             f"{self.url}/rollouts/{quote(rollout_id, safe='')}",
             self.upstream.model,
@@ -336,7 +362,7 @@ class PolicyGateway:
         """Listen (inside the running event loop)."""
         if self._runner is not None:
             raise RuntimeError("the gateway is already running")
-        upstream = self._upstream = Upstream(self.upstream, self.adapter, self.read_timeout_sec)
+        upstream = self._upstream = Upstream(self.upstream, self.adapter, self.read_timeout_sec, self.token_in)
         try:
             self._runner, self._port = await start_http_server(
                 self._handle,
@@ -511,7 +537,7 @@ class PolicyGateway:
         )
         slot.next_index += 1
         slot.trace.calls.append(record)
-        call = ModelCall(self._upstream, request, slot.trace, record, slot.sampling)
+        call = ModelCall(self._upstream, request, slot.trace, record, slot.sampling, slot.conversation)
         slot.calls[call] = asyncio.current_task()
         try:
             body = await request.read() if request.content.is_eof() else await _body(request)

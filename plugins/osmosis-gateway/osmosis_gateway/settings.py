@@ -1,7 +1,12 @@
 """The ``[traces]`` table of a run config (``osmosis run --traces`` turns it on with its defaults)::
 
 [traces]
-adapter = "vllm"            # how the upstream is asked for tokens: vllm, sglang, openai (text only)
+adapter = "vllm"            # how the upstream is asked for tokens: vllm, sglang, openai (text only),
+                            # or a token-in engine: sglang-generate, vllm-completions, trl-generate
+# tokenizer = "/models/Qwen3-8B"      # token-in: the policy's tokenizer folder (tokenizer.json, tokenizer_config.json);
+#                                     # relative: to the config's folder or a parent of it, else the current one
+# chat_template = "template.jinja"    # token-in: a template replacing the folder's
+# tool_parser = "hermes"              # token-in: hermes, llama3_json, mistral
 policy_version = "step-0"   # recorded on every call that names none
 # host = "127.0.0.1"        # where the gateway listens (a bearer is always required)
 # port = 0                  # 0 picks a free port
@@ -11,13 +16,14 @@ policy_version = "step-0"   # recorded on every call that names none
 
 from __future__ import annotations
 
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, Literal
 
 import attrs
 
-from osmosis_core import PolicyEndpoint
+from osmosis_core import ConfigError, PolicyEndpoint
 from osmosis_core.plugin import structure_table
-from osmosis_gateway.adapters import AdapterName
+from osmosis_gateway.adapters import TOKEN_IN_ADAPTERS, AdapterName
 
 READ_TIMEOUT_SEC: Final = 600.0
 """How long the upstream may send nothing (before its answer's head, or between two pieces of it)
@@ -36,6 +42,9 @@ class TracesSettings:
     host: str = "127.0.0.1"
     port: int = 0
     read_timeout_sec: float = attrs.field(default=READ_TIMEOUT_SEC, validator=attrs.validators.gt(0))
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    tool_parser: Literal["hermes", "llama3_json", "mistral"] = "hermes"
 
 
 def gateway_from_settings(upstream: PolicyEndpoint, settings: dict[str, Any], source: str) -> Any:
@@ -46,11 +55,58 @@ def gateway_from_settings(upstream: PolicyEndpoint, settings: dict[str, Any], so
     from osmosis_gateway.gateway import PolicyGateway
 
     checked = structure_table(settings, TracesSettings, "$.traces", source)
+    token_in = None
+    if checked.adapter in TOKEN_IN_ADAPTERS:
+        token_in = _token_in(checked, source)
+    elif checked.tokenizer is not None or checked.chat_template is not None:
+        key = "tokenizer" if checked.tokenizer is not None else "chat_template"
+        raise ConfigError(
+            source, [f"only a token-in adapter renders ({', '.join(TOKEN_IN_ADAPTERS)}) @ $.traces.{key}"]
+        )
     return PolicyGateway(
         upstream,
+        token_in=token_in,
         adapter=checked.adapter,
         host=checked.host,
         port=checked.port,
         policy_version=checked.policy_version,
         read_timeout_sec=checked.read_timeout_sec,
     )
+
+
+def _token_in(checked: TracesSettings, source: str) -> Any:
+    """The token-in engine of a checked ``[traces]`` table (its tokenizer loaded, its template compiled).
+
+    :raises osmosis_core.ConfigError: no tokenizer, or a folder or template that cannot serve.
+    """
+    from osmosis_gateway.token_in import TokenIn, TokenizerFolderError
+
+    if checked.tokenizer is None:
+        raise ConfigError(
+            source, [f"adapter {checked.adapter!r} needs the policy's tokenizer folder @ $.traces.tokenizer"]
+        )
+    template = None if checked.chat_template is None else _config_path(checked.chat_template, source)
+    try:
+        return TokenIn(
+            checked.adapter,  # type: ignore[arg-type]  # (one of TOKEN_IN_ADAPTERS)
+            _config_path(checked.tokenizer, source),
+            chat_template=template,
+            tool_parser=checked.tool_parser,
+        )
+    except TokenizerFolderError as exc:
+        key = "chat_template" if checked.chat_template is not None and "chat template" in str(exc) else "tokenizer"
+        raise ConfigError(source, [f"{exc} @ $.traces.{key}"]) from None
+
+
+def _config_path(path: str, source: str) -> Path:
+    """A path of the table: absolute (or ``~``) as is; a relative one against the config file's
+    folder and its parents (the first where it exists), else the current folder."""
+    found = Path(path).expanduser()
+    if found.is_absolute():
+        return found
+    config = Path(source)
+    anchors = [config.resolve().parent, *config.resolve().parents] if config.is_file() else []
+    for base in anchors:
+        if (base / found).exists():
+            return base / found
+    return Path.cwd() / found

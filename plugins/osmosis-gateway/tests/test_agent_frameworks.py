@@ -57,29 +57,39 @@ def strands_workflow() -> tuple[type[AgentWorkflow[Any]], Any]:
     return StrandsWorkflow, template.MultiplyGrader
 
 
+def framework_rollout(framework: str, stream: bool) -> tuple[Any, Any, Any]:
+    """The framework's multiply workflow, its grader and its config (streaming or not)."""
+    if framework == "strands":
+        workflow, grader = strands_workflow()
+        return workflow, grader, StreamConfig(stream=stream)
+    pytest.importorskip("osmosis_openai_agents", reason="osmosis-openai-agents")
+    template = load("openai")
+    return template.MultiplyWorkflow, template.MultiplyGrader, template.MultiplyConfig(streaming=stream)
+
+
+async def two_rollouts(gateway: Any, framework: str, stream: bool) -> tuple[list[Any], list[Any]]:
+    """Two multiply rollouts of ``framework`` through ``gateway``: their outcomes and traces."""
+    workflow, grader, config = framework_rollout(framework, stream)
+    outcomes, traces = [], []
+    for n, (a, b) in enumerate([(12, 7), (3, 41)]):
+        policy = gateway.open_rollout(f"{framework}-{n}")
+        outcome = await run_rollout(
+            workflow, grader, policy=policy, user_prompt=f"What is {a} times {b}?", label=a * b,
+            workflow_config=config, rollout_id=f"{framework}-{n}",
+        )  # fmt: skip
+        outcomes.append(outcome)
+        traces.append(gateway.pop_trace(f"{framework}-{n}"))
+    return outcomes, traces
+
+
 @pytest.mark.parametrize("framework", ["strands", "openai"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_agent_frameworks_give_complete_traces(framework, stream):
-    if framework == "strands":
-        workflow, grader = strands_workflow()
-        config = StreamConfig(stream=stream)
-    else:
-        pytest.importorskip("osmosis_openai_agents", reason="osmosis-openai-agents")
-        template = load("openai")
-        workflow, grader = template.MultiplyWorkflow, template.MultiplyGrader
-        config = template.MultiplyConfig(streaming=stream)
+    framework_rollout(framework, stream)  # (skipped here when the framework is not installed)
 
     async def main():
         async with stack() as (server, gateway):
-            outcomes, traces = [], []
-            for n, (a, b) in enumerate([(12, 7), (3, 41)]):
-                policy = gateway.open_rollout(f"{framework}-{n}")
-                outcome = await run_rollout(
-                    workflow, grader, policy=policy, user_prompt=f"What is {a} times {b}?", label=a * b,
-                    workflow_config=config, rollout_id=f"{framework}-{n}",
-                )  # fmt: skip
-                outcomes.append(outcome)
-                traces.append(gateway.pop_trace(f"{framework}-{n}"))
+            outcomes, traces = await two_rollouts(gateway, framework, stream)
             return outcomes, traces, [r.body.get("stream") is True for r in server.requests]
 
     outcomes, traces, streamed = run(main)
@@ -96,3 +106,40 @@ def test_agent_frameworks_give_complete_traces(framework, stream):
         assert view.prefix_breaks == 0
         assert len(view.sequences) == 1
         assert view.delivered_fraction == 1.0
+
+
+@pytest.mark.together
+@pytest.mark.parametrize("framework", ["strands", "openai"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_agent_frameworks_through_a_token_in_engine_give_one_sequence(framework, stream, tmp_path):
+    """The same rollouts against SGLang's ``/generate`` (the scripted token engine): the gateway
+    renders, parses the Hermes tool calls back, and each trace is one sequence of the engine's ids."""
+    pytest.importorskip("tokenizers", reason="osmosis-gateway[token-in]")
+    from osmosis_core import PolicyEndpoint
+    from osmosis_core.testing.token_engine import ScriptedTokenEngine, write_test_tokenizer
+    from osmosis_gateway import PolicyGateway
+    from osmosis_gateway.token_in import TokenIn
+
+    framework_rollout(framework, stream)  # (skipped here when the framework is not installed)
+    folder = write_test_tokenizer(tmp_path / "tokenizer", "drifting")
+
+    async def main():
+        async with ScriptedTokenEngine(folder) as engine:
+            upstream = PolicyEndpoint(engine.url, "policy")
+            token_in = TokenIn("sglang-generate", folder)
+            async with PolicyGateway(upstream, adapter="sglang-generate", token_in=token_in) as gateway:
+                outcomes, traces = await two_rollouts(gateway, framework, stream)
+                return outcomes, traces, engine.requests
+
+    outcomes, traces, seen = run(main)
+    assert len(seen) == 4
+    for outcome, trace in zip(outcomes, traces, strict=True):
+        assert outcome.workflow.ok, outcome.workflow
+        assert outcome.grader is not None
+        assert outcome.grader.sample.reward == 1.0
+        assert trace.complete, trace.incomplete_reason
+        assert [c.finish_reason for c in trace.calls] == ["tool_calls", "stop"]
+        assert [c.token_in["render"] for c in trace.calls] == ["full", "incremental"], trace.calls[1].token_in
+        view = trainer_view(trace)
+        assert view.prefix_breaks == 0
+        assert len(view.sequences) == 1

@@ -141,6 +141,13 @@ class TraceCall:
     completion_token_ids: array[int] | None = attrs.field(default=None, converter=_ids)
     logprobs: array[float] | None = attrs.field(default=None, converter=_floats)
     """One log-probability per completion token (``array("d")``)."""
+    token_in: dict[str, Any] | None = None
+    """How a token-in gateway made the call (None on a chat upstream): ``engine``, ``render``
+    (``incremental``: the prompt is an earlier call's ids + its answer + only the new messages;
+    ``full``: the whole conversation rendered), ``render_reason`` (why a later call was rendered
+    whole), ``extends`` (the answered call it extends), ``tool_calls`` (how many were parsed) and
+    ``tool_parse_error`` (why the generated text's tool calls could not be read: it went to the
+    rollout as a plain message)."""
 
     @property
     def request(self) -> dict[str, Any]:

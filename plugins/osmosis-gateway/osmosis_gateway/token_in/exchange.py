@@ -1,0 +1,156 @@
+"""A gateway's token-in upstream: a chat-completions request turned into the engine's token-id
+request, and the engine's answer into a chat completion (the I/O is :class:`~osmosis_gateway.call.ModelCall`'s)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from osmosis_gateway.token_in.conversation import Conversation, Rendered
+from osmosis_gateway.token_in.engines import (
+    ENGINES,
+    EngineAnswer,
+    EngineName,
+    engine_request,
+    engine_root,
+    read_engine_answer,
+    sampling_of,
+)
+from osmosis_gateway.token_in.parse import TOOL_PARSERS, ParsedReply, ToolParserName, parse_reply
+from osmosis_gateway.token_in.render import ChatRenderer
+
+__all__ = ["Prepared", "TokenIn"]
+
+
+def _for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as a template reads it (as vLLM's chat route hands it over): content given as text
+    parts joined into one string, tool-call arguments given as JSON text read into an object."""
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    if (
+        not (isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content))
+        and not calls
+    ):
+        return message
+    message = dict(message)
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        message["content"] = "".join(str(p.get("text", "")) for p in content)
+    if isinstance(calls, list):
+        message["tool_calls"] = [_call_for_template(call) for call in calls]
+    return message
+
+
+def _call_for_template(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+@attrs.frozen
+class Prepared:
+    """One call's engine request and how its prompt was made."""
+
+    body: dict[str, Any]
+    rendered: Rendered
+    seen: list[Any]
+    tools_key: str
+
+
+class TokenIn:
+    """How a gateway talks to a token-in engine: the policy's renderer and tool parser, the route.
+
+    :param engine: ``sglang-generate``, ``vllm-completions`` or ``trl-generate`` (:mod:`.engines`).
+    :param tokenizer: the policy's tokenizer folder.
+    :param chat_template: a ``.jinja`` file replacing the folder's template.
+    :param tool_parser: ``hermes``, ``llama3_json`` or ``mistral`` (:mod:`.parse`).
+    :raises ValueError: an unknown engine or parser; a folder that cannot serve (named).
+    """
+
+    __slots__ = ("engine", "renderer", "tool_parser")
+
+    def __init__(
+        self,
+        engine: EngineName,
+        tokenizer: str | Path,
+        *,
+        chat_template: str | Path | None = None,
+        tool_parser: ToolParserName = "hermes",
+    ) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"a token-in engine is one of {', '.join(ENGINES)}, got {engine!r}")
+        if tool_parser not in TOOL_PARSERS:
+            raise ValueError(f"tool_parser must be one of {', '.join(TOOL_PARSERS)}, got {tool_parser!r}")
+        self.engine: EngineName = engine
+        self.tool_parser: ToolParserName = tool_parser
+        self.renderer = ChatRenderer(tokenizer, chat_template)
+
+    def url(self, base_url: str) -> str:
+        """The engine route's URL under the policy's ``base_url``."""
+        return engine_root(base_url) + ENGINES[self.engine]
+
+    def prepare(self, conversation: Conversation, request: dict[str, Any], request_id: str, model: str) -> Prepared:
+        """The engine request for a chat-completions ``request`` (messages and tools decoded, the
+        trainer's sampling already set on it).
+
+        :raises ValueError: not a request the gateway can render (``n`` > 1, messages that are not
+            objects); :class:`~.render.TemplateError`: the template refused it.
+        """
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages must be a list of objects")
+        tools = request.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError("tools must be a list")
+        if request.get("n") not in (None, 1):
+            raise ValueError("a token-in policy answers one choice per call (n=1); ask for more rollouts instead")
+        options = request.get("chat_template_kwargs")
+        if options is not None and not isinstance(options, dict):
+            raise ValueError("chat_template_kwargs must be an object")
+        messages = [_for_template(m) for m in messages]
+        rendered, seen, tools_key = conversation.prompt(self.renderer, messages, tools or None, options)
+        body = engine_request(self.engine, rendered.prompt_ids, sampling_of(request), request_id, model)
+        return Prepared(body, rendered, seen, tools_key)
+
+    def reply(self, doc: Any) -> tuple[EngineAnswer, ParsedReply]:
+        """The engine's answer ``doc`` and the assistant turn its generated ids hold.
+
+        :raises ValueError: ``doc`` is not the engine's answer.
+        """
+        answer = read_engine_answer(self.engine, doc)
+        return answer, parse_reply(self.renderer.decode(answer.token_ids), self.tool_parser)
+
+    def completion(
+        self, answer: EngineAnswer, parsed: ParsedReply, *, prompt_tokens: int, model: str, request_id: str,
+        logprobs: bool,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The chat completion the rollout gets (with ``logprobs`` content when it asked)."""
+        finish = "tool_calls" if parsed.tool_calls else answer.finish_reason
+        choice: dict[str, Any] = {"index": 0, "message": parsed.message(), "logprobs": None, "finish_reason": finish}
+        if logprobs:
+            token = self.renderer.tokenizer.id_to_token
+            choice["logprobs"] = {
+                "content": [
+                    {"token": token(i) or "", "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for i, lp in zip(answer.token_ids, answer.logprobs, strict=True)
+                ]
+            }
+        n = len(answer.token_ids)
+        return {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n},
+        }
