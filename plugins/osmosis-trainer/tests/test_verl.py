@@ -295,3 +295,27 @@ def test_the_agent_loop_refuses_what_it_cannot_run(monkeypatch):
     open_bridge = agent_loop(server_url="http://127.0.0.1:9", bridge_host="0.0.0.0")
     with pytest.raises(ValueError, match="reachable from other machines"):
         asyncio.run(open_bridge._shared())
+
+
+def test_a_bridge_on_every_address_needs_its_token_and_advertises_the_nodes_address(monkeypatch):
+    import ray.util
+
+    monkeypatch.setenv("BRIDGE_TOKEN", "s3cret-bridge")
+    loop = agent_loop(server_url="http://127.0.0.1:9", bridge_host="0.0.0.0", bridge_token_env="BRIDGE_TOKEN")
+
+    async def calls():
+        shared = await loop._shared()
+        local = shared.bridge.url.replace(ray.util.get_node_ip_address(), "127.0.0.1")
+        statuses = []
+        async with aiohttp.ClientSession() as session:
+            for headers in ({}, {"Authorization": "Bearer s3cret-bridge"}):
+                async with session.post(local + "/generate", json={"input_ids": [1]}, headers=headers) as response:
+                    statuses.append(response.status)
+        url, key = shared.bridge.url, shared.bridge.api_key
+        await close_bridges()
+        return url, key, statuses
+
+    url, key, statuses = asyncio.run(calls())
+    assert url.startswith(f"http://{ray.util.get_node_ip_address()}:")  # what the rollout server is told
+    assert key == "s3cret-bridge"  # sent as each rollout's llm_api_key
+    assert statuses == [401, 200]

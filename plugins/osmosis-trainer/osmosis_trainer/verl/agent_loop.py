@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 import uuid
 import weakref
@@ -138,7 +139,8 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
     :param token_env: the variable holding its bearer token (unset: none).
     :param bridge_host: the address the bridge listens on (loopback by default; another needs a token).
     :param bridge_port: its port (0: a free one).
-    :param bridge_advertise_host: the host name the rollout server reaches the bridge by.
+    :param bridge_advertise_host: the host name the rollout server reaches the bridge by (default: the
+        address it listens on; for ``0.0.0.0``, this node's address as Ray knows it).
     :param bridge_token_env: the variable holding the bridge's bearer token (required beyond loopback).
     :param policy_url: send the rollouts' model calls there instead of to verl's engine (no bridge):
         for a rollout server whose policy is reached over HTTP anyway; the rollouts then do not
@@ -201,6 +203,18 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
     def _engine_names(self) -> Any:
         return "sglang" if str(self.rollout_config.get("name", "vllm")) == "sglang" else "vllm"
 
+    def _advertised(self) -> str | None:
+        """The host the rollout server reaches the bridge by: ``bridge_advertise_host``, else, for a
+        bridge on every address, this node's address (Ray's, as verl's workers know it)."""
+        if self.bridge_advertise_host or self.bridge_host not in ("0.0.0.0", "::", ""):
+            return self.bridge_advertise_host
+        try:
+            import ray.util
+
+            return str(ray.util.get_node_ip_address())
+        except Exception:  # no Ray here: the name this machine resolves itself to
+            return socket.gethostbyname(socket.gethostname())
+
     def _eos_ids(self) -> list[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return [eos] if isinstance(eos, int) else [i for i in (eos or ()) if isinstance(i, int)]
@@ -233,7 +247,7 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
                 host=self.bridge_host,
                 port=self.bridge_port,
                 api_key=api_key,
-                advertise_host=self.bridge_advertise_host,
+                advertise_host=self._advertised(),
                 decode=decode,
             )
             await bridge.start()
