@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import importlib
 import json
+import re
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import REPO
 from trainer_helpers import LABELS, PROMPTS, call
 
 from osmosis_trainer import RolloutResult, RolloutTrace
@@ -218,3 +221,11 @@ def test_generate_reports_a_failed_rollout_on_the_sample(live_server, start_poli
     monkeypatch.delenv("OSMOSIS_SERVER_URL")
     with pytest.raises(ValueError, match="OSMOSIS_SERVER_URL is not set"):
         asyncio.run(generate(slime_args(), Sample(prompt="x"), {}))
+
+
+def test_the_documented_flag_names_the_generate_function_as_slimes_load_function_resolves_it():
+    script = (REPO / "examples" / "slime_osmosis.sh").read_text()
+    [path] = re.findall(r"--custom-generate-function-path (\S+)", script)
+    module, _, name = path.rpartition(".")  # slime.utils.misc.load_function
+    assert getattr(importlib.import_module(module), name) is generate
+    assert "--apply-chat-template\n" not in script.replace("no --apply-chat-template", "")

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from conftest import REPO
 from trainer_helpers import LABELS, PROMPTS
 
 pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason="verl is not installed (the verl nox session)")
@@ -319,3 +320,26 @@ def test_a_bridge_on_every_address_needs_its_token_and_advertises_the_nodes_addr
     assert url.startswith(f"http://{ray.util.get_node_ip_address()}:")  # what the rollout server is told
     assert key == "s3cret-bridge"  # sent as each rollout's llm_api_key
     assert statuses == [401, 200]
+
+
+def test_the_documented_agent_loop_config_is_what_verls_worker_instantiates(monkeypatch):
+    import hydra
+
+    example = REPO / "examples" / "verl_agent_loops.yaml"
+    [entry] = OmegaConf.load(example)  # as AgentLoopWorker reads agent_loop_config_path
+    assert entry.name == "osmosis"
+    config = verl_config()
+    loop = hydra.utils.instantiate(  # AgentLoopWorker._run_agent_loop's call
+        config=entry,
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=ServerManager(),
+        tokenizer=Tokenizer(),
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        tools=None,
+    )
+    assert isinstance(loop, OsmosisAgentLoop)
+    assert (loop.server_url, loop.token_env) == ("http://rollouts:8100", "OSMOSIS_SERVER_TOKEN")
+    assert (loop.bridge_host, loop.bridge_token_env, loop.mask_truncated) == ("0.0.0.0", "OSMOSIS_BRIDGE_TOKEN", False)
