@@ -286,15 +286,26 @@ def skyrl(session: nox.Session) -> None:
         if requirement.marker is None or requirement.marker.evaluate({"extra": "skyrl-train"}):
             requirement.marker = None
             requirements.append(str(requirement))
-    pin = Path(session.create_tmp()) / "torch-cpu.txt"
-    pin.write_text(TORCH_CPU + "\n")  # nothing below may replace the CPU build
-    session.install("-c", str(pin), *requirements)
+    session.install("-c", str(_torch_pin(session)), *requirements)  # nothing may replace the CPU build
     session.run("python", "-c", _TORCH_CPU_CHECK)
+    _trainer_tests(session, "tests/test_skyrl.py", "tests/test_skyrl_convert.py")
+
+
+def _trainer_tests(session: nox.Session, *tests: str) -> None:
+    """osmosis-trainer compiled, then ``pytest tests`` in its folder, against an ``osmosis serve`` run by the
+    serve Python (:func:`_serve_python`)."""
     _compile_sources(session, f"plugins/{TRAINER}")
     serve_python = _serve_python(session)
-    session.chdir(folder)
+    session.chdir(ROOT / "plugins" / TRAINER)
     session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
-    session.run("pytest", "tests/test_skyrl.py", "tests/test_skyrl_convert.py", *session.posargs)
+    session.run("pytest", *tests, *session.posargs)
+
+
+def _torch_pin(session: nox.Session) -> Path:
+    """A constraints file that holds torch at its CPU build (:data:`TORCH_CPU`)."""
+    pin = Path(session.create_tmp()) / "torch-cpu.txt"
+    pin.write_text(TORCH_CPU + "\n")
+    return pin
 
 
 _SKYRL_REQUIRES = "import importlib.metadata as m; print('\\n'.join(m.requires('skyrl') or []))"
@@ -321,15 +332,10 @@ def verl(session: nox.Session) -> None:
     import on the CPU without them)."""
     folder = ROOT / "plugins" / TRAINER
     session.install("pip", "-e", f"plugins/{TRAINER}", *_group("test", folder))
-    pin = Path(session.create_tmp()) / "torch-cpu.txt"
-    pin.write_text(TORCH_CPU + "\n")
-    session.run("python", "-m", "pip", "install", "-q", "-c", str(pin), TORCH_CPU, VERL, *VERL_UNDECLARED)
+    pin = str(_torch_pin(session))
+    session.run("python", "-m", "pip", "install", "-q", "-c", pin, TORCH_CPU, VERL, *VERL_UNDECLARED)
     session.run("python", "-c", _VERL_CHECK)
-    _compile_sources(session, f"plugins/{TRAINER}")
-    serve_python = _serve_python(session)
-    session.chdir(folder)
-    session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
-    session.run("pytest", "tests/test_verl.py", "tests/test_verl_convert.py", *session.posargs)
+    _trainer_tests(session, "tests/test_verl.py", "tests/test_verl_convert.py")
 
 
 _VERL_CHECK = """

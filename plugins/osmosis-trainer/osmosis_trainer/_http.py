@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["KEEPALIVE_SEC", "is_loopback", "new_session", "proxy_options", "shared_session", "using_shared_session"]
+__all__ = [
+    "KEEPALIVE_SEC",
+    "check_listening",
+    "is_loopback",
+    "new_session",
+    "proxy_options",
+    "shared_session",
+    "using_shared_session",
+]
 
 KEEPALIVE_SEC = 4.0
 """An idle pooled connection is closed after this long (uvicorn, which serves ``osmosis serve``,
@@ -149,3 +157,17 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def check_listening(host: str, api_key: str | None, what: str) -> None:
+    """Refuse a trainer-side server (``what``) that would listen beyond loopback without a token.
+
+    :raises ValueError: ``host`` is not loopback and ``api_key`` is None, or ``api_key`` is blank.
+    """
+    if api_key is None and not is_loopback(host):
+        raise ValueError(
+            f"host={host!r} is reachable from other machines: pass api_key= ({what} has no other "
+            "authentication), or listen on 127.0.0.1"
+        )
+    if api_key is not None and not api_key.strip():
+        raise ValueError("api_key is empty")

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from osmosis_trainer._http import is_loopback
+from osmosis_trainer._http import check_listening
 from osmosis_trainer.sglang import FINISH_REASONS, EngineNames, SamplingError, engine_sampling, generate_answer
 from osmosis_trainer.wire import ROLLOUT_ID_HEADER
 
@@ -136,13 +136,7 @@ class TokenBridge:
     ) -> None:
         if names not in ("vllm", "sglang"):
             raise ValueError(f"names must be 'vllm' or 'sglang', got {names!r}")
-        if api_key is None and not is_loopback(host):
-            raise ValueError(
-                f"host={host!r} is reachable from other machines: pass api_key= (the bridge has no other "
-                "authentication), or listen on 127.0.0.1"
-            )
-        if api_key is not None and not api_key.strip():
-            raise ValueError("api_key is empty")
+        check_listening(host, api_key, "the bridge")
         self._generate = generate
         self.names: EngineNames = names
         self.host = host

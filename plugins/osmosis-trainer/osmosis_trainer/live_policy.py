@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
 
-from osmosis_trainer._http import is_loopback
+from osmosis_trainer._http import check_listening
 
 if TYPE_CHECKING:
     import torch
@@ -292,13 +292,7 @@ class LivePolicyServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 4096))
-        if api_key is None and not is_loopback(host):
-            raise ValueError(
-                f"host={host!r} is reachable from other machines: pass api_key= (the server has no other "
-                "authentication), or listen on 127.0.0.1"
-            )
-        if api_key is not None and not api_key.strip():
-            raise ValueError("api_key is empty")
+        check_listening(host, api_key, "the server")
         self._host = host
         self._port = port
         self._api_key = api_key

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
-from osmosis_trainer.sampling import SAMPLING_FIELDS, SamplingParams
+from osmosis_trainer.sampling import SamplingParams, sampling_from_trainer
 
 __all__ = [
     "FINISH_REASONS",
@@ -43,7 +43,8 @@ __all__ = [
 ]
 
 TOP_K_ALL: Final = 1 << 30
-"""SGLang's "whole vocabulary" top-k (what its ``-1`` becomes); read as off."""
+"""SGLang's "whole vocabulary" top-k (what its ``-1`` becomes); read as off (-1), here and by
+:func:`osmosis_trainer.sampling.sampling_from_trainer`."""
 
 FINISH_REASONS: Final = frozenset({"stop", "length", "abort"})
 """``meta_info.finish_reason.type`` values: the model stopped, hit ``max_new_tokens``, or was aborted."""
@@ -76,6 +77,16 @@ _RENAMED: Final[Mapping[str, tuple[str | None, str, str]]] = {
 }
 
 
+_TO_OURS: Final = {"max_new_tokens": "max_tokens", "sampling_seed": "seed"}
+"""SGLang's names of :class:`~osmosis_trainer.SamplingParams`' fields that differ from ours."""
+_NEUTRAL: Final = frozenset({"min_new_tokens", "stop_token_ids", "ignore_eos", "custom_params"})
+
+
+def _neutral(key: str, value: Any) -> bool:
+    """A setting osmosis serve does not apply, at the value that changes nothing (0, [], False, {})."""
+    return key in _NEUTRAL and not value
+
+
 class SamplingError(ValueError):
     """A sampling setting that cannot be applied (the message names it)."""
 
@@ -93,28 +104,7 @@ def sampling_from_sglang(params: Mapping[str, Any] | None) -> tuple[SamplingPara
 
     :raises ValueError, TypeError: a value out of range or of the wrong type (the message names it).
     """
-    if params is None:
-        return None, ()
-    if not isinstance(params, Mapping):
-        raise TypeError(f"sampling_params must be a mapping, got {type(params).__name__}")
-    taken: dict[str, Any] = {}
-    dropped: list[str] = []
-    for key, value in params.items():
-        if value is None or key in TEXT_ONLY:
-            continue
-        names = _RENAMED.get(key)
-        ours = names[0] if names is not None else None
-        if ours is not None and ours in SAMPLING_FIELDS:
-            if key == "stop" and not isinstance(value, str):
-                value = list(value)
-                if not value:
-                    continue
-            taken[ours] = _top_k(value) if key == "top_k" else value
-        elif key in ("min_new_tokens", "stop_token_ids", "ignore_eos", "custom_params") and not value:
-            continue  # neutral: 0, [], False, {}
-        else:
-            dropped.append(key)
-    return (SamplingParams(**taken) if taken else None), tuple(sorted(dropped))
+    return sampling_from_trainer(params, renames=_TO_OURS, silent=TEXT_ONLY, neutral=_neutral)
 
 
 def engine_sampling(params: Mapping[str, Any], *, names: EngineNames) -> dict[str, Any]:

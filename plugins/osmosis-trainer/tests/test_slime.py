@@ -19,10 +19,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import trainer_helpers
 from conftest import REPO
 from trainer_helpers import LABELS, PROMPTS, call
 
-from osmosis_trainer import RolloutResult, RolloutTrace
 from osmosis_trainer.slime import generate, prompt_messages, samples_of
 from osmosis_trainer.slime.rollout import _policy_url
 
@@ -70,18 +70,8 @@ MESSAGES = [{"role": "user", "content": "6 * 7?"}, {"role": "assistant", "conten
 CLEAN = [call(0, [1, 2, 3], [4, 5]), call(1, [1, 2, 3, 4, 5, 9], [6])]
 
 
-def result_of(calls, *, status="success", reward=1.0, incomplete=None, finish=None):
-    data: dict[str, Any] = {"rollout_id": "r", "status": status, "reward": reward, "sample": {"messages": MESSAGES}}
-    if status == "failure":
-        data["error"] = {"category": "timeout", "message": "the workflow ran past 60s"}
-    if calls is not None:
-        trace = RolloutTrace("r", calls=calls)
-        if incomplete:
-            trace.mark_incomplete(incomplete)
-        data["trace"] = trace.to_json()
-        if finish is not None:
-            data["trace"]["calls"][-1]["finish_reason"] = finish
-    return RolloutResult.from_json(data)
+def result_of(calls, **options):
+    return trainer_helpers.result_of(calls, messages=MESSAGES, **options)
 
 
 def test_one_sequence_fills_the_sample_slime_handed_over():

@@ -4,11 +4,11 @@ incomplete trace. verl's own classes take these fields in tests/test_verl.py."""
 
 from __future__ import annotations
 
+import trainer_helpers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from trainer_helpers import call
 
-from osmosis_trainer import RolloutResult, RolloutTrace
 from osmosis_trainer.verl import EXTRA_FIELDS, agent_loop_fields, row_label, sampling_from_verl
 
 MESSAGES = [
@@ -20,18 +20,8 @@ MESSAGES = [
 ]
 
 
-def result_of(calls, *, status="success", reward=1.0, incomplete=None, messages=MESSAGES):
-    data = {"rollout_id": "r", "status": status, "reward": reward}
-    if status == "failure":
-        data["error"] = {"category": "agent_error", "message": "boom"}
-    if calls is not None:
-        trace = RolloutTrace("r", calls=calls)
-        if incomplete:
-            trace.mark_incomplete(incomplete)
-        data["trace"] = trace.to_json()
-    if messages is not None:
-        data["sample"] = {"messages": messages}
-    return RolloutResult.from_json(data)
+def result_of(calls, *, messages=MESSAGES, **options):
+    return trainer_helpers.result_of(calls, messages=messages, **options)
 
 
 CLEAN = [call(0, [1, 2, 3], [4, 5]), call(1, [1, 2, 3, 4, 5, 9, 9], [6])]

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from osmosis_trainer.rows import MASK_REASONS, rollout_rows
-from osmosis_trainer.sampling import SAMPLING_FIELDS, SamplingParams
+from osmosis_trainer.sampling import SamplingParams, sampling_from_trainer
 
 if TYPE_CHECKING:
     from osmosis_trainer.client import RolloutResult
@@ -82,19 +82,7 @@ def sampling_from_verl(params: Mapping[str, Any] | None) -> tuple[SamplingParams
 
     :raises ValueError, TypeError: a value out of range or of the wrong type (the message names it).
     """
-    if params is None:
-        return None, ()
-    taken: dict[str, Any] = {}
-    dropped: list[str] = []
-    for key, value in params.items():
-        name = "max_tokens" if key == "max_new_tokens" else key
-        if value is None or key in _SILENT:
-            continue
-        if name in SAMPLING_FIELDS:
-            taken[name] = value
-        else:
-            dropped.append(key)
-    return (SamplingParams(**taken) if taken else None), tuple(sorted(dropped))
+    return sampling_from_trainer(params, renames={"max_new_tokens": "max_tokens"}, silent=_SILENT)
 
 
 def row_label(row: Mapping[str, Any]) -> Any:
