@@ -15,6 +15,7 @@ import enum
 import importlib
 import json
 import re
+from array import array
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +24,7 @@ import trainer_helpers
 from conftest import REPO
 from trainer_helpers import LABELS, PROMPTS, call
 
+from osmosis_trainer import Unauthorized
 from osmosis_trainer.slime import generate, prompt_messages, samples_of
 from osmosis_trainer.slime.rollout import _policy_url
 
@@ -219,3 +221,12 @@ def test_the_documented_flag_names_the_generate_function_as_slimes_load_function
     module, _, name = path.rpartition(".")  # slime.utils.misc.load_function
     assert getattr(importlib.import_module(module), name) is generate
     assert "--apply-chat-template\n" not in script.replace("no --apply-chat-template", "")
+
+
+def test_a_refused_rollout_is_raised_not_a_failed_sample(live_server, monkeypatch):
+    monkeypatch.setenv("OSMOSIS_SERVER_URL", live_server.url)
+    monkeypatch.setenv("OSMOSIS_SERVER_TOKEN", "not-the-token")
+    monkeypatch.setenv("OSMOSIS_POLICY_URL", live_server.policy_url)
+    sample = Sample(group_index=0, index=0, prompt=PROMPTS[0], label=LABELS[0], metadata={"n": array("i", [1])})
+    with pytest.raises(Unauthorized, match="401"):  # a setup error: slime's run stops with it
+        asyncio.run(generate(slime_args(), sample, dict(SLIME_SAMPLING)))

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 from conftest import REPO
 from trainer_helpers import LABELS, PROMPTS
@@ -32,6 +33,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
 
+from osmosis_trainer import Unauthorized
 from osmosis_trainer.verl import EXTRA_FIELDS, OsmosisAgentLoop, close_bridges
 from osmosis_trainer.wire import ROLLOUT_ID_HEADER
 
@@ -134,10 +136,15 @@ class PostprocessWorker:
 
 
 def rows():
-    return [
-        {"raw_prompt": prompt, "reward_model": {"ground_truth": label}, "extra_info": {"index": i}, "index": i}
-        for i, (prompt, label) in enumerate(zip(PROMPTS, LABELS, strict=True))
-    ]
+    """The rows as verl's worker hands them to ``run``: each column a numpy object array (verl's
+    ``non_tensor_batch``), a row its ``[i]``: ``raw_prompt`` an array of dicts, ``index`` an int64."""
+    columns = {
+        "raw_prompt": np.array(PROMPTS, dtype=object),
+        "reward_model": np.array([{"ground_truth": label} for label in LABELS], dtype=object),
+        "extra_info": np.array([{"index": np.int64(i), "split": "train"} for i in range(2)], dtype=object),
+        "index": np.arange(2, dtype=np.int64),
+    }
+    return [{key: column[i] for key, column in columns.items()} for i in range(2)]
 
 
 def test_an_agent_loop_config_entry_runs_osmosis_rollouts_through_verls_worker_into_its_batch(
@@ -201,6 +208,12 @@ def test_an_agent_loop_config_entry_runs_osmosis_rollouts_through_verls_worker_i
     for key in EXTRA_FIELDS:
         assert batch.non_tensor_batch[key].shape == (2,), key
     assert list(batch.non_tensor_batch["osmosis_masked"]) == [False, False]
+    results = {
+        line["rollout_id"]: line
+        for line in map(json.loads, (live_server.run_dir / "results.jsonl").read_text().splitlines())
+        if line["rollout_id"].startswith("verl-e2e-")
+    }
+    assert sorted(r["row"] for r in results.values()) == [0, 1]  # verl's int64 index, as the row
     assert batch.meta_info["metrics"][0]["generate_sequences"] == 0.0  # the policy is not verl's engine here
 
 
@@ -280,6 +293,12 @@ def test_an_aborted_generation_and_the_sglang_backend():
     answer = asyncio.run(one())
     assert answer["meta_info"]["finish_reason"]["type"] == "abort"
     assert manager.calls[0][2] == {"max_new_tokens": 8, "sampling_seed": 3, "logprobs": True}  # SGLang's names
+
+
+def test_a_refused_rollout_is_a_setup_error_raised_not_a_masked_sample(live_server):
+    loop = agent_loop(server_url=live_server.url, token_env="NO_SUCH_TOKEN", policy_url=live_server.policy_url)
+    with pytest.raises(Unauthorized, match="401"):
+        asyncio.run(loop.run({}, **rows()[0]))
 
 
 def test_the_agent_loop_refuses_what_it_cannot_run(monkeypatch):

@@ -37,8 +37,15 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-from osmosis_trainer.client import RolloutClient, RolloutClientError, RolloutRequest, RolloutResult
-from osmosis_trainer.records import ErrorCategory, Message
+from osmosis_trainer.client import (
+    RolloutAlreadyAdmitted,
+    RolloutClient,
+    RolloutLost,
+    RolloutRequest,
+    RolloutResult,
+    ServerUnavailable,
+)
+from osmosis_trainer.records import ErrorCategory, Message, jsonable
 from osmosis_trainer.sglang import sampling_from_sglang
 from osmosis_trainer.slime.convert import samples_of
 from osmosis_trainer.wire import DEFAULT_TOKEN_ENV
@@ -66,7 +73,7 @@ def prompt_messages(prompt: Any, *, apply_chat_template: bool = False) -> list[M
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     if isinstance(prompt, list) and all(isinstance(m, Mapping) for m in prompt):
-        return [dict(m) for m in prompt]
+        return [jsonable(m) for m in prompt]
     raise ValueError(f"a sample's prompt must be messages or text, got {type(prompt).__name__}")
 
 
@@ -97,8 +104,8 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
         rollout_id=rollout_id,
         initial_messages=messages,
         chat_completions_url=_policy_url(args),
-        label=sample.label,
-        metadata=dict(sample.metadata) if isinstance(sample.metadata, Mapping) and sample.metadata else None,
+        label=jsonable(sample.label),
+        metadata=jsonable(sample.metadata) if isinstance(sample.metadata, Mapping) and sample.metadata else None,
         row=group,
         sample_index=index,
         sampling_params=sampling,
@@ -107,8 +114,9 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     client = RolloutClient(server_url, token=os.environ.get(DEFAULT_TOKEN_ENV, ""))
     try:
         result = await client.run(request)
-    except RolloutClientError as exc:
-        result = RolloutResult.failed(rollout_id, ErrorCategory.INFRA_ERROR, str(exc))
+    except (ServerUnavailable, RolloutLost, RolloutAlreadyAdmitted, TimeoutError) as exc:
+        # the rollout could not be run or read: its sample fails; a refusal (401, 422) is raised
+        result = RolloutResult.failed(rollout_id, ErrorCategory.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
     context = getattr(args, "eval_max_context_len" if evaluation else "rollout_max_context_len", None)
     samples = samples_of(
         result,

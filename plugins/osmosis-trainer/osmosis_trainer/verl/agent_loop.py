@@ -38,14 +38,24 @@ import attrs
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from osmosis_trainer.bridge import TokenBridge
-from osmosis_trainer.client import RolloutClient, RolloutClientError, RolloutRequest, RolloutResult
-from osmosis_trainer.records import ErrorCategory
+from osmosis_trainer.client import (
+    RolloutAlreadyAdmitted,
+    RolloutClient,
+    RolloutLost,
+    RolloutRequest,
+    RolloutResult,
+    ServerUnavailable,
+)
+from osmosis_trainer.records import ErrorCategory, jsonable
 from osmosis_trainer.verl.convert import agent_loop_fields, row_label, sampling_from_verl
 from osmosis_trainer.wire import DEFAULT_TOKEN_ENV
 
 __all__ = ["OsmosisAgentLoop", "VerlEngine", "close_bridges"]
 
 logger = logging.getLogger("osmosis_trainer.verl")
+
+UNREACHABLE = (ServerUnavailable, RolloutLost, RolloutAlreadyAdmitted, TimeoutError)
+"""What a rollout that could not be run or read raises: its sample is a masked ``failed`` output."""
 
 SERVER_URL_ENV = "OSMOSIS_SERVER_URL"
 """Where ``server_url`` is read from when the config entry does not set it."""
@@ -261,19 +271,21 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
         raw_prompt = row.get("raw_prompt")
         if raw_prompt is None:
             raise ValueError("the row has no raw_prompt: set data.return_raw_chat=True (its rollout needs messages)")
-        messages = [dict(m) for m in list(raw_prompt)]
+        messages = jsonable(list(raw_prompt))
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError(f"the row's raw_prompt is not a list of messages: {type(raw_prompt).__name__}")
         sampling, dropped = sampling_from_verl(sampling_params)
         if dropped and dropped not in OsmosisAgentLoop._warned:
             OsmosisAgentLoop._warned.add(dropped)
             logger.warning("sampling_params osmosis serve cannot apply, left out: %s", ", ".join(dropped))
-        extra_info = row.get("extra_info")
-        index = row.get("index")
+        extra_info = jsonable(row.get("extra_info"))
+        index = jsonable(row.get("index"))
         return RolloutRequest(
             rollout_id=rollout_id,
             initial_messages=messages,
             chat_completions_url=self.policy_url or "",
-            label=self.label(row),
-            metadata=dict(extra_info) if isinstance(extra_info, Mapping) else None,
+            label=jsonable(self.label(row)),
+            metadata=extra_info if isinstance(extra_info, dict) else None,
             model=self.policy_model,
             row=int(index) if isinstance(index, int) and not isinstance(index, bool) and index >= 0 else None,
             sampling_params=sampling,
@@ -293,8 +305,11 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
         client = RolloutClient(self.server_url, token=os.environ.get(self.token_env, ""))
         try:
             result = await client.run(request)
-        except RolloutClientError as exc:
-            result = RolloutResult.failed(rollout_id, ErrorCategory.INFRA_ERROR, str(exc))
+        except UNREACHABLE as exc:  # a refusal (401, 422) is a setup error: raised
+            result = RolloutResult.failed(rollout_id, ErrorCategory.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+        finally:
+            usage = shared.bridge.pop_usage(rollout_id) if shared is not None else None
+            extras = shared.engine.pop_extras(rollout_id) if shared is not None else None
         wall = time.perf_counter() - started
         fields = agent_loop_fields(
             result,
@@ -305,9 +320,7 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
         )
         generating = 0.0
         preempted = -1
-        if shared is not None:
-            usage = shared.bridge.pop_usage(rollout_id)
-            extras = shared.engine.pop_extras(rollout_id)
+        if usage is not None and extras is not None:
             generating = usage.seconds
             preempted = extras.preempted if extras.preempted is not None else -1
             if extras.min_step is not None:
