@@ -19,6 +19,10 @@ Sessions (`nox -l` lists them):
                             of torch 2.13.0 lies on this disk for 3.11): the TRL adapter against TRL's real
                             GRPOTrainer, the live policy server, and the proof that a model learns (a tiny
                             model trained with GRPO through osmosis serve --traces, its figures printed)
+  verl                      osmosis-trainer's verl adapter against verl itself (verl 0.9.1 on Python 3.11 with
+                            torch's CPU build, by pip: its agent-loop worker's hydra instantiation and
+                            post-processing, its TokenOutput through the token-in bridge, real rollouts of
+                            osmosis serve)
   skyrl                     osmosis-trainer's SkyRL adapter against SkyRL itself (Python 3.11: SkyRL's published
                             package and what its `skyrl-train` extra installs but the CUDA-only packages, on
                             torch's CPU build): SkyRL's validate_generator_output, its trainer's generate and
@@ -282,15 +286,26 @@ def skyrl(session: nox.Session) -> None:
         if requirement.marker is None or requirement.marker.evaluate({"extra": "skyrl-train"}):
             requirement.marker = None
             requirements.append(str(requirement))
-    pin = Path(session.create_tmp()) / "torch-cpu.txt"
-    pin.write_text(TORCH_CPU + "\n")  # nothing below may replace the CPU build
-    session.install("-c", str(pin), *requirements)
+    session.install("-c", str(_torch_pin(session)), *requirements)  # nothing may replace the CPU build
     session.run("python", "-c", _TORCH_CPU_CHECK)
+    _trainer_tests(session, "tests/test_skyrl.py", "tests/test_skyrl_convert.py")
+
+
+def _trainer_tests(session: nox.Session, *tests: str) -> None:
+    """osmosis-trainer compiled, then ``pytest tests`` in its folder, against an ``osmosis serve`` run by the
+    serve Python (:func:`_serve_python`)."""
     _compile_sources(session, f"plugins/{TRAINER}")
     serve_python = _serve_python(session)
-    session.chdir(folder)
+    session.chdir(ROOT / "plugins" / TRAINER)
     session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
-    session.run("pytest", "tests/test_skyrl.py", "tests/test_skyrl_convert.py", *session.posargs)
+    session.run("pytest", *tests, *session.posargs)
+
+
+def _torch_pin(session: nox.Session) -> Path:
+    """A constraints file that holds torch at its CPU build (:data:`TORCH_CPU`)."""
+    pin = Path(session.create_tmp()) / "torch-cpu.txt"
+    pin.write_text(TORCH_CPU + "\n")
+    return pin
 
 
 _SKYRL_REQUIRES = "import importlib.metadata as m; print('\\n'.join(m.requires('skyrl') or []))"
@@ -298,6 +313,36 @@ _TORCH_CPU_CHECK = """
 import importlib.metadata, torch
 assert torch.__version__.endswith("+cpu"), f"torch {torch.__version__} is not the CPU build"
 print("skyrl", importlib.metadata.version("skyrl"), "on torch", torch.__version__)
+"""
+
+
+VERL = "verl==0.9.1"
+VERL_UNDECLARED = ("cachetools", "fastapi", "uvicorn")
+"""What verl 0.9.1's agent-loop modules import without declaring it (its ``[vllm]``/``[sglang]`` extras bring them)."""
+
+
+@nox.session(python=TORCH_PYTHON)
+def verl(session: nox.Session) -> None:
+    """osmosis-trainer's verl agent loop against verl itself: verl's ``AgentLoopWorker`` builds it from an
+    ``agent_loop_config_path`` entry (hydra) and post-processes and batches its outputs; its bridge in front of
+    a server manager answering verl's ``TokenOutput``; rollouts of a real ``osmosis serve --traces``.
+
+    verl 0.9.1 pins ``transformers<5.11`` (test-constraints.txt pins the train session's 5.25), so pip installs it
+    and torch's CPU build (on this disk for 3.11) with only torch pinned; no vLLM or SGLang (verl's agent loops
+    import on the CPU without them)."""
+    folder = ROOT / "plugins" / TRAINER
+    session.install("pip", "-e", f"plugins/{TRAINER}", *_group("test", folder))
+    pin = str(_torch_pin(session))
+    session.run("python", "-m", "pip", "install", "-q", "-c", pin, TORCH_CPU, VERL, *VERL_UNDECLARED)
+    session.run("python", "-c", _VERL_CHECK)
+    _trainer_tests(session, "tests/test_verl.py", "tests/test_verl_convert.py")
+
+
+_VERL_CHECK = """
+import importlib.metadata, torch
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+assert torch.__version__.endswith("+cpu"), f"torch {torch.__version__} is not the CPU build"
+print("verl", importlib.metadata.version("verl"), "on torch", torch.__version__)
 """
 
 

@@ -14,6 +14,10 @@ result's token trace into its own rows. This package is what its image installs:
   group-relative advantages that leave failed rollouts out;
 * :mod:`osmosis_trainer.skyrl`: SkyRL's generator (``OsmosisGenerator``) and experiment, for a
   trainer that has SkyRL installed (imported only when used).
+* :mod:`osmosis_trainer.verl`: verl's agent loop (``OsmosisAgentLoop``), for a trainer that has verl
+  installed; :mod:`osmosis_trainer.slime`: slime's custom generate function (no slime import);
+* :mod:`osmosis_trainer.bridge`: the token-in bridge, SGLang's ``/generate`` in front of an engine
+  that is a Python object (verl's), so a rollout server's token-in gateway reaches it.
 
 Names are imported lazily: ``import osmosis_trainer`` imports neither aiohttp nor cattrs.
 

@@ -19,6 +19,7 @@ URL (aiohttp's ``trust_env`` would read them, and ``~/.netrc``, in a thread for 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import sys
 import weakref
@@ -28,7 +29,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["KEEPALIVE_SEC", "new_session", "proxy_options", "shared_session", "using_shared_session"]
+__all__ = [
+    "KEEPALIVE_SEC",
+    "check_listening",
+    "is_loopback",
+    "new_session",
+    "proxy_options",
+    "shared_session",
+    "using_shared_session",
+]
 
 KEEPALIVE_SEC = 4.0
 """An idle pooled connection is closed after this long (uvicorn, which serves ``osmosis serve``,
@@ -137,3 +146,28 @@ def proxy_options(url: str) -> dict[str, Any]:
     except LookupError:
         return {}
     return {"proxy": proxy, "proxy_auth": auth}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback name or address: the only place a trainer-side server (the live
+    policy, the token-in bridge) listens without a token."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listening(host: str, api_key: str | None, what: str) -> None:
+    """Refuse a trainer-side server (``what``) that would listen beyond loopback without a token.
+
+    :raises ValueError: ``host`` is not loopback and ``api_key`` is None, or ``api_key`` is blank.
+    """
+    if api_key is None and not is_loopback(host):
+        raise ValueError(
+            f"host={host!r} is reachable from other machines: pass api_key= ({what} has no other "
+            "authentication), or listen on 127.0.0.1"
+        )
+    if api_key is not None and not api_key.strip():
+        raise ValueError("api_key is empty")

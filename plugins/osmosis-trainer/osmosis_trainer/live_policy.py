@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import hmac
 import inspect
-import ipaddress
 import json
 import re
 import threading
@@ -61,6 +60,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
+
+from osmosis_trainer._http import check_listening
 
 if TYPE_CHECKING:
     import torch
@@ -291,13 +292,7 @@ class LivePolicyServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 4096))
-        if api_key is None and not _loopback(host):
-            raise ValueError(
-                f"host={host!r} is reachable from other machines: pass api_key= (the server has no other "
-                "authentication), or listen on 127.0.0.1"
-            )
-        if api_key is not None and not api_key.strip():
-            raise ValueError("api_key is empty")
+        check_listening(host, api_key, "the server")
         self._host = host
         self._port = port
         self._api_key = api_key
@@ -496,16 +491,6 @@ def _sample(logits: torch.Tensor, sampling: _Sampling, generator: torch.Generato
     logprobs = torch.log_softmax(scores, -1)
     token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
     return token, float(logprobs[token])
-
-
-def _loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback name or address (the only place the server listens without a token)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _handler(server: LivePolicyServer) -> type[BaseHTTPRequestHandler]:

@@ -15,13 +15,14 @@ against either package's enum), not with ``is`` against osmosis-core's.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from osmosis_trainer._compat import StrEnum
 
-__all__ = ["ErrorCategory", "ErrorInfo", "Message", "RolloutSample", "TrainerError"]
+__all__ = ["ErrorCategory", "ErrorInfo", "Message", "RolloutSample", "TrainerError", "jsonable"]
 
 Message = dict[str, Any]
 """One chat message (``{"role": ..., "content": ...}``) or a framework-native history item."""
@@ -89,3 +90,25 @@ class RolloutSample:
     def readable_messages(self) -> list[Message]:
         """The chat-shaped history when there is one, else the native one."""
         return self.chat_messages if self.chat_messages is not None else self.messages
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with numpy's scalars and arrays as Python's, mappings as dicts and sequences as lists:
+    what a trainer's row holds (verl's rows come from numpy object arrays: an ``index`` is an
+    ``int64``, a ``raw_prompt`` may be an array of dicts; a dataset's metadata may hold numpy
+    values) made fit for a rollout request's JSON.
+
+    >>> import array
+    >>> jsonable({"a": (1, array.array("i", [2]))})
+    {'a': [1, [2]]}
+    """
+    if isinstance(value, (str, bytes, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):  # a numpy scalar or array (an array.array too)
+        return jsonable(tolist())
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value

@@ -18,12 +18,12 @@ ValueError: sampling_params.temprature: not a sampling setting (known: temperatu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 
-__all__ = ["SAMPLING_FIELDS", "SamplingParams"]
+__all__ = ["SAMPLING_FIELDS", "SamplingParams", "sampling_from_trainer"]
 
 SAMPLING_FIELDS: Final = (
     "temperature",
@@ -131,3 +131,60 @@ class SamplingParams:
                 known = ", ".join(SAMPLING_FIELDS)
                 raise ValueError(f"sampling_params.{key}: not a sampling setting (known: {known})")
         return cls(**{key: value for key, value in data.items() if value is not None})
+
+
+_TOP_K_ALL: Final = 1 << 30
+"""SGLang's "whole vocabulary" top-k (what its -1 becomes): read as off, -1."""
+
+
+def _never(key: str, value: Any) -> bool:
+    return False
+
+
+def sampling_from_trainer(
+    params: Mapping[str, Any] | None,
+    *,
+    renames: Mapping[str, str] | None = None,
+    silent: frozenset[str] = frozenset(),
+    neutral: Callable[[str, Any], bool] = _never,
+) -> tuple[SamplingParams | None, tuple[str, ...]]:
+    """A trainer's sampling dict, in its own names, as a rollout's :class:`SamplingParams`, and the
+    keys left out (for the caller to warn about): what every trainer adapter reads its trainer's
+    settings with (SkyRL's, verl's, slime's SGLang dict).
+
+    :param renames: the trainer's name of a field -> ours (``{"max_new_tokens": "max_tokens"}``).
+    :param silent: keys left out without a word (not sampling settings of a rollout).
+    :param neutral: ``(key, value) -> True`` for a value of a field osmosis serve does not apply that
+        changes nothing (left out without a word).
+
+    ``None`` values and an empty ``stop`` are left out; ``stop`` becomes a tuple; a ``top_k`` of
+    SGLang's whole vocabulary (``1 << 30``) is -1 (off).
+
+    >>> sampling_from_trainer({"temperature": 0.5, "max_new_tokens": 9, "n": 2},
+    ...                       renames={"max_new_tokens": "max_tokens"})
+    (SamplingParams(temperature=0.5, max_tokens=9), ('n',))
+
+    :raises ValueError, TypeError: a value out of range or of the wrong type (the message names it).
+    """
+    if params is None:
+        return None, ()
+    if not isinstance(params, Mapping):
+        raise TypeError(f"sampling_params must be a mapping, got {type(params).__name__}")
+    renames = renames or {}
+    taken: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, value in params.items():
+        if value is None or key in silent:
+            continue
+        name = renames.get(key, key)
+        if name in SAMPLING_FIELDS:
+            if name == "stop" and not isinstance(value, str):
+                value = list(value)
+                if not value:
+                    continue
+            if name == "top_k" and isinstance(value, int) and value >= _TOP_K_ALL:
+                value = -1
+            taken[name] = value
+        elif not neutral(key, value):
+            dropped.append(key)
+    return (SamplingParams(**taken) if taken else None), tuple(sorted(dropped))

@@ -15,10 +15,15 @@ from typing import Final
 
 from osmosis_trainer._compat import StrEnum
 
-__all__ = ["DEFAULT_TOKEN_ENV", "LEASE_HEADER", "RolloutStatus", "retry_after_seconds"]
+__all__ = ["DEFAULT_TOKEN_ENV", "LEASE_HEADER", "ROLLOUT_ID_HEADER", "RolloutStatus", "retry_after_seconds"]
 
 LEASE_HEADER: Final = "X-Osmosis-Rollout-Lease"
 """The header a result poll carries its polling-lease token in (the reference's name)."""
+
+ROLLOUT_ID_HEADER: Final = "X-Osmosis-Rollout-Id"
+"""The header the policy gateway sends with each model call of a rollout, naming the rollout: what a
+token-in engine routes on (:class:`osmosis_trainer.bridge.TokenBridge` hands it to verl as the
+sticky ``request_id``)."""
 
 DEFAULT_TOKEN_ENV: Final = "OSMOSIS_SERVER_TOKEN"
 """The variable the server's bearer token is read from (by the client, and by ``osmosis serve``

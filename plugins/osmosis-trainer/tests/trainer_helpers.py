@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from osmosis_trainer import TraceCall
+from osmosis_trainer import RolloutResult, RolloutTrace, TraceCall
 
 
 def call(i, prompt, generated, *, status="ok", version=None):
@@ -27,3 +27,21 @@ PROMPTS = [
 ]
 """Two prompts of the multiply-plain rollout (configs/training/multiply-plain.toml): a tool call, then the answer."""
 LABELS = ["42", "132"]
+
+
+def result_of(calls, *, status="success", reward=1.0, incomplete=None, messages=None, finish=None):
+    """A rollout result ``r`` with a trace of ``calls`` (None: no trace), marked incomplete with that
+    reason, the last call's ``finish_reason``, the final ``messages``; a failure is ``agent_error: boom``."""
+    data = {"rollout_id": "r", "status": status, "reward": reward}
+    if status == "failure":
+        data["error"] = {"category": "agent_error", "message": "boom"}
+    if calls is not None:
+        trace = RolloutTrace("r", calls=calls)
+        if incomplete:
+            trace.mark_incomplete(incomplete)
+        data["trace"] = trace.to_json()
+        if finish is not None:
+            data["trace"]["calls"][-1]["finish_reason"] = finish
+    if messages is not None:
+        data["sample"] = {"messages": messages}
+    return RolloutResult.from_json(data)

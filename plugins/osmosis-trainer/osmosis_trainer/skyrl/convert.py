@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 
 from osmosis_trainer.rows import MASK_REASONS, SequenceRow, rollout_rows
-from osmosis_trainer.sampling import SAMPLING_FIELDS, SamplingParams
+from osmosis_trainer.sampling import SamplingParams, sampling_from_trainer
 
 if TYPE_CHECKING:
     from osmosis_trainer.client import RolloutResult
@@ -145,6 +145,11 @@ def step_version(input_batch: Mapping[str, Any]) -> str | None:
     return None if step is None else f"step-{step}"
 
 
+def _neutral_min_tokens(key: str, value: Any) -> bool:
+    """SkyRL's default ``min_tokens`` of 1 only forbids an empty answer (0 is off)."""
+    return key == "min_tokens" and not isinstance(value, bool) and value in (0, 1)
+
+
 def sampling_from_skyrl(params: Mapping[str, Any] | None) -> tuple[SamplingParams | None, tuple[str, ...]]:
     """SkyRL's ``GeneratorInput["sampling_params"]`` (vLLM's names, as SkyRL's
     ``get_sampling_params_for_backend`` writes them, or its config's ``max_generate_length``) as the
@@ -161,27 +166,9 @@ def sampling_from_skyrl(params: Mapping[str, Any] | None) -> tuple[SamplingParam
 
     :raises ValueError, TypeError: a value out of range or of the wrong type (the message names it).
     """
-    if params is None:
-        return None, ()
-    if not isinstance(params, Mapping):
-        raise TypeError(f"sampling_params must be a mapping, got {type(params).__name__}")
-    taken: dict[str, Any] = {}
-    dropped: list[str] = []
-    for key, value in params.items():
-        name = "max_tokens" if key == "max_generate_length" else key
-        if value is None or key in _SILENT:
-            continue
-        if name in SAMPLING_FIELDS:
-            if name == "stop" and not isinstance(value, str):
-                value = list(value)
-                if not value:
-                    continue
-            taken[name] = value
-        elif key == "min_tokens" and not isinstance(value, bool) and value in (0, 1):
-            continue
-        else:
-            dropped.append(key)
-    return (SamplingParams(**taken) if taken else None), tuple(sorted(dropped))
+    return sampling_from_trainer(
+        params, renames={"max_generate_length": "max_tokens"}, silent=_SILENT, neutral=_neutral_min_tokens
+    )
 
 
 def _stop_reason(finish: Any) -> str:
