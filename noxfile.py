@@ -18,7 +18,8 @@ Sessions (`nox -l` lists them):
   train                     osmosis-trainer with TRL, torch and transformers on Python 3.11 (pip: the CPU build
                             of torch 2.13.0 lies on this disk for 3.11): the TRL adapter against TRL's real
                             GRPOTrainer, the live policy server, and the proof that a model learns (a tiny
-                            model trained with GRPO through osmosis serve --traces, its figures printed)
+                            model trained with GRPO through osmosis serve --traces, once with chat calls and
+                            once token-in through its /inference/v1/generate, its figures printed)
   verl                      osmosis-trainer's verl adapter against verl itself (verl 0.9.1 on Python 3.11 with
                             torch's CPU build, by pip: its agent-loop worker's hydra instantiation and
                             post-processing, its TokenOutput through the token-in bridge, real rollouts of
@@ -252,7 +253,8 @@ def _serve_python(session: nox.Session) -> str:
     if not python.exists():
         found = shutil.which(f"python{PYTHONS[0]}")
         session.run(UV, "venv", "-q", "--python", found or PYTHONS[0], str(venv), external=True)
-    editable = [arg for path in (".", *(f"plugins/{p}" for p in local)) for arg in ("-e", path)]
+    extras = {"osmosis-gateway": "[token-in]"}  # (the token-in training test renders in osmosis serve)
+    editable = [arg for path in (".", *(f"plugins/{p}{extras.get(p, '')}" for p in local)) for arg in ("-e", path)]
     session.run(UV, "pip", "install", "-q", "--python", str(python), *editable, external=True)
     return str(python)
 

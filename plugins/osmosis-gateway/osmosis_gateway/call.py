@@ -372,7 +372,7 @@ class ModelCall:
             content_type = kind.split(";", 1)[0].strip() or "application/octet-stream"
             return web.Response(status=status, body=self._redact_error(content), content_type=content_type)
         try:
-            answer, parsed = token_in.reply(_loads(content))
+            answer, parsed = token_in.reply(_loads(content), request.get("tools") or ())
         except (ValueError, RecursionError) as exc:
             message = self.message(f"the engine's answer ({len(content)} bytes) cannot be read: {exc}")
             self.finish("unreadable", message, 502)
@@ -417,7 +417,7 @@ class ModelCall:
             self.answered = True
             served = answer.headers.get(POLICY_VERSION_HEADER)
             if served:  # the version whose weights answered, said by the upstream (a weight-sync wrapper)
-                record.policy_version = served[:256]
+                self.record.policy_version = served[:256]
             try:
                 status = answer.status
                 kind = answer.headers.get("Content-Type", "")

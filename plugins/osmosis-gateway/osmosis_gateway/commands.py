@@ -41,10 +41,10 @@ BANNER = "osmosis gateway listening on "
 )
 @click.option(
     "--tool-parser",
-    type=click.Choice(["hermes", "llama3_json", "mistral"]),
     default="hermes",
     show_default=True,
-    help="Token-in: the format of the policy's tool calls.",
+    help="Token-in: the format of the policy's tool calls: hermes, llama3_json, mistral, or a parser of the "
+    "model's own format, package.module:function.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, help="The port (0: a free one).")
@@ -110,11 +110,13 @@ def gateway(
         from osmosis_gateway.token_in import TokenIn, TokenizerFolderError
 
         try:
-            token_in = TokenIn(
-                cast("Any", adapter), tokenizer, chat_template=chat_template, tool_parser=cast("Any", tool_parser)
-            )
+            token_in = TokenIn(cast("Any", adapter), tokenizer, chat_template=chat_template, tool_parser=tool_parser)
         except TokenizerFolderError as exc:
             raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
+        except ValueError as exc:  # (the tool parser)
+            raise click.BadParameter(str(exc), param_hint="--tool-parser") from None
+        except ImportError as exc:  # (tokenizers or jinja2 missing)
+            raise click.BadParameter(str(exc), param_hint="--adapter") from None
     elif tokenizer is not None or chat_template is not None:
         raise click.BadParameter(f"adapter {adapter} does not render: no tokenizer or template", param_hint="--adapter")
 

@@ -6,7 +6,7 @@ adapter = "vllm"            # how the upstream is asked for tokens: vllm, sglang
 # tokenizer = "/models/Qwen3-8B"      # token-in: the policy's tokenizer folder (tokenizer.json, tokenizer_config.json);
 #                                     # relative: to the config's folder or a parent of it, else the current one
 # chat_template = "template.jinja"    # token-in: a template replacing the folder's
-# tool_parser = "hermes"              # token-in: hermes, llama3_json, mistral
+# tool_parser = "hermes"              # token-in: hermes, llama3_json, mistral, or "package.module:function"
 policy_version = "step-0"   # recorded on every call that names none
 # host = "127.0.0.1"        # where the gateway listens (a bearer is always required)
 # port = 0                  # 0 picks a free port
@@ -17,7 +17,7 @@ policy_version = "step-0"   # recorded on every call that names none
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import attrs
 
@@ -44,7 +44,8 @@ class TracesSettings:
     read_timeout_sec: float = attrs.field(default=READ_TIMEOUT_SEC, validator=attrs.validators.gt(0))
     tokenizer: str | None = None
     chat_template: str | None = None
-    tool_parser: Literal["hermes", "llama3_json", "mistral"] = "hermes"
+    tool_parser: str = "hermes"
+    """hermes, llama3_json, mistral, or a parser's import path ``"package.module:function"``."""
 
 
 def gateway_from_settings(upstream: PolicyEndpoint, settings: dict[str, Any], source: str) -> Any:
@@ -96,6 +97,10 @@ def _token_in(checked: TracesSettings, source: str) -> Any:
     except TokenizerFolderError as exc:
         key = "chat_template" if checked.chat_template is not None and "chat template" in str(exc) else "tokenizer"
         raise ConfigError(source, [f"{exc} @ $.traces.{key}"]) from None
+    except ValueError as exc:  # (the tool parser: unknown, or an import path that does not import)
+        raise ConfigError(source, [f"{exc} @ $.traces.tool_parser"]) from None
+    except ImportError as exc:  # (tokenizers or jinja2 missing: the extra)
+        raise ConfigError(source, [f"{exc} @ $.traces.adapter"]) from None
 
 
 def _config_path(path: str, source: str) -> Path:

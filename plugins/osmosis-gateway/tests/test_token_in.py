@@ -513,3 +513,84 @@ def test_the_requests_chat_template_kwargs_reach_the_template(tokenizers_dir):
         trace.calls[2].token_in["render_reason"] == "the tools or the template's options differ from the earlier calls'"
     )
     assert text(seen[2].prompt_ids, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
+
+
+PARSER_MODULE = '''
+import json
+
+
+def parse(text, tools):
+    """A format of its own: CALL <name> <JSON arguments> on the answer's last line."""
+    head, sep, call = text.rpartition("CALL ")
+    if not sep:
+        return text, []
+    name, _, arguments = call.partition(" ")
+    if name not in [t["function"]["name"] for t in tools]:
+        raise ValueError(f"no tool {name!r}")
+    json.loads(arguments)
+    return head.strip() or None, [{"function": {"name": name, "arguments": arguments}}]
+
+
+not_a_function = 3
+'''
+
+
+def test_a_parser_of_the_models_own_format_is_named_by_import_path(tmp_path, tokenizers_dir, monkeypatch):
+    """``tool_parser = "module:function"``: given the generated text and the request's tools; what it
+    raises is a malformed reply (the text reaches the rollout, the call says why), never a failed call."""
+    (tmp_path / "own_format.py").write_text(PARSER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tokenizers_dir["chatml"]
+    replies = iter(['Let me.\nCALL multiply {"a": 6, "b": 7}', 'CALL divide {"a": 1}'])
+
+    async def main():
+        async with (
+            ScriptedTokenEngine(folder, lambda _: next(replies)) as engine,
+            gateway_for(engine, "sglang-generate", folder, tool_parser="own_format:parse") as gateway,
+        ):
+            policy = gateway.open_rollout("r-1")
+            docs = []
+            for _ in range(2):
+                body = {"messages": [{"role": "user", "content": "6 x 7?"}], "tools": [MULTIPLY_TOOL]}
+                status, raw = await post(policy.chat_completions_url, body, token=policy.api_key)
+                assert status == 200, raw
+                docs.append(json.loads(raw)["choices"][0])
+            return docs, gateway.pop_trace("r-1")
+
+    (called, refused), trace = run(main)
+    assert called["finish_reason"] == "tool_calls"
+    assert called["message"]["content"] == "Let me."
+    [call] = called["message"]["tool_calls"]
+    assert call["type"] == "function"
+    assert call["id"].startswith("call_")
+    assert call["function"] == {"name": "multiply", "arguments": '{"a": 6, "b": 7}'}
+    assert refused["message"] == {"role": "assistant", "content": 'CALL divide {"a": 1}'}
+    assert [c.token_in.get("tool_parse_error") for c in trace.calls] == [
+        None,
+        "own_format.parse cannot read the tool calls: no tool 'divide'",
+    ]
+    assert trace.complete
+    assert [c.status for c in trace.calls] == ["ok", "ok"]
+
+    upstream = PolicyEndpoint("http://127.0.0.1:1", "m")
+    table = {"adapter": "sglang-generate", "tokenizer": str(folder)}
+    for parser, why in [
+        ("own_format:missing", "cannot be imported: AttributeError"),
+        ("no_such_module_here:parse", "cannot be imported: ModuleNotFoundError"),
+        ("own_format:not_a_function", "is a int, not a function"),
+        ("qwen", "one of hermes, llama3_json, mistral or an import path"),
+    ]:
+        with pytest.raises(ConfigError, match=r"@ \$\.traces\.tool_parser") as caught:
+            gateway_from_settings(upstream, {**table, "tool_parser": parser}, "run.toml")
+        assert why in str(caught.value), str(caught.value)
+    assert gateway_from_settings(upstream, {**table, "tool_parser": "own_format:parse"}, "run.toml").token_in
+
+
+def test_a_token_in_adapter_without_its_extra_says_what_to_install(tokenizers_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "jinja2", None)  # (as if not installed: import and find_spec see none)
+    upstream = PolicyEndpoint("http://127.0.0.1:1", "m")
+    table = {"adapter": "vllm-completions", "tokenizer": str(tokenizers_dir["chatml"])}
+    with pytest.raises(
+        ConfigError, match=r"jinja2 is not installed: pip install 'osmosis-gateway\[token-in\]' @ \$\.traces\.adapter"
+    ):
+        gateway_from_settings(upstream, table, "run.toml")

@@ -166,6 +166,7 @@ def create_app(
     configure_logging: bool = True,
     handle_signals: bool = True,
     traces: dict[str, Any] | None = None,
+    traces_source: str = "$.traces",
     **deprecated: Any,
 ) -> Starlette:
     """The rollout server for ``backend``, as an ASGI app.
@@ -186,6 +187,8 @@ def create_app(
     :param grader_timeout_sec: the grader timeout when a request gives none.
     :param traces: the ``[traces]`` table, traces on: each result carries the rollout's ``trace``
         (every model call through a policy gateway in front of the request's policy; osmosis-gateway).
+    :param traces_source: the file the ``[traces]`` table was read from (its relative paths are read
+        against it).
     :param configure_logging: give the ``osmosis_server`` logger an INFO handler when the process has none.
     :param handle_signals: drain on SIGTERM / SIGINT while still serving (under uvicorn).
     :raises ValueError: bad settings, a named token variable that is unset, a weak token.
@@ -228,6 +231,7 @@ def create_app(
         agent_timeout_sec=agent_timeout_sec,
         grader_timeout_sec=grader_timeout_sec,
         traces=traces,
+        traces_source=traces_source,
     )
     hooks = _SignalHooks(service)
 

@@ -211,6 +211,7 @@ def serve(
             grader_timeout_sec=config.run.grader_timeout_sec,
             configure_logging=False,
             traces=traces_table,
+            traces_source=source,
         )
     except ValueError as exc:
         folder.close()

@@ -286,6 +286,8 @@ class RolloutService:
         ``trace``. One gateway per distinct upstream (URL, model, key, headers): a trainer that sends
         another ``chat_completions_url`` gets a gateway in front of that one; idle ones beyond
         ``MAX_TRACE_GATEWAYS`` are closed.
+    :param traces_source: where the ``[traces]`` table was read (the config file): what its relative
+        paths (a token-in ``tokenizer``) are read against and its errors name.
     """
 
     def __init__(
@@ -298,12 +300,13 @@ class RolloutService:
         agent_timeout_sec: float | None = None,
         grader_timeout_sec: float | None = None,
         traces: Mapping[str, Any] | None = None,
+        traces_source: str = "$.traces",
         **deprecated: Any,
     ) -> None:
         self.policy = policy_defaults(policy, deprecated, "RolloutService")
         self.backend = backend
         self.traces = dict(traces) if traces is not None else None
-        self.gateways = SharedGateways(self.traces or {}, source="$.traces", keep_idle=MAX_TRACE_GATEWAYS)
+        self.gateways = SharedGateways(self.traces or {}, source=traces_source, keep_idle=MAX_TRACE_GATEWAYS)
         self.settings = settings
         self.folder = run_folder
         self.agent_timeout_sec = agent_timeout_sec

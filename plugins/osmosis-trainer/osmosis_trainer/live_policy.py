@@ -10,6 +10,11 @@ object itself, not a copy: a trainer updating the weights in place (TRL does) ma
 rollout sample the new weights, with no weight sync. Each answer's ``system_fingerprint`` names the
 weights it was sampled from (:func:`weights_fingerprint`, taken at each request).
 
+It also serves token ids in and out, for a gateway that renders the chat template itself
+(``osmosis serve`` with ``[traces] adapter = "trl-generate"``): ``POST /inference/v1/generate``, the
+route ``trl vllm-serve`` offers for token-id prompts (vLLM's ``GenerateRequest``: ``token_ids`` and
+``sampling_params``; see :meth:`LivePolicyServer.generate`).
+
 Sampling is done here, token by token under a lock (one request at a time, batch of one, with a KV
 cache): the temperature, ``top_k``, ``top_p``, ``min_p``, ``max_tokens`` and ``seed`` of the
 request, and each generated token's logprob under the distribution it was drawn from (vLLM's
@@ -389,18 +394,7 @@ class LivePolicyServer:
         except Exception as exc:  # a template error is the request's: say which
             raise RequestError(f"the chat template failed on these messages: {type(exc).__name__}: {exc}") from None
         prompt = [int(i) for i in prompt]
-        room = self.max_model_len - len(prompt)
-        if room < 1:
-            raise RequestError(
-                f"the prompt has {len(prompt)} tokens: the model's maximum context length is {self.max_model_len}"
-            )
-        limit = min(sampling.max_tokens or room, room)
-        started = time.perf_counter()
-        with self._lock:
-            weights = weights_fingerprint(self.model)
-            generated, logprobs, finish = self._generate(prompt, sampling, limit)
-            seconds = time.perf_counter() - started
-            self._calls.append(ServedCall(len(prompt), len(generated), finish, weights, seconds))
+        generated, logprobs, finish, weights = self._serve(prompt, sampling)
         text = self.tokenizer.decode(generated, skip_special_tokens=False)
         end = self.tokenizer.eos_token
         if finish == "stop" and isinstance(end, str) and text.endswith(end):
@@ -414,12 +408,7 @@ class LivePolicyServer:
         if body.get("logprobs") is True:
             as_ids = body.get("return_tokens_as_token_ids") is True
             pieces = [f"token_id:{i}" for i in generated] if as_ids else self.tokenizer.convert_ids_to_tokens(generated)
-            choice["logprobs"] = {
-                "content": [
-                    {"token": piece, "logprob": logprob, "bytes": None, "top_logprobs": []}
-                    for piece, logprob in zip(pieces, logprobs, strict=True)
-                ]
-            }
+            choice["logprobs"] = {"content": _logprob_content(pieces, logprobs)}
         else:
             choice["logprobs"] = None
         answer: dict[str, Any] = {
@@ -439,6 +428,62 @@ class LivePolicyServer:
             answer["prompt_token_ids"] = prompt
             choice["token_ids"] = generated
         return answer
+
+    def generate(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer one token-in request body (what ``POST /inference/v1/generate`` does: vLLM's token
+        route, which ``trl vllm-serve`` serves and TRL's ``VLLMClient`` calls with token ids):
+        ``{"request_id", "model", "token_ids": [...], "sampling_params": {"max_tokens", "temperature",
+        "top_p", "top_k", "min_p", "seed", "logprobs": 0}}``; the answer's one choice holds the
+        generated ``token_ids``, their ``logprobs.content`` (``"token_id:N"`` tokens) when
+        ``sampling_params.logprobs`` is set, and the ``finish_reason``.
+
+        :raises RequestError: a request the server does not serve (the message names the field).
+        """
+        if body.get("stream") is True:
+            raise RequestError("stream: the token route answers whole (stream false)")
+        prompt = body.get("token_ids")
+        size = len(self.tokenizer)
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size for i in prompt)
+        ):
+            raise RequestError(f"token_ids must be a non-empty list of token ids (0 to {size - 1})")
+        params = body.get("sampling_params", {})
+        if not isinstance(params, dict):
+            raise RequestError("sampling_params must be an object")
+        if params.get("logprobs") not in (None, 0):
+            raise RequestError("sampling_params.logprobs: the live policy server returns the sampled token's only (0)")
+        generated, logprobs, finish, _ = self._serve(prompt, _sampling(params))
+        choice: dict[str, Any] = {"index": 0, "token_ids": generated, "logprobs": None, "finish_reason": finish}
+        if params.get("logprobs") is not None:
+            choice["logprobs"] = {"content": _logprob_content([f"token_id:{i}" for i in generated], logprobs)}
+        request_id = body.get("request_id")
+        return {
+            "request_id": request_id if isinstance(request_id, str) else f"generate-{uuid.uuid4().hex}",
+            "choices": [choice],
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
+
+    def _serve(self, prompt: list[int], sampling: _Sampling) -> tuple[list[int], list[float], str, str]:
+        """Generate after ``prompt`` (under the lock, recorded in :attr:`calls`): ids, logprobs, finish
+        reason, and the fingerprint of the weights that generated them.
+
+        :raises RequestError: the prompt leaves no room in the model's context."""
+        room = self.max_model_len - len(prompt)
+        if room < 1:
+            raise RequestError(
+                f"the prompt has {len(prompt)} tokens: the model's maximum context length is {self.max_model_len}"
+            )
+        limit = min(sampling.max_tokens or room, room)
+        started = time.perf_counter()
+        with self._lock:
+            weights = weights_fingerprint(self.model)
+            generated, logprobs, finish = self._generate(prompt, sampling, limit)
+            seconds = time.perf_counter() - started
+            self._calls.append(ServedCall(len(prompt), len(generated), finish, weights, seconds))
+        return generated, logprobs, finish, weights
 
     def _generate(self, prompt: list[int], sampling: _Sampling, limit: int) -> tuple[list[int], list[float], str]:
         """Sample up to ``limit`` tokens after ``prompt`` (the lock held): ids, logprobs, finish reason."""
@@ -466,6 +511,14 @@ class LivePolicyServer:
                 output = self.model(
                     input_ids=torch.tensor([[token]], device=device), use_cache=True, **{self._cache_name: cache}
                 )
+
+
+def _logprob_content(pieces: list[str], logprobs: list[float]) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content`` entries (the sampled token's logprob, no alternatives)."""
+    return [
+        {"token": piece, "logprob": logprob, "bytes": None, "top_logprobs": []}
+        for piece, logprob in zip(pieces, logprobs, strict=True)
+    ]
 
 
 def _sample(logits: torch.Tensor, sampling: _Sampling, generator: torch.Generator | None) -> tuple[int, float]:
@@ -541,7 +594,8 @@ def _handler(server: LivePolicyServer) -> type[BaseHTTPRequestHandler]:
             if not self._allowed():
                 return
             path = self.path.split("?", 1)[0].rstrip("/")
-            if not path.endswith("/chat/completions"):
+            token_in = path == "/inference/v1/generate"
+            if not token_in and not path.endswith("/chat/completions"):
                 self._error(404, f"not found: POST {self.path}")
                 return
             try:
@@ -559,14 +613,14 @@ def _handler(server: LivePolicyServer) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(self.rfile.read(length) or b"null")
                 if not isinstance(body, dict):
                     raise RequestError("the body must be a JSON object")
-                answer = server.complete(body)
+                answer = server.generate(body) if token_in else server.complete(body)
             except (ValueError, RequestError) as exc:  # JSON errors are ValueErrors too
                 self._error(400, str(exc))
                 return
             except Exception as exc:  # the model failed: the client gets a 500 that says why
                 self._error(500, f"{type(exc).__name__}: {exc}")
                 return
-            if body.get("stream") is True:
+            if body.get("stream") is True and not token_in:
                 self._stream(answer, include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
             else:
                 self._send(HTTPStatus.OK, answer)

@@ -251,3 +251,58 @@ def test_min_p_then_top_p_keep_the_tokens_vllm_keeps_and_the_logprob_is_over_the
         assert token in nucleus
         expected = math.log(probabilities[token] / mass)
         assert choice["logprobs"]["content"][position]["logprob"] == pytest.approx(expected, abs=1e-4)
+
+
+def generate(server, body):
+    """``POST /inference/v1/generate`` (the token route of ``trl vllm-serve``): (status, document)."""
+    url = server.url.removesuffix("/v1") + "/inference/v1/generate"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_the_token_route_generates_from_the_ids_it_is_given_as_the_chat_route_does(server, model, tokenizer):
+    messages = [{"role": "user", "content": "What is in box 2?"}]
+    prompt = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, return_dict=False)
+    sampling = {"max_tokens": 24, "temperature": 0.9, "seed": 7}
+    status, answer = generate(server, {"request_id": "r-0", "model": "m", "token_ids": prompt,
+                                       "sampling_params": {**sampling, "logprobs": 0, "output_kind": 2}})  # fmt: skip
+    assert status == 200, answer
+    assert answer["request_id"] == "r-0"
+    [choice] = answer["choices"]
+    generated = choice["token_ids"]
+    entries = choice["logprobs"]["content"]
+    assert [e["token"] for e in entries] == [f"token_id:{i}" for i in generated]
+    served = torch.tensor([e["logprob"] for e in entries])
+    assert (served - recompute(model, prompt, generated, temperature=0.9)).abs().max().item() < 1e-5
+    assert choice["finish_reason"] in ("stop", "length")
+    assert server.calls[-1].prompt_tokens == len(prompt)
+    # the chat route, the same seed: the same ids (one generation, two ways in)
+    chat = post(server, {"messages": messages, "tools": TOOLS, **sampling, **TOKENS})
+    assert chat["prompt_token_ids"] == prompt
+    assert chat["choices"][0]["token_ids"] == generated
+    # no logprobs asked, none given (vLLM's SamplingParams.logprobs defaults to None)
+    status, plain = generate(server, {"token_ids": prompt, "sampling_params": {"max_tokens": 2}})
+    assert status == 200
+    assert plain["choices"][0]["logprobs"] is None
+    assert plain["request_id"].startswith("generate-")
+
+
+def test_what_the_token_route_does_not_serve_is_a_400_that_names_it(server, tokenizer):
+    ids = tokenizer.encode("hi")
+    cases = [
+        ({"token_ids": []}, "token_ids must be a non-empty list"),
+        ({"token_ids": [len(tokenizer)]}, "token_ids must be a non-empty list of token ids (0 to"),
+        ({"token_ids": ids, "sampling_params": []}, "sampling_params must be an object"),
+        ({"token_ids": ids, "sampling_params": {"logprobs": 5}}, "sampling_params.logprobs"),
+        ({"token_ids": ids, "sampling_params": {"n": 2}}, "n=2"),
+        ({"token_ids": ids, "stream": True}, "stream"),
+        ({"token_ids": [6] * 1024}, "maximum context length is 1024"),
+    ]
+    for body, why in cases:
+        status, doc = generate(server, body)
+        assert status == 400, (body, doc)
+        assert why in doc["error"]["message"], (body, doc)

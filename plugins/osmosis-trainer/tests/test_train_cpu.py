@@ -10,6 +10,12 @@ incomplete or break its prefix; and the last rollouts must sample other weights 
 Training stops once the last 3 steps are over 0.5 (15 to 30 steps, 1 to 2 s a step here); the
 figures are printed.
 
+It trains twice: with the live server rendering the chat template (``adapter = "vllm"``: the
+rollouts' chat calls reach it as chat), and through the token-in path (``adapter = "trl-generate"``:
+osmosis serve's gateway renders with the tiny tokenizer's folder and template, parses the tool calls
+with ``osmosis_trainer.live_policy:parse_tiny_tool_calls``, and calls the live server's
+``/inference/v1/generate``, the token route of ``trl vllm-serve``, with token ids).
+
 Also: ``examples/train_trl.py`` runs (two steps), starting ``osmosis serve`` itself.
 
 Needs torch, transformers and trl (the ``train`` nox session; marker ``torch``); about a minute."""
@@ -69,10 +75,25 @@ def trainer_logprob_disagreement(trainer: GRPOTrainer, output: dict) -> tuple[fl
     return worst, tokens
 
 
-def test_a_tiny_model_learns_to_call_the_tool_and_answer_with_its_letters(tmp_path, capsys):
+def token_in_config(tokenizer, folder: Path) -> Path:
+    """CONFIG with a ``[traces]`` table for the token-in path (the tokenizer saved to ``folder/tokenizer``)."""
+    tokenizer.save_pretrained(folder / "tokenizer")
+    text = CONFIG.read_text().replace('path = "rollouts/tiny-tools"', f'path = "{REPO / "rollouts" / "tiny-tools"}"')
+    text += (
+        '\n[traces]\nadapter = "trl-generate"\ntokenizer = "tokenizer"\n'
+        'tool_parser = "osmosis_trainer.live_policy:parse_tiny_tool_calls"\n'
+    )
+    config = folder / "tiny-tools-token-in.toml"
+    config.write_text(text)
+    return config
+
+
+@pytest.mark.parametrize("route", ["chat", "token-in"])
+def test_a_tiny_model_learns_to_call_the_tool_and_answer_with_its_letters(route, tmp_path, capsys):
     data = Dataset.from_list(trl_rows(DATA))
     tokenizer = char_tokenizer()
     model = tiny_model(tokenizer, seed=0)
+    config = CONFIG if route == "chat" else token_in_config(tokenizer, tmp_path)
     rewards: list[float] = []
     checks: list[tuple[float, int]] = []
     lookups: list[float] = []  # the share of a step's rollouts that called the tool
@@ -84,7 +105,7 @@ def test_a_tiny_model_learns_to_call_the_tool_and_answer_with_its_letters(tmp_pa
                 if len(rewards) >= 3 and statistics.fmean(rewards[-3:]) > 0.5:
                     control.should_training_stop = True
 
-    with rollout_server(CONFIG, tmp_path) as served, LivePolicyServer(model, tokenizer, tool_parser="tiny") as policy:
+    with rollout_server(config, tmp_path) as served, LivePolicyServer(model, tokenizer, tool_parser="tiny") as policy:
         rollout = OsmosisRollout(served.url, token=served.token, policy_url=policy.url, dataset=data, max_tokens=16)
 
         def rollout_func(prompts, trainer):
@@ -131,7 +152,7 @@ def test_a_tiny_model_learns_to_call_the_tool_and_answer_with_its_letters(tmp_pa
     last_versions = {call.policy_version for r in rollout.last_results for call in trace_from_json(r.trace).calls}
     with capsys.disabled():
         print(
-            f"\nCPU training (trl {trl.__version__}, transformers {transformers.__version__}, "
+            f"\nCPU training, {route} route (trl {trl.__version__}, transformers {transformers.__version__}, "
             f"torch {torch.__version__}):"
             f" {PROMPTS} prompts x {GENERATIONS} rollouts a step, tiny-tools through osmosis serve --traces\n"
             f"  mean reward: first 3 steps {first:.3f}, last 3 steps {last:.3f}; {steps} steps, "
@@ -154,6 +175,13 @@ def test_a_tiny_model_learns_to_call_the_tool_and_answer_with_its_letters(tmp_pa
     assert stats.masked_rows == 0, stats
     assert calls[0].weights != calls[-1].weights
     assert last_versions == {f"step-{steps - 1}"}
+    token_in = [call.token_in for r in rollout.last_results for call in trace_from_json(r.trace).calls]
+    if route == "chat":
+        assert token_in == [None] * len(token_in)
+    else:  # every call after a rollout's first is its earlier ids + the answer + the tool's turn
+        assert {t["engine"] for t in token_in} == {"trl-generate"}, token_in
+        assert not any("tool_parse_error" in t or "render_reason" in t for t in token_in), token_in
+        assert any(t["render"] == "incremental" for t in token_in), token_in
 
 
 def test_the_example_trains_a_tiny_model_starting_osmosis_serve_itself(tmp_path):

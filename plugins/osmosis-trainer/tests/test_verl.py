@@ -15,13 +15,13 @@ import json
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 from conftest import REPO
 from trainer_helpers import LABELS, PROMPTS
 
 pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason="verl is not installed (the verl nox session)")
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import (

@@ -10,7 +10,14 @@ configured (``tokenizers`` and ``jinja2`` stay off ``osmosis run``'s start-up ot
 from osmosis_gateway.token_in.conversation import Conversation, Rendered
 from osmosis_gateway.token_in.engines import ENGINES, EngineAnswer, EngineName
 from osmosis_gateway.token_in.exchange import TokenIn
-from osmosis_gateway.token_in.parse import TOOL_PARSERS, ParsedReply, ToolParserName, parse_reply
+from osmosis_gateway.token_in.parse import (
+    TOOL_PARSERS,
+    ParsedReply,
+    ToolParser,
+    ToolParserName,
+    load_tool_parser,
+    parse_reply,
+)
 from osmosis_gateway.token_in.render import ChatRenderer, TemplateError, TokenizerFolderError
 
 __all__ = [
@@ -25,6 +32,8 @@ __all__ = [
     "TemplateError",
     "TokenIn",
     "TokenizerFolderError",
+    "ToolParser",
     "ToolParserName",
+    "load_tool_parser",
     "parse_reply",
 ]

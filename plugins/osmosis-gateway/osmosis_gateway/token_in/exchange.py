@@ -3,8 +3,10 @@ request, and the engine's answer into a chat completion (the I/O is :class:`~osm
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from osmosis_gateway.token_in.engines import (
     read_engine_answer,
     sampling_of,
 )
-from osmosis_gateway.token_in.parse import TOOL_PARSERS, ParsedReply, ToolParserName, parse_reply
+from osmosis_gateway.token_in.parse import ParsedReply, ToolParser, ToolParserName, load_tool_parser, parse_reply
 from osmosis_gateway.token_in.render import ChatRenderer
 
 __all__ = ["Prepared", "TokenIn"]
@@ -73,11 +75,13 @@ class TokenIn:
     :param engine: ``sglang-generate``, ``vllm-completions`` or ``trl-generate`` (:mod:`.engines`).
     :param tokenizer: the policy's tokenizer folder.
     :param chat_template: a ``.jinja`` file replacing the folder's template.
-    :param tool_parser: ``hermes``, ``llama3_json`` or ``mistral`` (:mod:`.parse`).
+    :param tool_parser: ``hermes``, ``llama3_json``, ``mistral``, or the import path of a parser of
+        the model's own format, ``"package.module:function"`` (:mod:`.parse`).
     :raises ValueError: an unknown engine or parser; a folder that cannot serve (named).
+    :raises ImportError: ``tokenizers`` or ``jinja2`` is not installed (``osmosis-gateway[token-in]``).
     """
 
-    __slots__ = ("engine", "renderer", "tool_parser")
+    __slots__ = ("_parse", "engine", "renderer", "tool_parser")
 
     def __init__(
         self,
@@ -85,14 +89,20 @@ class TokenIn:
         tokenizer: str | Path,
         *,
         chat_template: str | Path | None = None,
-        tool_parser: ToolParserName = "hermes",
+        tool_parser: ToolParserName | str = "hermes",
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"a token-in engine is one of {', '.join(ENGINES)}, got {engine!r}")
-        if tool_parser not in TOOL_PARSERS:
-            raise ValueError(f"tool_parser must be one of {', '.join(TOOL_PARSERS)}, got {tool_parser!r}")
+        missing = [name for name in ("tokenizers", "jinja2") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ImportError(
+                f"the token-in adapter {engine} renders with tokenizers and jinja2, and {' and '.join(missing)} "
+                "is not installed: pip install 'osmosis-gateway[token-in]'"
+            )
+        self._parse: ToolParserName | ToolParser = load_tool_parser(tool_parser)
         self.engine: EngineName = engine
-        self.tool_parser: ToolParserName = tool_parser
+        self.tool_parser: str = tool_parser
+        """The parser's name (a format's, or an import path)."""
         self.renderer = ChatRenderer(tokenizer, chat_template)
 
     def url(self, base_url: str) -> str:
@@ -122,13 +132,14 @@ class TokenIn:
         body = engine_request(self.engine, rendered.prompt_ids, sampling_of(request), request_id, model)
         return Prepared(body, rendered, seen, tools_key)
 
-    def reply(self, doc: Any) -> tuple[EngineAnswer, ParsedReply]:
-        """The engine's answer ``doc`` and the assistant turn its generated ids hold.
+    def reply(self, doc: Any, tools: Sequence[Mapping[str, Any]] = ()) -> tuple[EngineAnswer, ParsedReply]:
+        """The engine's answer ``doc`` and the assistant turn its generated ids hold (``tools``: the
+        request's, which a parser of a model's own format is given).
 
         :raises ValueError: ``doc`` is not the engine's answer.
         """
         answer = read_engine_answer(self.engine, doc)
-        return answer, parse_reply(self.renderer.decode(answer.token_ids), self.tool_parser)
+        return answer, parse_reply(self.renderer.decode(answer.token_ids), self._parse, tools)
 
     def completion(
         self, answer: EngineAnswer, parsed: ParsedReply, *, prompt_tokens: int, model: str, request_id: str,

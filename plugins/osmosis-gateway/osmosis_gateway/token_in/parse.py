@@ -10,6 +10,18 @@
 What cannot be read as the format's calls (broken JSON, a call without a name, a block never
 closed) is never guessed at: the whole text reaches the rollout as a plain assistant message and the
 reason is returned (the gateway counts it on the traced call).
+
+A model with a format of its own gets a parser of its own, named by import path
+(``tool_parser = "my_package.parsers:parse"``, as vLLM's ``--tool-parser-plugin``): a function
+``(text, tools) -> (content, tool_calls)`` (a :data:`ToolParser`) given the generated text and the
+request's tools; a ``ValueError`` it raises, or an answer not of that shape, is a malformed reply::
+
+    def parse(text: str, tools: list[dict]) -> tuple[str | None, list[dict]]:
+        head, sep, arguments = text.partition("<call>")
+        if not sep:
+            return text, []
+        name = tools[0]["function"]["name"]
+        return head or None, [{"type": "function", "function": {"name": name, "arguments": arguments}}]
 """
 
 from __future__ import annotations
@@ -18,14 +30,19 @@ import json
 import re
 import secrets
 import string
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 import attrs
 
-__all__ = ["TOOL_PARSERS", "ParsedReply", "ToolParserName", "parse_reply"]
+__all__ = ["TOOL_PARSERS", "ParsedReply", "ToolParser", "ToolParserName", "load_tool_parser", "parse_reply"]
 
 ToolParserName = Literal["hermes", "llama3_json", "mistral"]
 TOOL_PARSERS: Final = ("hermes", "llama3_json", "mistral")
+ToolParser = Callable[[str, Sequence[Mapping[str, Any]]], tuple[str | None, list[dict[str, Any]]]]
+"""A parser of a format of its own: ``(generated text, the request's tools) -> (content, tool calls)``,
+the calls in OpenAI's shape (``{"function": {"name", "arguments": "<JSON text>"}}``; ``id`` and
+``type`` are filled in when missing)."""
 
 _HERMES: Final = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _PYTHON_TAG: Final = "<|python_tag|>"
@@ -142,12 +159,70 @@ def _mistral(text: str) -> ParsedReply:
 _PARSERS: Final = {"hermes": _hermes, "llama3_json": _llama3, "mistral": _mistral}
 
 
-def parse_reply(text: str, parser: ToolParserName) -> ParsedReply:
+def load_tool_parser(name: str) -> ToolParserName | ToolParser:
+    """``name`` as :func:`parse_reply` takes it: one of :data:`TOOL_PARSERS`, or the function an
+    import path ``"package.module:function"`` names (imported now).
+
+    :raises ValueError: neither (the message says which and why).
+    """
+    if name in TOOL_PARSERS:
+        return name  # type: ignore[return-value]  # (one of TOOL_PARSERS)
+    if ":" not in name:
+        raise ValueError(
+            f"tool_parser must be one of {', '.join(TOOL_PARSERS)} or an import path 'package.module:function', "
+            f"got {name!r}"
+        )
+    from osmosis_core.plugin import load_object
+
+    try:
+        found = load_object(name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"tool_parser {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+    if not callable(found):
+        raise ValueError(f"tool_parser {name!r} is a {type(found).__name__}, not a function (text, tools)")
+    parser: ToolParser = found
+    return parser
+
+
+def _custom(read: ToolParser, text: str, tools: Sequence[Mapping[str, Any]]) -> ParsedReply:
+    """What a parser of a format of its own read, checked.
+
+    :raises ValueError: it raised one, or its answer is not ``(content, tool calls)``."""
+    answer = read(text, tools)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], list)):
+        raise ValueError(f"the parser returned {type(answer).__name__}, not (content, tool_calls)")
+    content, found = answer
+    if content is not None and not isinstance(content, str):
+        raise ValueError(f"the parser's content is {type(content).__name__}, not text")
+    calls = []
+    for call in found:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name or not isinstance(arguments, str):
+            raise ValueError(f"a tool call is not {{'function': {{'name': str, 'arguments': str}}}}: {call!r:.200}")
+        call_id = call.get("id")
+        calls.append({"id": call_id if isinstance(call_id, str) and call_id else _call_id("hermes"),
+                      "type": "function", "function": {"name": name, "arguments": arguments}})  # fmt: skip
+    return ParsedReply(content, calls)
+
+
+def parse_reply(text: str, parser: ToolParserName | ToolParser, tools: Sequence[Mapping[str, Any]] = ()) -> ParsedReply:
     """The assistant turn ``text`` holds: its tool calls in ``parser``'s format and the text around
     them; the whole text as content, and why, when the calls cannot be read.
 
-    :raises ValueError: ``parser`` is not one of :data:`TOOL_PARSERS`.
+    :param parser: one of :data:`TOOL_PARSERS`, or a :data:`ToolParser` (given ``tools``, the
+        request's).
+    :raises ValueError: ``parser`` is neither.
     """
+    if callable(parser):
+        try:
+            return _custom(parser, text, tools)
+        except Exception as exc:  # (a parser of the user's: whatever it raises, the rollout gets the text)
+            name = (
+                f"{getattr(parser, '__module__', None) or '?'}.{getattr(parser, '__qualname__', type(parser).__name__)}"
+            )
+            return ParsedReply(_content(text), malformed=f"{name} cannot read the tool calls: {exc}")
     read = _PARSERS.get(parser)
     if read is None:
         raise ValueError(f"tool_parser must be one of {', '.join(TOOL_PARSERS)}, got {parser!r}")

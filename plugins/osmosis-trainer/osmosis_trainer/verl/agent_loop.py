@@ -221,7 +221,8 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
         try:
             import ray.util
 
-            return str(ray.util.get_node_ip_address())
+            node_address: Callable[[], object] = ray.util.get_node_ip_address  # (untyped in Ray)
+            return str(node_address())
         except Exception:  # no Ray here: the name this machine resolves itself to
             return socket.gethostbyname(socket.gethostname())
 
