@@ -17,7 +17,8 @@
 # 2. slime (pip install osmosis-trainer, beside slime): the flags below, next to slime's own model,
 #    training and cluster flags. The osmosis settings come from the environment (read at each sample):
 #    OSMOSIS_SERVER_URL, OSMOSIS_SERVER_TOKEN, and optionally OSMOSIS_POLICY_URL, OSMOSIS_AGENT_TIMEOUT_SEC,
-#    OSMOSIS_MASK_TRUNCATED=1.
+#    OSMOSIS_MASK_TRUNCATED=1. The generate function returns a list[Sample] for every sample (a list of one
+#    unless the rollout forked): a --dynamic-sampling-filter-path filter sees each group's entries as lists.
 set -euo pipefail
 
 export OSMOSIS_SERVER_URL=${OSMOSIS_SERVER_URL:-http://rollouts:8100}
@@ -35,7 +36,11 @@ ROLLOUT_ARGS=(
   --rollout-max-response-len 1024          # max_new_tokens: each model call's budget
   --rollout-max-context-len 8192           # each sample's tokens are cut to this (status TRUNCATED)
   --rollout-temperature 1.0
-  --rollout-top-p 1.0
+  --rollout-top-p 1.0                      # must stay 1.0: below it slime's training needs each call's top-p
+                                           # token sets (rollout_top_p_token_ids), which a rollout does not
+                                           # record; osmosis_trainer.slime.generate refuses it
+  # no --group-rm: slime's generate_and_rm_group would recompute each group's reward with its reward
+  # model and overwrite the one osmosis set
 )
 
 python train.py \

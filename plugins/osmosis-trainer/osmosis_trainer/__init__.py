@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from osmosis_trainer.client import RolloutResult as RolloutResult
     from osmosis_trainer.client import ServerUnavailable as ServerUnavailable
     from osmosis_trainer.client import Unauthorized as Unauthorized
+    from osmosis_trainer.client import failed_rollout as failed_rollout
+    from osmosis_trainer.client import is_setup_refusal as is_setup_refusal
     from osmosis_trainer.groups import GroupStats as GroupStats
     from osmosis_trainer.groups import group_advantages as group_advantages
     from osmosis_trainer.groups import group_stats as group_stats
@@ -89,6 +91,8 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "RolloutResult",
             "ServerUnavailable",
             "Unauthorized",
+            "failed_rollout",
+            "is_setup_refusal",
         ],
         "groups": ["GroupStats", "group_advantages", "group_stats", "order_results", "prompt_groups", "repeat_prompts"],
         "records": ["ErrorCategory", "ErrorInfo", "Message", "RolloutSample", "TrainerError"],

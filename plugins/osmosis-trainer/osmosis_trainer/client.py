@@ -37,9 +37,11 @@ A training step, end to end (needs a server: ``osmosis serve configs/training/mu
 A server restarted on the same run folder answers the rollouts it recorded and reports those it
 lost (410); :meth:`RolloutClient.run` submits a lost one once more. A rollout that still cannot be
 read (lost twice, unknown to the server, or admitted by an earlier attempt without the server
-handing back its lease, as a reference server does) is yielded by ``run_many`` as a failed result
-(``infra_error``) rather than raised; a rejected request (422), a wrong token (401) or a server
-that stays unreachable raise.
+handing back its lease, as a reference server does) raises from ``run``; ``run_many`` (and every
+trainer adapter) yields it as a failed result (``infra_error``) instead, as it does every other
+per-rollout client error (:func:`failed_rollout`: the server unreachable, a 409, a 5xx, a broken
+answer). Only a refusal of the setup is raised there: a wrong token (401), a request the server
+finds malformed (422).
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ __all__ = [
     "RolloutResult",
     "ServerUnavailable",
     "Unauthorized",
+    "failed_rollout",
+    "is_setup_refusal",
 ]
 
 logger = logging.getLogger("osmosis_trainer.client")
@@ -137,6 +141,41 @@ class RolloutLost(RolloutClientError):
 
 class ServerUnavailable(RolloutClientError):
     """The server stayed unreachable (or answered 502/503/504) through every retry."""
+
+
+SETUP_REFUSALS: Final = frozenset({401, 422})
+"""The statuses that refuse the trainer's setup, not one rollout: a wrong token (401), a request the
+server finds malformed (422: the trainer builds every request alike, so the next one fails too)."""
+
+
+def is_setup_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is the rollout server refusing the setup (:data:`SETUP_REFUSALS`): raised to
+    the trainer, never turned into one failed rollout.
+
+    >>> is_setup_refusal(Unauthorized("401", status=401)), is_setup_refusal(RolloutConflict("409", status=409))
+    (True, False)
+    """
+    return isinstance(exc, RolloutProtocolError) and exc.status in SETUP_REFUSALS
+
+
+def failed_rollout(rollout_id: str, exc: BaseException) -> RolloutResult | None:
+    """What running ``rollout_id`` raising ``exc`` means to a trainer: a failed result
+    (``infra_error``, the message naming the error) for any per-rollout client error (the server
+    unreachable, the rollout lost or taken, a 5xx or another status, a broken answer, the admission's
+    timeout); None for what must be raised: a setup refusal (:func:`is_setup_refusal`) or anything
+    that is not a client error (a bug). Every adapter (TRL, SkyRL, verl, slime) and
+    :meth:`RolloutClient.run_many` classify with it.
+
+    >>> str(failed_rollout("r", RolloutProtocolError("unexpected 500: boom", status=500)).error)
+    'infra_error: RolloutProtocolError (HTTP 500): unexpected 500: boom'
+    >>> failed_rollout("r", Unauthorized("401", status=401)) is None, failed_rollout("r", KeyError("x")) is None
+    (True, True)
+    """
+    if is_setup_refusal(exc) or not isinstance(exc, (RolloutClientError, *TimeoutErrors)):
+        return None
+    status = f" (HTTP {exc.status})" if isinstance(exc, RolloutProtocolError) else ""
+    message = f"{type(exc).__name__}{status}: {exc}".rstrip(": ")
+    return RolloutResult.failed(rollout_id, ErrorCategory.INFRA_ERROR, message)
 
 
 def _clean(value: dict[str, Any]) -> dict[str, Any]:
@@ -649,6 +688,9 @@ class RolloutClient:
     ) -> AsyncIterator[RolloutResult]:
         """Run every request with at most ``concurrency`` in flight; yield results as they complete.
 
+        A rollout that raised a per-rollout client error is yielded as a failed result
+        (:func:`failed_rollout`); a setup refusal (401, 422) is raised and ends the run.
+
         Stopping early (``break``) cancels what is in flight, on the server too; close the
         generator to make that happen at once: ``async with contextlib.aclosing(client.run_many(...)) as rs:``.
         """
@@ -670,8 +712,11 @@ class RolloutClient:
                     in_flight.add(request.rollout_id)
                     try:
                         result = await self.run(request)
-                    except (RolloutAlreadyAdmitted, RolloutLost) as exc:
-                        result = RolloutResult.failed(request.rollout_id, ErrorCategory.INFRA_ERROR, str(exc))
+                    except Exception as exc:
+                        failed = failed_rollout(request.rollout_id, exc)
+                        if failed is None:  # a setup refusal (401, 422) or a bug: the consumer raises it
+                            raise
+                        result = failed
                     finally:
                         in_flight.discard(request.rollout_id)
                     await queue.put(result)

@@ -174,6 +174,55 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
         policy.close()
 
 
+@attrs.frozen
+class TokenInServer:
+    """``osmosis serve`` of the multiply-plain rollout with the documented token-in configuration
+    (``[traces] adapter = "sglang-generate"``, ``tokenizer = <folder>``), and a stand-in SGLang
+    router (``tests/token_engine.py``: ``osmosis_core.testing``'s ``ScriptedTokenEngine``) whose
+    tokenizer folder the gateway renders with. A rollout's policy URL is the router's, or a bridge's."""
+
+    url: str
+    token: str
+    run_dir: Path
+    engine_url: str
+    tokenizer: Path
+
+    def traces(self, prefix: str = "") -> dict[str, dict[str, object]]:
+        """The traces written so far, by rollout id (those whose id starts with ``prefix``)."""
+        lines = (self.run_dir / "traces.jsonl").read_text().splitlines()
+        found = {line["rollout_id"]: line for line in map(json.loads, lines)}
+        return {k: v for k, v in found.items() if k.startswith(prefix)}
+
+
+def token_in_config(folder: Path, tokenizer: Path) -> Path:
+    """multiply-plain's config with the token-in ``[traces]`` table of the README (SGLang's ``/generate``)."""
+    text = CONFIG.read_text().replace(
+        'path = "rollouts/multiply-plain"', f'path = "{REPO / "rollouts" / "multiply-plain"}"'
+    )
+    text += f'\n[traces]\nadapter = "sglang-generate"\ntokenizer = "{tokenizer}"\n'
+    config = folder / "multiply-plain-token-in.toml"
+    config.write_text(text)
+    return config
+
+
+@pytest.fixture(scope="module")
+def token_in_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TokenInServer]:
+    python = _serve_python_or_skip()
+    folder = tmp_path_factory.mktemp("token-in")
+    tokenizer = folder / "tokenizer"
+    engine = _Child(
+        [python, str(HERE / "token_engine.py"), "--tokenizer", str(tokenizer)],
+        banner="listening on ",
+        env=_clean_env(),
+        log=folder / "engine.log",
+    )
+    try:
+        with rollout_server(token_in_config(folder, tokenizer), folder) as server:
+            yield TokenInServer(server.url, server.token, server.run_dir, engine.url, tokenizer)
+    finally:
+        engine.close()
+
+
 @pytest.fixture
 def start_policy(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start a scripted policy of its own (``tests/fault_policy.py``, run by the serve Python):

@@ -213,3 +213,56 @@ def test_slimes_sglang_sampling_dict_becomes_the_rollouts_sampling_params():
         sampling_from_sglang({"top_p": 0})
     with pytest.raises(SamplingError, match="not a setting this engine takes"):
         engine_sampling({"regex": "a+"}, names="vllm")
+
+
+class RouterEngine:
+    """An engine object answering token ids (as verl's server manager does): it asks the stand-in
+    SGLang router (``tests/token_engine.py``, a process) and records what it asked and got."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.seen: list[tuple[str, list[int], dict, list[int]]] = []
+
+    async def __call__(self, request_id, prompt_ids, sampling_params):
+        payload = {"input_ids": list(prompt_ids), "sampling_params": {}, "return_logprob": True}
+        async with aiohttp.ClientSession() as session, session.post(self.url + "/generate", json=payload) as response:
+            answer = await response.json()
+        ids = answer["output_ids"]
+        self.seen.append((request_id, list(prompt_ids), dict(sampling_params), ids))
+        logprobs = [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]]
+        return ids, logprobs, answer["meta_info"]["finish_reason"]["type"]
+
+
+def test_a_rollout_of_the_token_in_gateway_reaches_an_engine_object_through_the_bridge(token_in_server):
+    """The documented configuration end to end: ``osmosis serve`` with ``[traces] adapter =
+    "sglang-generate"`` and the policy's tokenizer folder renders the chat template and parses the
+    tool call; its ``/generate`` calls reach an engine object through the bridge, under the rollout's id."""
+    from trainer_helpers import LABELS, PROMPTS
+
+    from osmosis_trainer import RolloutClient, RolloutRequest, SamplingParams, rollout_rows
+
+    engine = RouterEngine(token_in_server.engine_url)
+
+    async def rollout():
+        async with TokenBridge(engine, api_key="bridge-secret-0123") as bridge:
+            request = RolloutRequest(
+                rollout_id="bridge-token-in-0", initial_messages=PROMPTS[0], label=LABELS[0],
+                chat_completions_url=bridge.url, llm_api_key=bridge.api_key,
+                sampling_params=SamplingParams(temperature=1.0, max_tokens=96),
+            )  # fmt: skip
+            async with RolloutClient(token_in_server.url, token=token_in_server.token) as client:
+                return await client.run(request), bridge.pop_usage("bridge-token-in-0")
+
+    result, usage = asyncio.run(rollout())
+    assert result.ok, result.error
+    assert result.reward == 1.0  # the tool call parsed from the ids, its answer graded
+    calls = token_in_server.traces("bridge-token-in-")["bridge-token-in-0"]["calls"]
+    assert len(calls) == len(engine.seen) == usage.calls == 2
+    for made, (request_id, prompt, sampling, output) in zip(calls, engine.seen, strict=True):
+        assert request_id == "bridge-token-in-0"  # every call under the rollout's id (sticky routing)
+        assert (made["prompt_token_ids"], made["completion_token_ids"]) == (prompt, output)  # ids exact
+        assert made["token_in"]["engine"] == "sglang-generate"
+        assert sampling["max_tokens"] == 96  # the trainer's budget, in the engine's names
+    assert calls[1]["token_in"]["render"] == "incremental"
+    [row] = rollout_rows(result)
+    assert (row.prefix_breaks, row.mask_reason) == (0, None)

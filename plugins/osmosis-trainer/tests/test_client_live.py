@@ -18,14 +18,17 @@ import warnings
 
 import attrs
 import pytest
-from trainer_helpers import LABELS, PROMPTS
+from trainer_helpers import LABELS, PROMPTS, REFUSALS, SETUP_REFUSALS, answering
 
 from osmosis_trainer import (
     RolloutClient,
+    RolloutProtocolError,
     RolloutRequest,
     SamplingParams,
     ServerUnavailable,
+    failed_rollout,
     group_advantages,
+    is_setup_refusal,
     order_results,
     prompt_groups,
     repeat_prompts,
@@ -314,3 +317,41 @@ def test_a_server_that_ignores_the_trainers_sampling_is_warned_about_once(caplog
     warnings = [r.getMessage() for r in caplog.records if "did not echo sampling_params" in r.getMessage()]
     assert len(warnings) == 1
     assert "with the agent's own settings, not the trainer's" in warnings[0]
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_run_many_yields_a_per_rollout_client_error_as_a_failed_result(case):
+    """What the TRL and SkyRL adapters run a step with: one rollout's 500, 409, broken answer or 413 is
+    its failed result (masked, ``infra_error`` naming the error), never the step's end (SkyRL #1613)."""
+    status, body = REFUSALS[case]
+
+    async def step():
+        async with answering(status, body) as url, RolloutClient(url, retry_delays=(0.01,)) as client:
+            requests = [
+                RolloutRequest(rollout_id=f"r{i}", initial_messages=PROMPTS[0], chat_completions_url="")
+                for i in range(2)
+            ]
+            return [result async for result in client.run_many(requests, concurrency=2)]
+
+    results = asyncio.run(step())
+    assert sorted(r.rollout_id for r in results) == ["r0", "r1"]
+    for result in results:
+        assert not result.ok
+        assert result.error.category == "infra_error"
+        assert result.error.message.startswith("Rollout"), result.error  # the error's class, then its message
+        assert f"(HTTP {status})" in result.error.message
+        assert failed_rollout("r", ServerUnavailable("down")) is not None  # the classification run_many uses
+
+
+@pytest.mark.parametrize("case", sorted(SETUP_REFUSALS))
+def test_run_many_raises_a_setup_refusal(case):
+    status, body = SETUP_REFUSALS[case]
+
+    async def step():
+        async with answering(status, body) as url, RolloutClient(url) as client:
+            requests = [RolloutRequest(rollout_id="r0", initial_messages=PROMPTS[0], chat_completions_url="")]
+            return [result async for result in client.run_many(requests)]
+
+    with pytest.raises(RolloutProtocolError, match=str(status)) as raised:
+        asyncio.run(step())
+    assert is_setup_refusal(raised.value)

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import enum
 import importlib
-import json
+import itertools
 import re
 from array import array
 from types import SimpleNamespace
@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 import trainer_helpers
 from conftest import REPO
-from trainer_helpers import LABELS, PROMPTS, call
+from trainer_helpers import LABELS, PROMPTS, REFUSALS, SETUP_REFUSALS, answering, call
 
-from osmosis_trainer import Unauthorized
-from osmosis_trainer.slime import generate, prompt_messages, samples_of
-from osmosis_trainer.slime.rollout import _policy_url
+from osmosis_trainer import RolloutProtocolError, Unauthorized
+from osmosis_trainer.slime import check_args, generate, prompt_messages, samples_of
+from osmosis_trainer.slime.rollout import ROLLOUT_ID_PREFIX, _policy_url
 
 
 @dataclasses.dataclass
@@ -160,44 +160,62 @@ def test_a_prompt_is_messages_or_text_never_a_rendered_template():
     )
 
 
-def slime_args(**extra):
-    return SimpleNamespace(
-        sglang_router_ip="127.0.0.1", sglang_router_port=9, apply_chat_template=False, rollout_max_context_len=None,
-        **extra,
-    )  # fmt: skip
+def slime_args(router="127.0.0.1:9", **extra):
+    ip, _, port = router.rpartition(":")
+    options = {"apply_chat_template": False, "rollout_max_context_len": None, "rollout_top_p": 1.0, **extra}
+    return SimpleNamespace(sglang_router_ip=ip, sglang_router_port=int(port), **options)
 
 
 # slime's GenerateState.sampling_params for a run with these flags (sglang_rollout.py)
 SLIME_SAMPLING = {
-    "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_new_tokens": 256, "stop": None, "stop_token_ids": None,
+    "temperature": 0.7, "top_p": 1.0, "top_k": -1, "max_new_tokens": 256, "stop": None, "stop_token_ids": None,
     "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False,
 }  # fmt: skip
 
 
-def test_generate_runs_a_rollout_of_osmosis_serve_for_each_sample(live_server, monkeypatch):
-    monkeypatch.setenv("OSMOSIS_SERVER_URL", live_server.url)
-    monkeypatch.setenv("OSMOSIS_SERVER_TOKEN", live_server.token)
-    monkeypatch.setenv("OSMOSIS_POLICY_URL", live_server.policy_url)  # the chat path (no token-in gateway here)
+def slime_flatten(data):
+    """slime's ``RolloutManager._get_rollout_data`` (624b824), verbatim: a batch of groups flattened."""
+    while isinstance(data[0], list):
+        data = list(itertools.chain.from_iterable(data))
+    return data
+
+
+def test_generate_runs_a_rollout_through_the_token_in_gateway_against_slimes_router(token_in_server, monkeypatch):
+    """The documented configuration: ``osmosis serve`` with ``[traces] adapter = "sglang-generate"``
+    and the policy's tokenizer, its ``/generate`` calls going to slime's router (a stand-in SGLang
+    router here); every sample comes back as a list (of one), whatever the batch mixes."""
+    monkeypatch.setenv("OSMOSIS_SERVER_URL", token_in_server.url)
+    monkeypatch.setenv("OSMOSIS_SERVER_TOKEN", token_in_server.token)
+    monkeypatch.delenv("OSMOSIS_POLICY_URL", raising=False)  # the router of slime's args
+    router = token_in_server.engine_url.removeprefix("http://")
     group = [Sample(group_index=0, index=i, prompt=PROMPTS[i], label=LABELS[i]) for i in range(2)]
 
     async def rollouts():
-        return await asyncio.gather(*(generate(slime_args(), s, dict(SLIME_SAMPLING)) for s in group))
+        return await asyncio.gather(*(generate(slime_args(router), s, dict(SLIME_SAMPLING)) for s in group))
 
     outs = asyncio.run(rollouts())
-    lines = (live_server.run_dir / "traces.jsonl").read_text().splitlines()
-    traces = {line["rollout_id"]: line for line in map(json.loads, lines)}
+    traces = token_in_server.traces(ROLLOUT_ID_PREFIX)
     for out, sample in zip(outs, group, strict=True):
-        assert out is sample
-        assert (out.status, out.reward, out.remove_sample) == (Sample.Status.COMPLETED, 1.0, False)
-        calls = traces[out.metadata["osmosis_rollout_id"]]["calls"]
+        assert isinstance(out, list)
+        [filled] = out
+        assert filled is sample
+        assert (filled.status, filled.reward, filled.remove_sample) == (Sample.Status.COMPLETED, 1.0, False)
+        calls = traces[filled.metadata["osmosis_rollout_id"]]["calls"]
         first, last = calls[0], calls[-1]
-        assert out.tokens == last["prompt_token_ids"] + last["completion_token_ids"]
-        assert out.response_length == len(out.tokens) - len(first["prompt_token_ids"])
-        trained = [lp for lp, m in zip(out.rollout_log_probs, out.loss_mask, strict=True) if m]
+        assert filled.tokens == last["prompt_token_ids"] + last["completion_token_ids"]
+        assert filled.response_length == len(filled.tokens) - len(first["prompt_token_ids"])
+        trained = [lp for lp, m in zip(filled.rollout_log_probs, filled.loss_mask, strict=True) if m]
         assert trained == first["logprobs"] + last["logprobs"]
-        for made in calls:  # slime's sampling, in the rollout's names, on every call
-            assert made["sampling"] == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 256}
-        slime_checks([out])
+        for made in calls:  # slime's sampling, in the rollout's names, on every call; the ids token-in
+            assert made["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "max_tokens": 256}
+            assert made["token_in"]["engine"] == "sglang-generate"
+        slime_checks(out)
+    # a forked rollout's list next to these in one group: slime's flattening gives Samples only
+    forked = samples_of(result_of([*CLEAN, call(2, [1, 2, 3, 4, 5, 9], [7, 7])]), Sample(index=5))
+    for batch in ([[outs[0], forked, outs[1]]], [[forked, *outs]]):
+        flat = slime_flatten(batch)
+        assert [type(s) for s in flat] == [Sample] * 4
+        assert [s.reward for s in flat] == [1.0, 1.0, 1.0, 1.0]
 
 
 def test_generate_reports_a_failed_rollout_on_the_sample(live_server, start_policy, monkeypatch):
@@ -206,7 +224,7 @@ def test_generate_reports_a_failed_rollout_on_the_sample(live_server, start_poli
     monkeypatch.setenv("OSMOSIS_SERVER_TOKEN", live_server.token)
     monkeypatch.setenv("OSMOSIS_POLICY_URL", failing)
     sample = Sample(group_index=1, index=0, prompt=PROMPTS[0], label=LABELS[0])
-    out = asyncio.run(generate(slime_args(), sample, dict(SLIME_SAMPLING), evaluation=False))
+    [out] = asyncio.run(generate(slime_args(), sample, dict(SLIME_SAMPLING), evaluation=False))
     assert (out.status, out.remove_sample, out.reward) == (Sample.Status.FAILED, True, 0.0)
     assert "policy_error" in out.metadata["osmosis_mask_detail"]
     slime_checks([out])
@@ -230,3 +248,42 @@ def test_a_refused_rollout_is_raised_not_a_failed_sample(live_server, monkeypatc
     sample = Sample(group_index=0, index=0, prompt=PROMPTS[0], label=LABELS[0], metadata={"n": array("i", [1])})
     with pytest.raises(Unauthorized, match="401"):  # a setup error: slime's run stops with it
         asyncio.run(generate(slime_args(), sample, dict(SLIME_SAMPLING)))
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_per_rollout_client_error_is_a_failed_sample_not_the_steps_end(case, monkeypatch):
+    status, body = REFUSALS[case]
+
+    async def one():
+        async with answering(status, body) as url:
+            monkeypatch.setenv("OSMOSIS_SERVER_URL", url)
+            return await generate(slime_args(), Sample(group_index=0, index=0, prompt=PROMPTS[0]), {})
+
+    [out] = asyncio.run(one())
+    assert (out.status, out.remove_sample, out.reward) == (Sample.Status.FAILED, True, 0.0)
+    assert out.metadata["osmosis_mask_reason"] == "failed"
+    assert out.metadata["osmosis_mask_detail"].startswith("infra_error: Rollout")
+    slime_checks([out])
+
+
+@pytest.mark.parametrize("case", sorted(SETUP_REFUSALS))
+def test_a_setup_refusal_is_raised(case, monkeypatch):
+    status, body = SETUP_REFUSALS[case]
+
+    async def one():
+        async with answering(status, body) as url:
+            monkeypatch.setenv("OSMOSIS_SERVER_URL", url)
+            return await generate(slime_args(), Sample(group_index=0, index=0, prompt=PROMPTS[0]), {})
+
+    with pytest.raises(RolloutProtocolError, match=str(status)):
+        asyncio.run(one())
+
+
+def test_a_rollout_top_p_below_one_is_refused_naming_the_flag(monkeypatch):
+    monkeypatch.setenv("OSMOSIS_SERVER_URL", "http://127.0.0.1:9")
+    with pytest.raises(ValueError, match=r"--rollout-top-p 0\.9: .*rollout_top_p_token_ids"):
+        asyncio.run(generate(slime_args(rollout_top_p=0.9), Sample(prompt="x"), {"top_p": 0.9}))
+    check_args(slime_args(rollout_top_p=1.0))
+    script = (REPO / "examples" / "slime_osmosis.sh").read_text()
+    assert "--rollout-top-p 1" in script
+    assert "--group-rm" in script  # named: not to be used

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import REPO
-from trainer_helpers import LABELS, PROMPTS
+from trainer_helpers import LABELS, PROMPTS, REFUSALS, SETUP_REFUSALS, answering
 
 pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason="verl is not installed (the verl nox session)")
 
@@ -33,7 +33,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
 
-from osmosis_trainer import Unauthorized
+from osmosis_trainer import RolloutProtocolError, Unauthorized
 from osmosis_trainer.verl import EXTRA_FIELDS, OsmosisAgentLoop, close_bridges
 from osmosis_trainer.wire import ROLLOUT_ID_HEADER
 
@@ -52,6 +52,27 @@ class ServerManager:
         logprobs = [-0.25] * len(self.tokens)
         return TokenOutput(
             token_ids=self.tokens, log_probs=logprobs, stop_reason=self.stop_reason,
+            extra_fields={"global_steps": self.steps}, num_preempted=0,
+        )  # fmt: skip
+
+
+class RouterServerManager(ServerManager):
+    """verl's ``LLMServerClient.generate`` in front of real token ids: it asks the stand-in SGLang router
+    (``tests/token_engine.py``, a process with the policy's test tokenizer) and answers ``TokenOutput``
+    with ``"completed"``, as verl's vLLM server does for a stop and a length cut alike."""
+
+    def __init__(self, url):
+        super().__init__()
+        self.url = url
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.calls.append((request_id, list(prompt_ids), dict(sampling_params)))
+        payload = {"input_ids": list(prompt_ids), "sampling_params": {}, "return_logprob": True}
+        async with aiohttp.ClientSession() as session, session.post(self.url + "/generate", json=payload) as response:
+            answer = await response.json()
+        logprobs = [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]]
+        return TokenOutput(
+            token_ids=answer["output_ids"], log_probs=logprobs, stop_reason="completed",
             extra_fields={"global_steps": self.steps}, num_preempted=0,
         )  # fmt: skip
 
@@ -95,12 +116,12 @@ def verl_config(**rollout):
     )  # fmt: skip
 
 
-def agent_loop(server_manager=None, config=None, **options) -> OsmosisAgentLoop:
+def agent_loop(server_manager=None, config=None, tokenizer=None, **options) -> OsmosisAgentLoop:
     config = config or verl_config()
     return OsmosisAgentLoop(
         trainer_config=DictConfigWrap(config),
         server_manager=server_manager or ServerManager(),
-        tokenizer=Tokenizer(),
+        tokenizer=tokenizer or Tokenizer(),
         processor=None,
         dataset_cls=RLHFDataset,
         data_config=DictConfigWrap(config.data),
@@ -148,22 +169,25 @@ def rows():
 
 
 def test_an_agent_loop_config_entry_runs_osmosis_rollouts_through_verls_worker_into_its_batch(
-    live_server, tmp_path, monkeypatch
+    token_in_server, tmp_path, monkeypatch
 ):
+    """The documented configuration end to end: ``osmosis serve`` with ``[traces] adapter =
+    "sglang-generate"`` and the policy's tokenizer folder; the agent loop's bridge in front of verl's
+    server manager (here one answering the stand-in router's token ids)."""
     entry = tmp_path / "agent_loops.yaml"
     entry.write_text(
         "- name: osmosis\n"
         "  _target_: osmosis_trainer.verl.OsmosisAgentLoop\n"
-        f"  server_url: {live_server.url}\n"
+        f"  server_url: {token_in_server.url}\n"
         "  token_env: ROLLOUT_TOKEN\n"
-        f"  policy_url: {live_server.policy_url}\n"  # the chat path (no token-in gateway here): the scripted vLLM
         "  rollout_id_prefix: verl-e2e\n"
     )
-    monkeypatch.setenv("ROLLOUT_TOKEN", live_server.token)
+    monkeypatch.setenv("ROLLOUT_TOKEN", token_in_server.token)
     for loaded in OmegaConf.load(entry):  # what AgentLoopWorker.__init__ does with agent_loop_config_path
         monkeypatch.setitem(_agent_loop_registry, loaded.name, loaded)
     config = verl_config()
-    worker = PostprocessWorker(config, ServerManager())
+    manager = RouterServerManager(token_in_server.engine_url)
+    worker = PostprocessWorker(config, manager)
     sampling = {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
     async def step():
@@ -171,22 +195,20 @@ def test_an_agent_loop_config_entry_runs_osmosis_rollouts_through_verls_worker_i
         for i, row in enumerate(rows()):
             trajectory = {"step": 3, "sample_index": i, "rollout_n": 0, "validate": False}
             outputs.append(await worker._run_agent_loop(dict(sampling), trajectory, agent_name="osmosis", **row))
+        await close_bridges()
         return outputs
 
     internal = asyncio.run(step())
     batch = worker._postprocess(internal, input_non_tensor_batch=None)  # verl's batch of the step
     assert batch.batch["prompts"].shape == (2, PROMPT_LENGTH)
     assert batch.batch["responses"].shape == (2, RESPONSE_LENGTH)
-    traces = {
-        line["rollout_id"]: line
-        for line in map(json.loads, (live_server.run_dir / "traces.jsonl").read_text().splitlines())
-        if line["rollout_id"].startswith("verl-e2e-")
-    }
+    traces = token_in_server.traces("verl-e2e-")
     assert len(traces) == 2
     for i, output in enumerate(internal):
         extra = output.extra_fields
         assert extra["osmosis_mask_reason"] is None
-        calls = traces[extra["osmosis_rollout_id"]]["calls"]
+        rollout_id = extra["osmosis_rollout_id"]
+        calls = traces[rollout_id]["calls"]
         first, last = calls[0], calls[-1]
         prompt = first["prompt_token_ids"]
         response = last["prompt_token_ids"][len(prompt) :] + last["completion_token_ids"]
@@ -203,18 +225,101 @@ def test_an_agent_loop_config_entry_runs_osmosis_rollouts_through_verls_worker_i
         assert batch.batch["rm_scores"][i].tolist() == [0.0] * (len(response) - 1) + [1.0] + [0.0] * (
             RESPONSE_LENGTH - len(response)
         )
-        for made in calls:  # verl's sampling on every call of the rollout
-            assert made["sampling"] == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "repetition_penalty": 1.0}
+        # verl's sampling on every call, with verl's per-turn budget (its dict has no max_tokens):
+        # response_length, not the gateway's default nor the agent's
+        for made in calls:
+            assert made["sampling"] == {
+                "temperature": 0.7, "top_p": 0.9, "top_k": -1, "repetition_penalty": 1.0, "max_tokens": RESPONSE_LENGTH,
+            }  # fmt: skip
+            assert made["token_in"]["engine"] == "sglang-generate"
+        asked = [c for c in manager.calls if c[0] == rollout_id]  # sticky: every call under the rollout's id
+        assert [c[1] for c in asked] == [c["prompt_token_ids"] for c in calls]
+        assert {c[2]["max_tokens"] for c in asked} == {RESPONSE_LENGTH}
     for key in EXTRA_FIELDS:
         assert batch.non_tensor_batch[key].shape == (2,), key
     assert list(batch.non_tensor_batch["osmosis_masked"]) == [False, False]
     results = {
         line["rollout_id"]: line
-        for line in map(json.loads, (live_server.run_dir / "results.jsonl").read_text().splitlines())
+        for line in map(json.loads, (token_in_server.run_dir / "results.jsonl").read_text().splitlines())
         if line["rollout_id"].startswith("verl-e2e-")
     }
     assert sorted(r["row"] for r in results.values()) == [0, 1]  # verl's int64 index, as the row
-    assert batch.meta_info["metrics"][0]["generate_sequences"] == 0.0  # the policy is not verl's engine here
+    assert batch.meta_info["metrics"][0]["generate_sequences"] > 0.0  # the policy is verl's engine
+
+
+class ClampingServerManager(ServerManager):
+    """verl's vLLM server's budget (``vllm_async_server.generate``, 0.9.1): ``max_tokens`` lowered to
+    ``max_model_len - len(prompt)``; it never ends on an end-of-sequence token here (a length cut),
+    and says ``"completed"`` for it."""
+
+    def __init__(self, max_model_len):
+        super().__init__()
+        self.max_model_len = max_model_len
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.calls.append((request_id, list(prompt_ids), dict(sampling_params)))
+        max_tokens = sampling_params.get("max_tokens", RESPONSE_LENGTH)
+        max_tokens = max(1, min(max_tokens, self.max_model_len - len(prompt_ids)))
+        return TokenOutput(token_ids=[7] * max_tokens, log_probs=[-0.1] * max_tokens, stop_reason="completed")
+
+
+@pytest.mark.parametrize(
+    ("max_model_len", "prompt", "requested", "generated", "finish"),
+    [
+        (None, 300, 4096, 212, "length"),  # cut by the context (prompt_length + response_length), not the request
+        (None, 300, 64, 64, "length"),  # the request's budget
+        (400, 100, 4096, 300, "length"),  # rollout.max_model_len's room
+        (None, 10, None, RESPONSE_LENGTH, "length"),  # no max_tokens: verl's response_length
+    ],
+)
+def test_a_generation_cut_by_the_context_is_a_length_finish(max_model_len, prompt, requested, generated, finish):
+    manager = ClampingServerManager(max_model_len or PROMPT_LENGTH + RESPONSE_LENGTH)
+    loop = agent_loop(manager, config=verl_config(max_model_len=max_model_len), server_url="http://127.0.0.1:9")
+
+    async def one():
+        shared = await loop._shared()
+        sampling = {} if requested is None else {"max_new_tokens": requested}
+        payload = {"input_ids": [5] * prompt, "sampling_params": sampling, "return_logprob": True}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(shared.bridge.url + "/generate", json=payload) as response,
+        ):
+            answer = await response.json()
+        await close_bridges()
+        return answer
+
+    answer = asyncio.run(one())
+    assert len(answer["output_ids"]) == generated
+    assert answer["meta_info"]["finish_reason"]["type"] == finish
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_per_rollout_client_error_is_a_masked_output_not_the_steps_end(case):
+    status, body = REFUSALS[case]
+
+    async def one():
+        async with answering(status, body) as url:
+            loop = agent_loop(server_url=url, policy_url="http://127.0.0.1:9/v1")
+            return await loop.run({"temperature": 1.0}, **rows()[0])
+
+    output = asyncio.run(one())
+    assert output.extra_fields["osmosis_mask_reason"] == "failed"
+    assert output.extra_fields["osmosis_mask_detail"].startswith("infra_error: Rollout")
+    assert f"(HTTP {status})" in output.extra_fields["osmosis_mask_detail"]
+    assert set(output.response_mask) == {0}
+
+
+@pytest.mark.parametrize("case", sorted(SETUP_REFUSALS))
+def test_a_setup_refusal_is_raised_out_of_run(case):
+    status, body = SETUP_REFUSALS[case]
+
+    async def one():
+        async with answering(status, body) as url:
+            loop = agent_loop(server_url=url, policy_url="http://127.0.0.1:9/v1")
+            return await loop.run({"temperature": 1.0}, **rows()[0])
+
+    with pytest.raises(RolloutProtocolError, match=str(status)):
+        asyncio.run(one())
 
 
 def test_a_failed_rollout_is_a_masked_output_verl_batches_and_never_an_exception(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from osmosis_trainer import RolloutResult, RolloutTrace, TraceCall
 
 
@@ -45,3 +48,37 @@ def result_of(calls, *, status="success", reward=1.0, incomplete=None, messages=
     if messages is not None:
         data["sample"] = {"messages": messages}
     return RolloutResult.from_json(data)
+
+
+# what a rollout server answers every POST /rollout with, per case: (status, body)
+REFUSALS = {
+    "500": (500, {"detail": "internal error on this one row"}),
+    "409": (409, {"detail": "rollout_id is already registered (with another body)"}),
+    "not an admission": (202, {"nothing": "here"}),
+    "413": (413, {"detail": "the body is over 8 MiB"}),
+}
+"""Per-rollout client errors: each one rollout's failure (masked), never the training step's."""
+SETUP_REFUSALS = {
+    "401": (401, {"detail": "invalid token"}),
+    "422": (422, {"detail": "rollout_id: must be a string @ $.rollout_id"}),
+}
+"""The setup's refusals: raised to the trainer."""
+
+
+@contextlib.asynccontextmanager
+async def answering(status: int, body: object) -> AsyncIterator[str]:
+    """A stand-in rollout server on 127.0.0.1 answering every request ``status`` with ``body``; its URL."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return web.json_response(body, status=status)
+
+    server = web.Server(handle)
+    runner = web.ServerRunner(server)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

@@ -7,9 +7,13 @@ sample's label and metadata and slime's sampling settings (SGLang's names: ``max
 call, ``sampling_seed``...), and the rollouts' policy is slime's SGLang router itself
 (``http://{sglang_router_ip}:{sglang_router_port}``): the rollout server's token-in gateway
 (``[traces] adapter = "sglang-generate"``) calls its ``/generate`` in token ids, so no bridge is
-needed. The result comes back as the sample filled (or a ``list[Sample]`` sharing one
-``rollout_id`` when the rollout forked; :func:`osmosis_trainer.slime.samples_of`), its ``reward``
-set (slime then skips its reward model).
+needed. The result always comes back as a ``list[Sample]``: the sample filled (a list of one), or
+one sample per sequence sharing one ``rollout_id`` when the rollout forked
+(:func:`osmosis_trainer.slime.samples_of`), as slime's own ``examples/coding_agent_rl`` returns
+(slime's ``RolloutManager`` flattens a batch by ``isinstance(data[0], list)``, which a plain
+``Sample`` mixed with a forked rollout's list breaks), its ``reward`` set (slime then skips its
+reward model). slime's dynamic-sampling filters (``--dynamic-sampling-filter-path``) then see each
+group's entries as lists.
 
 Configured by the environment (slime's command line has no room for it), read at each call:
 
@@ -25,8 +29,11 @@ Configured by the environment (slime's command line has no room for it), read at
     ``1``: a sample cut to ``rollout_max_context_len`` is removed from training.
 
 Run slime without ``--apply-chat-template`` (the gateway renders the template: a prompt slime
-rendered to text is refused), and with ``--input-key`` naming a column of messages (or of text).
-Nothing here imports slime.
+rendered to text is refused), with ``--input-key`` naming a column of messages (or of text),
+without ``--rollout-top-p`` below 1.0 (slime then needs each call's top-p token sets, which a
+rollout does not record: refused up front, :func:`check_args`) and without ``--group-rm`` (slime's
+``generate_and_rm_group`` then recomputes every group's reward with its reward model and overwrites
+the one osmosis set). Nothing here imports slime.
 """
 
 from __future__ import annotations
@@ -37,20 +44,13 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-from osmosis_trainer.client import (
-    RolloutAlreadyAdmitted,
-    RolloutClient,
-    RolloutLost,
-    RolloutRequest,
-    RolloutResult,
-    ServerUnavailable,
-)
-from osmosis_trainer.records import ErrorCategory, Message, jsonable
+from osmosis_trainer.client import RolloutClient, RolloutRequest, RolloutResult, failed_rollout
+from osmosis_trainer.records import Message, jsonable
 from osmosis_trainer.sglang import sampling_from_sglang
 from osmosis_trainer.slime.convert import samples_of
 from osmosis_trainer.wire import DEFAULT_TOKEN_ENV
 
-__all__ = ["ROLLOUT_ID_PREFIX", "generate", "prompt_messages"]
+__all__ = ["ROLLOUT_ID_PREFIX", "check_args", "generate", "prompt_messages"]
 
 logger = logging.getLogger("osmosis_trainer.slime")
 
@@ -77,6 +77,30 @@ def prompt_messages(prompt: Any, *, apply_chat_template: bool = False) -> list[M
     raise ValueError(f"a sample's prompt must be messages or text, got {type(prompt).__name__}")
 
 
+def check_args(args: Any) -> None:
+    """Refuse the slime settings an osmosis rollout cannot serve, naming the flag.
+
+    ``--rollout-top-p`` below 1.0: slime's ``_convert_samples_to_train_data`` then asserts that each
+    sample carries ``rollout_top_p_token_ids``/``rollout_top_p_token_offsets`` (the top-p token sets
+    of every generated token, for its top-p logprob correction), which the rollout's trace does not
+    record; the rollouts' ``top_p`` would also disagree with the loss's.
+
+    >>> from types import SimpleNamespace
+    >>> check_args(SimpleNamespace(rollout_top_p=1.0))
+    >>> check_args(SimpleNamespace(rollout_top_p=0.9))
+    Traceback (most recent call last):
+    ...
+    ValueError: slime ran with --rollout-top-p 0.9: ...
+    """
+    top_p = getattr(args, "rollout_top_p", None)
+    if isinstance(top_p, (int, float)) and top_p < 1.0:
+        raise ValueError(
+            f"slime ran with --rollout-top-p {top_p}: slime's training then needs each sample's "
+            "rollout_top_p_token_ids/rollout_top_p_token_offsets, which an osmosis rollout does not record. "
+            "Run with --rollout-top-p 1.0 (the default)"
+        )
+
+
 def _policy_url(args: Any) -> str:
     configured = os.environ.get("OSMOSIS_POLICY_URL")
     if configured:
@@ -84,13 +108,30 @@ def _policy_url(args: Any) -> str:
     return f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
 
 
-async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
-    """One rollout of ``osmosis serve`` for ``sample`` (see the module docstring): the sample, or a
-    ``list[Sample]`` sharing its ``rollout_id``. A failed rollout is never raised: its sample is
-    ``FAILED`` and ``remove_sample``, the reason in its metadata."""
+async def _run(client: RolloutClient, request: RolloutRequest) -> RolloutResult:
+    """The rollout's result; a per-rollout client error as a failed one (its sample removed), a
+    setup refusal (401, 422) raised (:func:`~osmosis_trainer.client.failed_rollout`)."""
+    try:
+        return await client.run(request)
+    except Exception as exc:
+        failed = failed_rollout(request.rollout_id, exc)
+        if failed is None:
+            raise
+        return failed
+
+
+async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> list[Any]:
+    """One rollout of ``osmosis serve`` for ``sample`` (see the module docstring): always a
+    ``list[Sample]``, ``[sample]`` filled, or one per sequence sharing its ``rollout_id``. A failed
+    rollout (any per-rollout client error included) is never raised: its sample is ``FAILED`` and
+    ``remove_sample``, the reason in its metadata; a setup refusal (401, 422) is.
+
+    :raises ValueError: ``OSMOSIS_SERVER_URL`` unset, or a slime setting it cannot serve (:func:`check_args`).
+    """
     server_url = os.environ.get("OSMOSIS_SERVER_URL")
     if not server_url:
         raise ValueError("OSMOSIS_SERVER_URL is not set: the URL of `osmosis serve CONFIG --traces`")
+    check_args(args)
     messages = prompt_messages(sample.prompt, apply_chat_template=bool(getattr(args, "apply_chat_template", False)))
     sampling, dropped = sampling_from_sglang(sampling_params)
     if dropped and dropped not in _warned:
@@ -112,11 +153,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
         agent_timeout_sec=float(timeout) if timeout else None,
     )
     client = RolloutClient(server_url, token=os.environ.get(DEFAULT_TOKEN_ENV, ""))
-    try:
-        result = await client.run(request)
-    except (ServerUnavailable, RolloutLost, RolloutAlreadyAdmitted, TimeoutError) as exc:
-        # the rollout could not be run or read: its sample fails; a refusal (401, 422) is raised
-        result = RolloutResult.failed(rollout_id, ErrorCategory.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+    result = await _run(client, request)
     context = getattr(args, "eval_max_context_len" if evaluation else "rollout_max_context_len", None)
     samples = samples_of(
         result,
@@ -128,4 +165,4 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     if reason is not None:
         detail = samples[0].metadata.get("osmosis_mask_detail")
         logger.warning("rollout %s removed from training (%s): %s", rollout_id, reason, detail)
-    return samples[0] if len(samples) == 1 else samples
+    return samples

@@ -38,24 +38,15 @@ import attrs
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from osmosis_trainer.bridge import TokenBridge
-from osmosis_trainer.client import (
-    RolloutAlreadyAdmitted,
-    RolloutClient,
-    RolloutLost,
-    RolloutRequest,
-    RolloutResult,
-    ServerUnavailable,
-)
-from osmosis_trainer.records import ErrorCategory, jsonable
+from osmosis_trainer.client import RolloutClient, RolloutRequest, RolloutResult, failed_rollout
+from osmosis_trainer.records import jsonable
+from osmosis_trainer.sampling import SamplingParams
 from osmosis_trainer.verl.convert import agent_loop_fields, row_label, sampling_from_verl
 from osmosis_trainer.wire import DEFAULT_TOKEN_ENV
 
 __all__ = ["OsmosisAgentLoop", "VerlEngine", "close_bridges"]
 
 logger = logging.getLogger("osmosis_trainer.verl")
-
-UNREACHABLE = (ServerUnavailable, RolloutLost, RolloutAlreadyAdmitted, TimeoutError)
-"""What a rollout that could not be run or read raises: its sample is a masked ``failed`` output."""
 
 SERVER_URL_ENV = "OSMOSIS_SERVER_URL"
 """Where ``server_url`` is read from when the config entry does not set it."""
@@ -73,20 +64,43 @@ class _Extras:
 class VerlEngine:
     """The bridge's :data:`~osmosis_trainer.bridge.GenerateFn` over verl's ``LLMServerClient``.
 
-    verl's vLLM server reports ``"completed"`` for both a stop and a length cut; the finish reason is
-    ``"length"`` when the generation filled its budget (the request's ``max_tokens``, else verl's
-    default ``min(response_length, prompt_length + response_length - len(prompt))``) without ending
-    on an end-of-sequence token, ``"abort"`` for verl's ``"aborted"``, else ``"stop"``.
+    verl's vLLM server reports ``"completed"`` for both a stop and a length cut, and lowers a call's
+    ``max_tokens`` to the room its context leaves; the finish reason is ``"length"`` when the
+    generation filled its budget (:meth:`budget`) without ending on an end-of-sequence token,
+    ``"abort"`` for verl's ``"aborted"``, else ``"stop"``.
+
+    :param max_model_len: the engine's context (verl's ``rollout.max_model_len``; None: verl's
+        default, ``prompt_length + response_length``).
     """
 
     def __init__(
-        self, server_manager: Any, *, prompt_length: int, response_length: int, eos_ids: Sequence[int]
+        self,
+        server_manager: Any,
+        *,
+        prompt_length: int,
+        response_length: int,
+        eos_ids: Sequence[int],
+        max_model_len: int | None = None,
     ) -> None:
         self.server_manager = server_manager
         self.prompt_length = prompt_length
         self.response_length = response_length
+        self.max_model_len = max_model_len or prompt_length + response_length
         self.eos_ids = frozenset(eos_ids)
         self._extras: dict[str, _Extras] = {}
+
+    def budget(self, prompt_tokens: int, requested: int | None) -> int:
+        """The most tokens a call of ``prompt_tokens`` can generate on verl's engine: its
+        ``max_tokens`` (None: ``response_length``, verl's default), within the room the model's
+        context leaves (``max_model_len - prompt_tokens``, as verl's server lowers it); at least 1.
+
+        >>> engine = VerlEngine(None, prompt_length=512, response_length=512, eos_ids=[2])
+        >>> engine.budget(300, 4096), engine.budget(300, 64), engine.budget(10, None), engine.budget(2000, 8)
+        (724, 64, 512, 1)
+        """
+        room = self.max_model_len - prompt_tokens
+        wanted = requested if requested is not None else self.response_length
+        return max(1, min(wanted, room))
 
     def pop_extras(self, request_id: str) -> _Extras:
         return self._extras.pop(request_id, None) or _Extras()
@@ -106,8 +120,7 @@ class VerlEngine:
         self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]
     ) -> tuple[list[int], list[float] | None, str]:
         requested = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
-        default = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
-        budget = int(requested) if isinstance(requested, int) else default
+        budget = self.budget(len(prompt_ids), int(requested) if isinstance(requested, int) else None)
         output = await self.server_manager.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
         tokens = [int(t) for t in output.token_ids]
         logprobs = None if output.log_probs is None else [float(lp) for lp in output.log_probs]
@@ -119,7 +132,7 @@ class VerlEngine:
         preempted = getattr(output, "num_preempted", None)
         if isinstance(preempted, int) and preempted >= 0:
             extras.preempted = (extras.preempted or 0) + preempted
-        return tokens, logprobs, self._finish(getattr(output, "stop_reason", None), tokens, max(budget, 1))
+        return tokens, logprobs, self._finish(getattr(output, "stop_reason", None), tokens, budget)
 
 
 @attrs.define
@@ -241,11 +254,13 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
             api_key = os.environ.get(self.bridge_token_env) if self.bridge_token_env else None
             if self.bridge_token_env and not api_key:
                 raise ValueError(f"bridge_token_env names ${self.bridge_token_env}, which is unset or empty")
+            max_model_len = self.rollout_config.get("max_model_len")
             engine = VerlEngine(
                 self.server_manager,
                 prompt_length=int(self.rollout_config.prompt_length),
                 response_length=int(self.rollout_config.response_length),
                 eos_ids=self._eos_ids(),
+                max_model_len=int(max_model_len) if max_model_len else None,
             )
             tokenizer = self.tokenizer
 
@@ -268,6 +283,16 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
 
     # -- a sample --------------------------------------------------------------------------------
 
+    def _with_turn_budget(self, sampling: SamplingParams | None) -> SamplingParams:
+        """verl's sampling with a call's token budget: its own ``max_tokens`` when it set one, else
+        ``response_length`` (verl's sampling dict carries none; its tool agent loop bounds a turn by
+        the response length, and its engine lowers that to the context's room), so neither the
+        gateway's default nor the agent's value replaces verl's."""
+        sampling = sampling or SamplingParams()
+        if sampling.max_tokens is not None:
+            return sampling
+        return attrs.evolve(sampling, max_tokens=int(self.rollout_config.response_length))
+
     def _request(self, rollout_id: str, sampling_params: Mapping[str, Any], row: Mapping[str, Any]) -> RolloutRequest:
         raw_prompt = row.get("raw_prompt")
         if raw_prompt is None:
@@ -279,6 +304,7 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
         if dropped and dropped not in OsmosisAgentLoop._warned:
             OsmosisAgentLoop._warned.add(dropped)
             logger.warning("sampling_params osmosis serve cannot apply, left out: %s", ", ".join(dropped))
+        sampling = self._with_turn_budget(sampling)
         extra_info = jsonable(row.get("extra_info"))
         index = jsonable(row.get("index"))
         return RolloutRequest(
@@ -293,6 +319,18 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
             agent_timeout_sec=self.agent_timeout_sec,
         )
 
+    @staticmethod
+    async def _run(client: RolloutClient, request: RolloutRequest) -> RolloutResult:
+        """The rollout's result; a per-rollout client error as a failed one (a masked output), a
+        setup refusal (401, 422) raised (:func:`~osmosis_trainer.client.failed_rollout`)."""
+        try:
+            return await client.run(request)
+        except Exception as exc:
+            failed = failed_rollout(request.rollout_id, exc)
+            if failed is None:
+                raise
+            return failed
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """One rollout of ``osmosis serve`` for this row, as verl's ``AgentLoopOutput`` (never raised
         for a failed rollout: a masked output says why in ``extra_fields``)."""
@@ -305,9 +343,7 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
             request = attrs.evolve(request, chat_completions_url=shared.bridge.url, llm_api_key=shared.bridge.api_key)
         client = RolloutClient(self.server_url, token=os.environ.get(self.token_env, ""))
         try:
-            result = await client.run(request)
-        except UNREACHABLE as exc:  # a refusal (401, 422) is a setup error: raised
-            result = RolloutResult.failed(rollout_id, ErrorCategory.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+            result = await self._run(client, request)
         finally:
             usage = shared.bridge.pop_usage(rollout_id) if shared is not None else None
             extras = shared.engine.pop_extras(rollout_id) if shared is not None else None
