@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from osmosis_core.lifecycle import run_workflow as run_workflow
     from osmosis_core.policy import chat_completion_problem as chat_completion_problem
     from osmosis_core.sampling import SAMPLING_PARAMS as SAMPLING_PARAMS
+    from osmosis_core.sampling import agent_distribution as agent_distribution
     from osmosis_core.sampling import apply_sampling as apply_sampling
     from osmosis_core.sampling import check_sampling as check_sampling
     from osmosis_core.sampling import sampling_overrides as sampling_overrides
@@ -127,6 +128,7 @@ _public_getattr, __dir__, __all__ = _reexport.attach(
         "policy": ["chat_completion_problem"],
         "sampling": [
             "SAMPLING_PARAMS",
+            "agent_distribution",
             "apply_sampling",
             "check_sampling",
             "sampling_overrides",

@@ -36,8 +36,10 @@ from typing import Any, Final
 import attrs
 
 __all__ = [
+    "DISTRIBUTION_PARAMS",
     "SAMPLING_PARAMS",
     "SamplingParam",
+    "agent_distribution",
     "apply_sampling",
     "check_sampling",
     "sampling_overrides",
@@ -145,6 +147,21 @@ SAMPLING_PARAMS: Final[Mapping[str, SamplingParam]] = {
 }
 """Every sampling parameter a trainer may set, by name (the wire's and vLLM's names)."""
 
+DISTRIBUTION_PARAMS: Final = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+"""The settings that shape the distribution a token is drawn from: once a trainer sets sampling, these
+come from it alone (an agent's value for one the trainer left unset is dropped, and the engine's
+default applies, which is what the trainer's loss assumes); ``stop``, ``seed`` and ``max_tokens``
+end or seed a generation without changing its distribution, and the agent's still apply unless the
+trainer set them."""
+
 _HINTS: Final = {
     "max_completion_tokens": "send max_tokens: it replaces the agent's max_tokens and max_completion_tokens alike",
     "n": "one rollout samples one answer per call (n=1); ask for more rollouts instead",
@@ -209,9 +226,29 @@ def sampling_overrides(sampling: Mapping[str, Any], sent: Collection[str]) -> di
     return overrides
 
 
+def agent_distribution(body: Mapping[str, Any], sampling: Mapping[str, Any]) -> list[str]:
+    """The :data:`DISTRIBUTION_PARAMS` a request ``body`` sets and the trainer's ``sampling`` does
+    not: what :func:`apply_sampling` takes out of it.
+
+    >>> agent_distribution({"temperature": 0.2, "top_p": 0.5, "seed": 3}, {"temperature": 1.0})
+    ['top_p']
+    """
+    return [name for name in DISTRIBUTION_PARAMS if body.get(name) is not None and sampling.get(name) is None]
+
+
 def apply_sampling(body: MutableMapping[str, Any], sampling: Mapping[str, Any]) -> dict[str, Any]:
     """Set the trainer's ``sampling`` on a chat-completions request ``body`` (in place), over what it
-    holds (:func:`sampling_overrides`); return the fields set, as they were set."""
+    holds (:func:`sampling_overrides`), and take out the agent's :data:`DISTRIBUTION_PARAMS` the
+    trainer did not set (:func:`agent_distribution`); return the fields set, as they were set.
+
+    >>> body = {"messages": [], "top_p": 0.5, "min_p": 0.1, "stop": ["x"]}
+    >>> apply_sampling(body, {"temperature": 1.0})
+    {'temperature': 1.0}
+    >>> body
+    {'messages': [], 'stop': ['x'], 'temperature': 1.0}
+    """
+    for name in agent_distribution(body, sampling):
+        del body[name]
     overrides = sampling_overrides(sampling, body)
     body.update(overrides)
     return overrides

@@ -166,17 +166,22 @@ class ScriptedTokenEngine:
     :param tokenizer: the engine's tokenizer folder (``tokenizer.json``, ``tokenizer_config.json``).
     :param script: prompt text in, generated text out (default :func:`calculator_text`).
     :param finish: ``stop`` (the stop token ends each answer) or ``length`` (no stop token: cut).
+    :param stop_token: the token that ends each answer (default the config's ``eos_token``; a model
+        may stop on another, as Qwen on ``<|endoftext|>``).
     """
 
-    def __init__(self, tokenizer: str | Path, script: TextScript | None = None, *, finish: str = "stop") -> None:
+    def __init__(
+        self, tokenizer: str | Path, script: TextScript | None = None, *, finish: str = "stop",
+        stop_token: str | None = None,
+    ) -> None:  # fmt: skip
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
         config = json.loads((Path(tokenizer) / "tokenizer_config.json").read_text(encoding="utf-8"))
-        eos = config["eos_token"]
+        eos = stop_token if stop_token is not None else config["eos_token"]
         stop_id = self.tokenizer.token_to_id(eos if isinstance(eos, str) else eos["content"])
         if stop_id is None:
-            raise ValueError(f"the eos_token {eos!r} is not in {tokenizer}/tokenizer.json")
+            raise ValueError(f"the stop token {eos!r} is not in {tokenizer}/tokenizer.json")
         self.stop_id: int = stop_id
         self.script = script or calculator_text
         self.finish = finish

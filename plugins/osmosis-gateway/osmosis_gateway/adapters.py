@@ -546,19 +546,24 @@ def prepare_request(body: dict[str, Any], adapter: AdapterName) -> CallCapture:
 
 def completion_events(doc: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
     """The stream chunks of a whole completion: the role, the content, each tool call, the finish
-    (and the usage when asked), as an OpenAI-compatible server streams them."""
+    (and the usage when asked), as an OpenAI-compatible server streams them. The choice's
+    ``logprobs`` (when the rollout asked for them) ride on the first chunk of generated output, or
+    the finish chunk when there is none; a client joins ``logprobs.content`` over the chunks."""
     base: dict[str, Any] = {k: doc[k] for k in ("id", "created", "model", "system_fingerprint") if k in doc}
     base["object"] = "chat.completion.chunk"
     chunks: list[dict[str, Any]] = []
+    pending: list[Any] = [None]
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> None:
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, *, output: bool = True) -> None:
+        logprobs, pending[0] = (pending[0], None) if output else (None, pending[0])
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         chunks.append({**base, "choices": [choice]})
 
     for position, choice in enumerate(doc.get("choices") or []):
         index = choice.get("index", position)
         message = choice.get("message") or {}
-        chunk(index, {"role": message.get("role", "assistant"), "content": ""})
+        pending[0] = choice.get("logprobs")
+        chunk(index, {"role": message.get("role", "assistant"), "content": ""}, output=False)
         for key in ("reasoning_content", "content"):
             if message.get(key):
                 chunk(index, {key: message[key]})

@@ -52,6 +52,7 @@ from aiohttp import (
 from osmosis_core.frontend import finite_json
 from osmosis_core.plugin import (
     ResponseTooLarge,
+    agent_distribution,
     apply_sampling,
     clip,
     cut_response,
@@ -315,7 +316,8 @@ class ModelCall:
         else:
             record.request = json_bytes(sent)  # (JSON text, read when the trace is)
         if self.sampling is not None:  # the trainer's over the rollout's (the trace keeps what it sent)
-            record.sampling = apply_sampling(request, self.sampling)
+            record.sampling_dropped = agent_distribution(request, self.sampling) or None
+            record.sampling = apply_sampling(request, self.sampling)  # (on both paths: chat and token-in)
         model = request.get("model")
         record.model = model if isinstance(model, str) else None
         record.stream = request.get("stream") is True
@@ -339,12 +341,13 @@ class ModelCall:
         the engine's token route, its generated ids read back as a chat completion (tool calls
         parsed), streamed or not as the rollout asked; the trace holds the ids the engine saw."""
         from osmosis_gateway.token_in import Conversation, TemplateError
+        from osmosis_gateway.token_in.exchange import ContextFull
 
         token_in = self.upstream.token_in
         assert token_in is not None
         record = self.record
         conversation = self.conversation if self.conversation is not None else Conversation()
-        for key in ("messages", "tools", "chat_template_kwargs"):
+        for key in ("messages", "tools", "tool_choice", "chat_template_kwargs"):
             if isinstance(request.get(key), msgspec.Raw):
                 request[key] = json_read(request[key])
         request_id = f"{self.trace.rollout_id}-{record.index}"
@@ -352,7 +355,11 @@ class ModelCall:
         try:
             prepared = token_in.prepare(conversation, request, request_id, model)
         except (ValueError, RecursionError) as exc:
-            kind = "the chat template refused it" if isinstance(exc, TemplateError) else "it cannot be rendered"
+            kind = (
+                "the chat template refused it" if isinstance(exc, TemplateError)
+                else "its prompt is too long" if isinstance(exc, ContextFull)
+                else "it cannot be rendered"
+            )  # fmt: skip
             message = self.message(f"not a request for the token-in policy ({kind}): {exc}")
             self.finish("bad_request", message, 400)
             return error_response(400, message)
@@ -362,6 +369,11 @@ class ModelCall:
             details["render_reason"] = rendered.reason
         if rendered.extends is not None:
             details["extends"] = rendered.extends
+        if rendered.note is not None:
+            details["render_note"] = rendered.note
+        if prepared.capped is not None:
+            asked_cap, sent_cap = prepared.capped
+            details["max_tokens_clamped"] = {"asked": asked_cap, "sent": sent_cap}
         record.token_in = details
         got = await self._post(json_bytes(prepared.body), relay=False)
         if isinstance(got, web.StreamResponse):
@@ -372,11 +384,12 @@ class ModelCall:
             content_type = kind.split(";", 1)[0].strip() or "application/octet-stream"
             return web.Response(status=status, body=self._redact_error(content), content_type=content_type)
         try:
-            answer, parsed = token_in.reply(_loads(content), request.get("tools") or ())
+            reply = token_in.reply(_loads(content), request)
         except (ValueError, RecursionError) as exc:
             message = self.message(f"the engine's answer ({len(content)} bytes) cannot be read: {exc}")
             self.finish("unreadable", message, 502)
             return error_response(502, message)
+        answer, parsed = reply.answer, reply.parsed
         prompt_ids = rendered.prompt_ids
         asked = request.get("logprobs") is True
         doc = token_in.completion(
@@ -388,6 +401,7 @@ class ModelCall:
         record.finish_reason = doc["choices"][0]["finish_reason"]
         record.usage = doc["usage"]
         details["tool_calls"] = len(parsed.tool_calls)
+        details.update(reply.notes)
         if parsed.malformed is not None:
             details["tool_parse_error"] = parsed.malformed
         record.prompt_token_ids = array("i", prompt_ids)
@@ -402,7 +416,7 @@ class ModelCall:
             self.finish("ok", None, status)
             conversation.answered(
                 prepared.seen, prepared.tools_key, message, record.prompt_token_ids, record.completion_token_ids,
-                record.index,
+                record.index, finish_reason=answer.finish_reason, stop_id=reply.stop_id,
             )  # fmt: skip
         if not record.stream:
             return web.Response(status=200, body=body, content_type="application/json")

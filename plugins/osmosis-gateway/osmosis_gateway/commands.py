@@ -46,6 +46,13 @@ BANNER = "osmosis gateway listening on "
     help="Token-in: the format of the policy's tool calls: hermes, llama3_json, mistral, or a parser of the "
     "model's own format, package.module:function.",
 )
+@click.option(
+    "--context-length",
+    type=click.IntRange(min=2),
+    metavar="TOKENS",
+    help="Token-in: the engine's context length (SGLang's --context-length, vLLM's --max-model-len): each call's "
+    "cap is clamped to what its prompt leaves, and a prompt that fills it is refused (400).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, help="The port (0: a free one).")
 @click.option("--bearer-env", metavar="VAR", help="Take the gateway's bearer from this variable (else one is made).")
@@ -67,6 +74,7 @@ def gateway(
     tokenizer: Path | None,
     chat_template: Path | None,
     tool_parser: str,
+    context_length: int | None,
     host: str,
     port: int,
     bearer_env: str | None,
@@ -110,15 +118,20 @@ def gateway(
         from osmosis_gateway.token_in import TokenIn, TokenizerFolderError
 
         try:
-            token_in = TokenIn(cast("Any", adapter), tokenizer, chat_template=chat_template, tool_parser=tool_parser)
+            token_in = TokenIn(
+                cast("Any", adapter), tokenizer, chat_template=chat_template, tool_parser=tool_parser,
+                context_length=context_length,
+            )  # fmt: skip
         except TokenizerFolderError as exc:
             raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
         except ValueError as exc:  # (the tool parser)
             raise click.BadParameter(str(exc), param_hint="--tool-parser") from None
         except ImportError as exc:  # (tokenizers or jinja2 missing)
             raise click.BadParameter(str(exc), param_hint="--adapter") from None
-    elif tokenizer is not None or chat_template is not None:
-        raise click.BadParameter(f"adapter {adapter} does not render: no tokenizer or template", param_hint="--adapter")
+    elif tokenizer is not None or chat_template is not None or context_length is not None:
+        raise click.BadParameter(
+            f"adapter {adapter} does not render: no tokenizer, template or context length", param_hint="--adapter"
+        )
 
     async def serve() -> None:
         from osmosis_core.plugin import aclose_http

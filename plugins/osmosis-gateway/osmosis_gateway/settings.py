@@ -7,6 +7,8 @@ adapter = "vllm"            # how the upstream is asked for tokens: vllm, sglang
 #                                     # relative: to the config's folder or a parent of it, else the current one
 # chat_template = "template.jinja"    # token-in: a template replacing the folder's
 # tool_parser = "hermes"              # token-in: hermes, llama3_json, mistral, or "package.module:function"
+# context_length = 32768              # token-in: the engine's context; each call's cap is clamped to what
+#                                     # its prompt leaves, a prompt that fills it is refused (400)
 policy_version = "step-0"   # recorded on every call that names none
 # host = "127.0.0.1"        # where the gateway listens (a bearer is always required)
 # port = 0                  # 0 picks a free port
@@ -46,6 +48,8 @@ class TracesSettings:
     chat_template: str | None = None
     tool_parser: str = "hermes"
     """hermes, llama3_json, mistral, or a parser's import path ``"package.module:function"``."""
+    context_length: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(2)))
+    """Token-in: the engine's context length in tokens (prompt and generation)."""
 
 
 def gateway_from_settings(upstream: PolicyEndpoint, settings: dict[str, Any], source: str) -> Any:
@@ -59,8 +63,12 @@ def gateway_from_settings(upstream: PolicyEndpoint, settings: dict[str, Any], so
     token_in = None
     if checked.adapter in TOKEN_IN_ADAPTERS:
         token_in = _token_in(checked, source)
-    elif checked.tokenizer is not None or checked.chat_template is not None:
-        key = "tokenizer" if checked.tokenizer is not None else "chat_template"
+    elif checked.tokenizer is not None or checked.chat_template is not None or checked.context_length is not None:
+        key = (
+            "tokenizer" if checked.tokenizer is not None
+            else "chat_template" if checked.chat_template is not None
+            else "context_length"
+        )  # fmt: skip
         raise ConfigError(
             source, [f"only a token-in adapter renders ({', '.join(TOKEN_IN_ADAPTERS)}) @ $.traces.{key}"]
         )
@@ -93,6 +101,7 @@ def _token_in(checked: TracesSettings, source: str) -> Any:
             _config_path(checked.tokenizer, source),
             chat_template=template,
             tool_parser=checked.tool_parser,
+            context_length=checked.context_length,
         )
     except TokenizerFolderError as exc:
         key = "chat_template" if checked.chat_template is not None and "chat template" in str(exc) else "tokenizer"

@@ -121,3 +121,31 @@ def test_settings_given_over_http_apply_and_bad_ones_are_refused_by_name():
     assert trace.calls[0].sampling == {"temperature": 1.5, "stop": ["\n\n"]}
     assert trace.calls[0].policy_version == "v9"
     assert UPSTREAM_KEY not in json.dumps(trace.to_json())
+
+
+def test_the_agents_distribution_settings_the_trainer_left_unset_are_dropped_and_recorded():
+    """TRL #4159/#6789: once a trainer sets sampling, the distribution is its alone; the agent's stop,
+    seed and cap still go. Without a trainer's settings the agent's all go, as sent."""
+    agents = {"top_p": 0.5, "min_p": 0.3, "presence_penalty": 1.5, "seed": 5, "stop": ["x"], "max_tokens": 7}
+
+    async def main():
+        async with stack() as (server, gateway):
+            for rollout_id, sampling in (("t", {"temperature": 1.0}), ("plain", None)):
+                policy = gateway.open_rollout(rollout_id, sampling=sampling)
+                status, _ = await post(policy.chat_completions_url, ask(**agents), token=policy.api_key)
+                assert status == 200
+            sent = {rid: server.requests_for(rid)[0].body for rid in ("t", "plain")}
+            return sent, gateway.pop_trace("t"), gateway.pop_trace("plain")
+
+    sent, tuned, plain = run(main)
+    assert {k: sent["t"].get(k) for k in (*agents, "temperature")} == {
+        "top_p": None, "min_p": None, "presence_penalty": None, "seed": 5, "stop": ["x"], "max_tokens": 7,
+        "temperature": 1.0,
+    }  # fmt: skip
+    [call] = tuned.calls
+    assert call.sampling_dropped == ["top_p", "min_p", "presence_penalty"]
+    assert call.request["top_p"] == 0.5  # the trace keeps what the rollout sent
+    line = json.loads(json.dumps(tuned.to_json()))
+    assert trace_from_json(line).calls[0].sampling_dropped == call.sampling_dropped
+    assert all(sent["plain"][k] == v for k, v in agents.items())
+    assert plain.calls[0].sampling_dropped is None

@@ -128,12 +128,12 @@ def test_the_trainers_sampling_goes_under_the_engines_names_over_the_agents(toke
             return engine.requests
 
     sglang, _, vllm, _ = run(main)
-    assert sglang.body["sampling_params"] == {
+    assert sglang.body["sampling_params"] == {  # (the agent's top_p: the trainer decides the distribution)
         "temperature": 0.7,
-        "top_p": 0.5,
         "sampling_seed": 3,
         "max_new_tokens": 64,
     }
+    assert "top_p" not in vllm.body
     assert sglang.body["return_logprob"] is True
     assert sglang.body["rid"] == "r-1-0"
     assert sglang.body["stream"] is False
@@ -203,9 +203,8 @@ def test_malformed_tool_calls_reach_the_rollout_as_text_and_are_counted(tokenize
             gateway_for(engine, "trl-generate", folder) as gateway,
         ):
             policy = gateway.open_rollout("r-1")
-            status, raw = await post(
-                policy.chat_completions_url, {"messages": [{"role": "user", "content": "hi"}]}, token=policy.api_key
-            )
+            request = {"messages": [{"role": "user", "content": "hi"}], "tools": [MULTIPLY_TOOL]}
+            status, raw = await post(policy.chat_completions_url, request, token=policy.api_key)
             return status, json.loads(raw), gateway.pop_trace("r-1")
 
     status, doc, trace = run(main)
@@ -280,7 +279,8 @@ def test_tool_calls_are_read_in_each_format(parser, text, content, calls):
 @pytest.mark.parametrize(
     ("parser", "text"),
     [
-        ("hermes", '<tool_call>{"name": "f", "arguments": {"x": 1}}'),  # never closed (cut by length)
+        ("hermes", '<tool_call>{"name": "f", "arguments": {"x": 1'),  # never closed, its JSON cut
+        ("hermes", '<tool_call>{"name": "f", "arguments": {}} and more'),  # text after an open block
         ("hermes", '<tool_call>{"arguments": {}}</tool_call>'),  # no name
         ("llama3_json", '{"name": "f", "parameters": {"x": 1}'),
         ("mistral", "[TOOL_CALLS][{"),
@@ -594,3 +594,195 @@ def test_a_token_in_adapter_without_its_extra_says_what_to_install(tokenizers_di
         ConfigError, match=r"jinja2 is not installed: pip install 'osmosis-gateway\[token-in\]' @ \$\.traces\.adapter"
     ):
         gateway_from_settings(upstream, table, "run.toml")
+
+
+def _ask(policy, **body: Any):
+    request = {"messages": [{"role": "user", "content": "6 x 7?"}], "tools": [MULTIPLY_TOOL], **body}
+    return post(policy.chat_completions_url, request, token=policy.api_key)
+
+
+@pytest.mark.parametrize("adapter", ["sglang-generate", "vllm-completions"])
+def test_a_stop_on_another_special_token_is_not_text_and_the_next_call_says_why_it_is_whole(tokenizers_dir, adapter):
+    """Qwen stops on <|endoftext|> as well as <|im_end|> (Llama 3.1 on <|eom_id|>, Gemma on
+    <end_of_turn>): the stop is not content, and no close is appended after it without a word."""
+    folder = tokenizers_dir["chatml"]
+
+    async def main():
+        engine = ScriptedTokenEngine(folder, reply_text, stop_token="<|endoftext|>")
+        async with engine, gateway_for(engine, adapter, folder) as gateway:
+            messages = await agent(gateway, "r-1")
+            return messages, gateway.pop_trace("r-1"), engine.requests
+
+    messages, trace, seen = run(main)
+    assert len(messages[2]["tool_calls"]) == 2
+    assert messages[-1]["content"] == "<think>done</think>\nThe product is 42.\n#### 42"
+    assert all("<|endoftext|>" not in (m.get("content") or "") for m in messages)
+    second = trace.calls[1]
+    assert second.token_in["render"] == "full"
+    assert "'<|endoftext|>', not '<|im_end|>'" in second.token_in["render_reason"]
+    whole = ChatRenderer(folder).prompt_ids(second.request["messages"], second.request["tools"])
+    assert list(second.prompt_token_ids) == whole == seen[1].prompt_ids
+    assert trainer_view(trace).prefix_breaks == 1  # (counted, never stitched over a guess)
+
+
+def test_a_turn_cut_by_length_is_extended_with_the_templates_close_and_the_call_says_so(tokenizers_dir):
+    folder = tokenizers_dir["chatml"]
+
+    async def main():
+        engine = ScriptedTokenEngine(folder, lambda _: "partial answ", finish="length")
+        async with engine, gateway_for(engine, "sglang-generate", folder) as gateway:
+            policy = gateway.open_rollout("r-1")
+            messages = [{"role": "user", "content": "hi"}]
+            _, raw = await post(policy.chat_completions_url, {"messages": messages}, token=policy.api_key)
+            messages += [json.loads(raw)["choices"][0]["message"], {"role": "user", "content": "go on"}]
+            await post(policy.chat_completions_url, {"messages": messages}, token=policy.api_key)
+            return gateway.pop_trace("r-1")
+
+    second = run(main).calls[1]
+    assert second.token_in["render"] == "incremental"
+    assert second.token_in["render_note"].startswith("call 0's answer was cut by length")
+
+
+def test_tool_calls_are_read_only_when_the_request_offers_tools_and_allows_them(tokenizers_dir):
+    folder = tokenizers_dir["chatml"]
+    call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
+    divide = {"type": "function", "function": {"name": "divide"}}
+
+    async def main():
+        async with (
+            ScriptedTokenEngine(folder, lambda _: call) as engine,
+            gateway_for(engine, "sglang-generate", folder) as gateway,
+        ):
+            policy = gateway.open_rollout("r-1")
+            answers = [
+                await _ask(policy, tool_choice="none"),
+                await post(
+                    policy.chat_completions_url, {"messages": [{"role": "user", "content": "hi"}]}, token=policy.api_key
+                ),
+                await _ask(policy, tool_choice=divide),
+                await _ask(policy, tool_choice="required"),
+                await _ask(policy, tools=[{"type": "function", "function": {"name": "add"}}]),
+            ]
+            return [json.loads(raw)["choices"][0] for _, raw in answers], gateway.pop_trace("r-1")
+
+    choices, trace = run(main)
+    for choice in choices[:2]:  # tool_choice none, or no tools: the text as generated
+        assert choice["finish_reason"] == "stop"
+        assert choice["message"] == {"role": "assistant", "content": call}
+    assert all(c["finish_reason"] == "tool_calls" for c in choices[2:])
+    notes = [call.token_in for call in trace.calls]
+    assert "tool_calls" not in notes[0] or notes[0]["tool_calls"] == 0
+    assert notes[2]["tool_choice_not_enforced"] == {"tool_choice": "divide", "met": False}
+    assert notes[3]["tool_choice_not_enforced"] == {"tool_choice": "required", "met": True}
+    assert notes[4]["unknown_tools"] == ["multiply"]  # kept, and said
+    assert "unknown_tools" not in notes[2]
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "names"),
+    [
+        (  # a <tool_call> the model mentions while it reasons is not a call
+            "<think>\nI should use <tool_call> to call it.\n</think>\n\n"
+            '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+            "<think>\nI should use <tool_call> to call it.\n</think>",
+            ["f"],
+        ),
+        ('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n', None, ["f"]),  # left open, its JSON whole
+        ('<tool_call>{"name": "g", "arguments": {"code": "print(\'</tool_call>\')"}}</tool_call>', None, ["g"]),
+    ],
+)
+def test_hermes_reads_calls_after_the_reasoning_and_a_last_block_left_open(text, content, names):
+    parsed = parse_reply(text, "hermes")
+    assert parsed.malformed is None
+    assert parsed.content == content
+    assert [c["function"]["name"] for c in parsed.tool_calls] == names
+
+
+@pytest.mark.parametrize("adapter", ENGINES)
+def test_a_tool_call_cut_by_length_still_says_length(tokenizers_dir, adapter):
+    """vLLM says tool_calls only on a stop: a trainer's truncation check must see the cut."""
+    folder = tokenizers_dir["chatml"]
+    call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>\nand then'
+
+    async def main():
+        engine = ScriptedTokenEngine(folder, lambda _: call, finish="length")
+        async with engine, gateway_for(engine, adapter, folder) as gateway:
+            policy = gateway.open_rollout("r-1")
+            _, raw = await _ask(policy)
+            return json.loads(raw)["choices"][0], gateway.pop_trace("r-1")
+
+    choice, trace = run(main)
+    assert choice["finish_reason"] == "length"
+    assert len(choice["message"]["tool_calls"]) == 1
+    assert trace.calls[0].finish_reason == "length"
+
+
+def test_generation_marks_of_a_training_template_render_their_body(tmp_path, tokenizers_dir):
+    """TRL's *_training.jinja and transformers' AssistantTracker wrap the assistant's text in
+    {% generation %}: the gateway renders it as transformers does."""
+    plain = ChatRenderer(tokenizers_dir["chatml"])
+    config = json.loads((tokenizers_dir["chatml"] / "tokenizer_config.json").read_text())
+    marked = config["chat_template"].replace("{{- content }}", "{% generation %}{{- content }}{% endgeneration %}")
+    assert marked != config["chat_template"]
+    (tmp_path / "training.jinja").write_text(marked)
+    training = ChatRenderer(tokenizers_dir["chatml"], tmp_path / "training.jinja")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "It is 42."}]
+    assert training.render(messages, None, add_generation_prompt=False) == plain.render(
+        messages, None, add_generation_prompt=False
+    )
+
+
+def test_a_streamed_answer_carries_its_logprobs_when_asked(tokenizers_dir):
+    folder = tokenizers_dir["chatml"]
+
+    async def main():
+        async with (
+            ScriptedTokenEngine(folder, lambda _: "It is 42.") as engine,
+            gateway_for(engine, "sglang-generate", folder) as gateway,
+        ):
+            policy = gateway.open_rollout("r-1")
+            body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "stream": True}
+            _, raw = await post(policy.chat_completions_url, body, token=policy.api_key)
+            return sse_docs(raw), engine.requests[0]
+
+    docs, seen = run(main)
+    entries = [e for d in docs if d["choices"] for e in (d["choices"][0]["logprobs"] or {}).get("content", [])]
+    assert [e["logprob"] for e in entries] == pytest.approx(seen.logprobs)
+
+
+@pytest.mark.parametrize("adapter", ["sglang-generate", "vllm-completions"])
+def test_context_length_clamps_each_calls_cap_and_refuses_a_prompt_that_fills_it(tokenizers_dir, adapter):
+    folder = tokenizers_dir["chatml"]
+
+    async def main():
+        async with ScriptedTokenEngine(folder, lambda _: "ok") as engine:
+            prompt = len(ChatRenderer(folder).prompt_ids([{"role": "user", "content": "hi"}], None))
+            async with gateway_for(engine, adapter, folder, context_length=prompt + 10) as gateway:
+                policy = gateway.open_rollout("r-1")
+                hi = {"messages": [{"role": "user", "content": "hi"}]}
+                ok = await post(policy.chat_completions_url, hi, token=policy.api_key)
+                long = {"messages": [{"role": "user", "content": "hi " * 40}]}
+                refused = await post(policy.chat_completions_url, long, token=policy.api_key)
+                return prompt, ok, refused, engine.requests, gateway.pop_trace("r-1")
+
+    _prompt, ok, refused, seen, trace = run(main)
+    assert ok[0] == 200
+    room = 10 - (adapter == "sglang-generate")  # (SGLang refuses a prompt and cap that fill it exactly)
+    body = seen[0].body
+    assert (body["sampling_params"]["max_new_tokens"] if adapter == "sglang-generate" else body["max_tokens"]) == room
+    assert trace.calls[0].token_in["max_tokens_clamped"] == {"asked": 4096, "sent": room}
+    assert refused[0] == 400
+    assert "context_length" in json.loads(refused[1])["error"]["message"]
+    assert len(seen) == 1  # (the refused call never reached the engine)
+    assert trace.calls[1].status == "bad_request"
+
+
+def test_context_length_is_a_traces_setting(tmp_path, tokenizers_dir):
+    upstream = PolicyEndpoint("http://127.0.0.1:1", "m")
+    table = {"adapter": "sglang-generate", "tokenizer": str(tokenizers_dir["chatml"]), "context_length": 4096}
+    gateway = gateway_from_settings(upstream, table, "c.toml")
+    assert gateway.token_in.context_length == 4096
+    with pytest.raises(ConfigError, match="context_length"):
+        gateway_from_settings(upstream, {**table, "context_length": 1}, "c.toml")
+    with pytest.raises(ConfigError, match="context_length"):
+        gateway_from_settings(upstream, {"adapter": "vllm", "context_length": 4096}, "c.toml")

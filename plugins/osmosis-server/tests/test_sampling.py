@@ -90,8 +90,9 @@ def test_with_traces_the_gateway_sets_them_and_each_traced_call_records_them(ser
         sent = {rid: [r.body for r in upstream.requests_for(rid)] for rid in results}
         assert served.service.gateways.open_count == 1  # one upstream, one gateway
     assert [_sent(body) for body in sent["a"]] == [(1.0, 0.9, 64)] * 2
-    assert [(b["temperature"], b["top_p"], b["max_tokens"], b["stop"]) for b in sent["b"]] == [
-        (0.7, 0.5, 32, ["\n\n"])
+    # the workflow's top_p is not the trainer's to keep: the trainer decides the distribution
+    assert [(b["temperature"], b.get("top_p"), b["max_tokens"], b["stop"]) for b in sent["b"]] == [
+        (0.7, None, 32, ["\n\n"])
     ] * 2
     assert [_sent(body) for body in sent["plain"]] == [OWN] * 2
 
@@ -109,6 +110,7 @@ def test_with_traces_the_gateway_sets_them_and_each_traced_call_records_them(ser
         assert len(trace["calls"]) == 2
         for call in trace["calls"]:
             assert call["sampling"] == sampling
+            assert call["sampling_dropped"] == (["top_p"] if rid == "b" else None)
             assert call["policy_version"] == version
             own = call["request"]
             assert (own["temperature"], own["top_p"], own["max_tokens"]) == OWN  # as the workflow sent them

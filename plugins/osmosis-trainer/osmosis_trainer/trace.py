@@ -129,6 +129,10 @@ class TraceCall:
     sampling: dict[str, Any] | None = None
     """The trainer's sampling settings the gateway set on this call, as sent upstream (over what the
     rollout sent, which :attr:`request` keeps); None when it set none."""
+    sampling_dropped: list[str] | None = None
+    """The rollout's settings that shape the sampling distribution (``top_p``, ``min_p``, penalties...)
+    the trainer's sampling did not set, so the gateway did not send them (the trainer decides the
+    distribution); None when none was dropped."""
     _request: dict[str, Any] | bytes = attrs.field(factory=dict, alias="request", eq=_request_key, repr=False)
     """:attr:`request`, or its JSON text as the gateway keeps it (a fifth of the memory of the dicts)."""
     response: dict[str, Any] | None = None

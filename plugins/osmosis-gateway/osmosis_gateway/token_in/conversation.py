@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from osmosis_gateway.token_in.render import ChatRenderer, TemplateError
+from osmosis_gateway.token_in.render import ChatRenderer, CloseMismatch, TemplateError
 
 __all__ = ["Conversation", "Rendered", "Turn"]
 
@@ -67,6 +67,9 @@ class Turn:
     """(The traced call's own arrays: the conversation holds no copy of them.)"""
     call_index: int
     """The call's index in the rollout (``TraceCall.index``)."""
+    finish_reason: str = "stop"
+    stop_id: int | None = None
+    """The id that ended the answer (:meth:`ChatRenderer.stop_id`), None when none did."""
 
 
 @attrs.frozen
@@ -80,6 +83,8 @@ class Rendered:
     """Why a later call was rendered whole (None for the first call and for incremental ones)."""
     extends: int | None = None
     """The index of the call it extends (``TraceCall.index``)."""
+    note: str | None = None
+    """What an incremental prompt added that the engine did not generate (the close of a turn cut by length)."""
 
 
 def _tools_key(tools: Any) -> str:
@@ -123,12 +128,18 @@ class Conversation:
                 reason = f"an assistant message follows call {turn.call_index}'s answer that the policy did not write"
                 break
             try:
-                ids = renderer.continuation(turn.completion_ids, new, tools, options)
+                ids = renderer.continuation(turn.stop_id, turn.finish_reason, new, tools, options)
+            except CloseMismatch as exc:
+                reason = f"call {turn.call_index}'s answer did not end as the template closes an assistant turn: {exc}"
+                break
             except TemplateError as exc:
                 reason = f"the messages after call {turn.call_index}'s answer cannot be rendered alone: {exc}"
                 break
+            note = None
+            if turn.finish_reason == "length":
+                note = f"call {turn.call_index}'s answer was cut by length: the template's close of its turn follows it"
             prompt = [*turn.prompt_ids, *turn.completion_ids, *ids]
-            return Rendered(prompt, "incremental", None, turn.call_index), seen, tools_key
+            return Rendered(prompt, "incremental", None, turn.call_index, note), seen, tools_key
         if reason is None and self.turns:
             last = self.turns[-1]
             if tools_key != last.tools:
@@ -150,6 +161,12 @@ class Conversation:
         prompt_ids: Sequence[int],
         completion_ids: Sequence[int],
         call_index: int,
+        *,
+        finish_reason: str,
+        stop_id: int | None,
     ) -> None:
-        """Record an answered call (a later one may extend it)."""
-        self.turns.append(Turn(seen, tools_key, same_message(reply), prompt_ids, completion_ids, call_index))
+        """Record an answered call (a later one may extend it): how its answer ended too
+        (``finish_reason``, the engine's; ``stop_id``, :meth:`ChatRenderer.stop_id`)."""
+        reply_key = same_message(reply)
+        turn = Turn(seen, tools_key, reply_key, prompt_ids, completion_ids, call_index, finish_reason, stop_id)
+        self.turns.append(turn)

@@ -32,6 +32,7 @@ __all__ = [
     "engine_request",
     "engine_root",
     "read_engine_answer",
+    "room_for",
     "sampling_of",
 ]
 
@@ -68,6 +69,14 @@ def sampling_of(request: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def room_for(engine: EngineName, context_length: int, prompt_tokens: int) -> int:
+    """The most tokens a call of ``prompt_tokens`` may generate on a server of ``context_length``:
+    what is left of the context (SGLang refuses a prompt and cap that fill it exactly, so one fewer
+    there); 0 or less when the prompt alone fills it."""
+    room = context_length - prompt_tokens
+    return room - 1 if engine == "sglang-generate" else room
+
+
 def engine_request(
     engine: EngineName, prompt_ids: list[int], sampling: dict[str, Any], request_id: str, model: str
 ) -> dict[str, Any]:
@@ -93,6 +102,8 @@ class EngineAnswer:
     """``stop`` or ``length`` (an aborted generation is refused: :func:`read_engine_answer`)."""
     prompt_ids: list[int] | None = None
     """The prompt ids the engine echoed (vLLM's completions do), to check against what was sent."""
+    matched: int | None = None
+    """The stop id the engine says ended the generation (SGLang's ``finish_reason.matched``), if it says."""
 
 
 def _ids(value: Any, what: str) -> list[int]:
@@ -140,7 +151,10 @@ def read_engine_answer(engine: EngineName, doc: Any) -> EngineAnswer:
             raise ValueError("meta_info.output_token_logprobs names other ids than output_ids")
         reason = meta.get("finish_reason")
         kind = reason.get("type") if isinstance(reason, dict) else reason
-        return EngineAnswer(ids, _floats([t[0] for t in triples], "output_token_logprobs"), _finish(kind))
+        matched = reason.get("matched") if isinstance(reason, dict) else None
+        stop = matched if isinstance(matched, int) and not isinstance(matched, bool) else None
+        floats = _floats([t[0] for t in triples], "output_token_logprobs")
+        return EngineAnswer(ids, floats, _finish(kind), matched=stop)
     choices = doc.get("choices")
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         raise ValueError("the answer does not hold one choice")

@@ -20,12 +20,17 @@ from osmosis_gateway.token_in.engines import (
     engine_request,
     engine_root,
     read_engine_answer,
+    room_for,
     sampling_of,
 )
 from osmosis_gateway.token_in.parse import ParsedReply, ToolParser, ToolParserName, load_tool_parser, parse_reply
 from osmosis_gateway.token_in.render import ChatRenderer
 
-__all__ = ["Prepared", "TokenIn"]
+__all__ = ["ContextFull", "Prepared", "Reply", "TokenIn", "tool_choice_notes"]
+
+
+class ContextFull(ValueError):
+    """The call's prompt alone fills the server's context (``context_length``): nothing is left to generate."""
 
 
 def _for_template(message: dict[str, Any]) -> dict[str, Any]:
@@ -67,6 +72,46 @@ class Prepared:
     rendered: Rendered
     seen: list[Any]
     tools_key: str
+    capped: tuple[int, int] | None = None
+    """The cap the call asked for and the one it was sent with, when ``context_length`` lowered it."""
+
+
+@attrs.frozen
+class Reply:
+    """The engine's answer to one call and the assistant turn read out of it."""
+
+    answer: EngineAnswer
+    parsed: ParsedReply
+    stop_id: int | None
+    """The id that ended the generation (not text; :meth:`ChatRenderer.stop_id`)."""
+    notes: dict[str, Any] = attrs.field(factory=dict)
+    """What the call's trace says about the tool calls beyond their count (``tool_choice``, unknown tools)."""
+
+
+def _function_name(tool: Any) -> str | None:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def tool_choice_notes(
+    tool_choice: Any, tools: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """What a call's trace records about its parsed ``calls`` against the request: a ``tool_choice``
+    of ``required`` or a named function (the gateway parses the text as generated: only constrained
+    decoding could enforce either), whether the answer met it; calls naming a tool the request did
+    not offer (kept, not dropped)."""
+    notes: dict[str, Any] = {}
+    names = [_function_name(call) for call in calls]
+    wanted = _function_name(tool_choice) if isinstance(tool_choice, dict) else None
+    if tool_choice == "required" or wanted is not None:
+        met = bool(calls) if wanted is None else bool(calls) and all(n == wanted for n in names)
+        notes["tool_choice_not_enforced"] = {"tool_choice": wanted or "required", "met": met}
+    offered = {_function_name(tool) for tool in tools}
+    unknown = sorted({n for n in names if n is not None and n not in offered})
+    if unknown:
+        notes["unknown_tools"] = unknown
+    return notes
 
 
 class TokenIn:
@@ -77,11 +122,15 @@ class TokenIn:
     :param chat_template: a ``.jinja`` file replacing the folder's template.
     :param tool_parser: ``hermes``, ``llama3_json``, ``mistral``, or the import path of a parser of
         the model's own format, ``"package.module:function"`` (:mod:`.parse`).
-    :raises ValueError: an unknown engine or parser; a folder that cannot serve (named).
+    :param context_length: the engine's context length (its ``--context-length``, vLLM's
+        ``--max-model-len``): each call's cap is clamped to what its prompt leaves of it, and a call
+        whose prompt alone fills it is refused.
+    :raises ValueError: an unknown engine or parser, a bad ``context_length``; a folder that cannot
+        serve (named).
     :raises ImportError: ``tokenizers`` or ``jinja2`` is not installed (``osmosis-gateway[token-in]``).
     """
 
-    __slots__ = ("_parse", "engine", "renderer", "tool_parser")
+    __slots__ = ("_parse", "context_length", "engine", "renderer", "tool_parser")
 
     def __init__(
         self,
@@ -90,9 +139,15 @@ class TokenIn:
         *,
         chat_template: str | Path | None = None,
         tool_parser: ToolParserName | str = "hermes",
+        context_length: int | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"a token-in engine is one of {', '.join(ENGINES)}, got {engine!r}")
+        if context_length is not None and (type(context_length) is not int or context_length < 2):
+            raise ValueError(f"context_length is a whole number of tokens >= 2, got {context_length!r}")
+        self.context_length = context_length
+        """The server's context (prompt and generation), in tokens: each call's cap is clamped to what
+        its prompt leaves (None: not known, the cap goes as set)."""
         missing = [name for name in ("tokenizers", "jinja2") if importlib.util.find_spec(name) is None]
         if missing:
             raise ImportError(
@@ -114,7 +169,8 @@ class TokenIn:
         trainer's sampling already set on it).
 
         :raises ValueError: not a request the gateway can render (``n`` > 1, messages that are not
-            objects); :class:`~.render.TemplateError`: the template refused it.
+            objects); :class:`~.render.TemplateError`: the template refused it; :class:`ContextFull`:
+            its prompt alone fills ``context_length``.
         """
         messages = request.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -129,24 +185,47 @@ class TokenIn:
             raise ValueError("chat_template_kwargs must be an object")
         messages = [_for_template(m) for m in messages]
         rendered, seen, tools_key = conversation.prompt(self.renderer, messages, tools or None, options)
-        body = engine_request(self.engine, rendered.prompt_ids, sampling_of(request), request_id, model)
-        return Prepared(body, rendered, seen, tools_key)
+        sampling = sampling_of(request)
+        capped = None
+        if self.context_length is not None:
+            room = room_for(self.engine, self.context_length, len(rendered.prompt_ids))
+            if room < 1:
+                raise ContextFull(
+                    f"the prompt is {len(rendered.prompt_ids)} tokens and fills the server's context_length "
+                    f"({self.context_length}): nothing is left to generate"
+                )
+            if sampling["max_tokens"] > room:
+                capped = (sampling["max_tokens"], room)
+                sampling["max_tokens"] = room
+        body = engine_request(self.engine, rendered.prompt_ids, sampling, request_id, model)
+        return Prepared(body, rendered, seen, tools_key, capped)
 
-    def reply(self, doc: Any, tools: Sequence[Mapping[str, Any]] = ()) -> tuple[EngineAnswer, ParsedReply]:
-        """The engine's answer ``doc`` and the assistant turn its generated ids hold (``tools``: the
-        request's, which a parser of a model's own format is given).
+    def reply(self, doc: Any, request: Mapping[str, Any]) -> Reply:
+        """The engine's answer ``doc`` and the assistant turn its generated ids hold, for the chat
+        ``request`` it answers: tool calls are read only when the request offers tools and its
+        ``tool_choice`` is not ``none`` (as vLLM does; a parser of a model's own format is given the
+        tools); the id that stopped the generation is not text.
 
         :raises ValueError: ``doc`` is not the engine's answer.
         """
         answer = read_engine_answer(self.engine, doc)
-        return answer, parse_reply(self.renderer.decode(answer.token_ids), self._parse, tools)
+        stop = self.renderer.stop_id(answer.token_ids, answer.finish_reason, answer.matched)
+        text = self.renderer.decode(answer.token_ids, answer.finish_reason, answer.matched)
+        tools = request.get("tools") or ()
+        choice = request.get("tool_choice")
+        if not tools or choice == "none":
+            return Reply(answer, ParsedReply(text), stop)
+        parsed = parse_reply(text, self._parse, tools)
+        return Reply(answer, parsed, stop, tool_choice_notes(choice, tools, parsed.tool_calls))
 
     def completion(
         self, answer: EngineAnswer, parsed: ParsedReply, *, prompt_tokens: int, model: str, request_id: str,
         logprobs: bool,
     ) -> dict[str, Any]:  # fmt: skip
-        """The chat completion the rollout gets (with ``logprobs`` content when it asked)."""
-        finish = "tool_calls" if parsed.tool_calls else answer.finish_reason
+        """The chat completion the rollout gets (with ``logprobs`` content when it asked): its finish
+        reason ``tool_calls`` when it holds calls and the engine stopped, ``length`` whenever the
+        engine cut it (as vLLM says: a trainer's truncation check must see it)."""
+        finish = "tool_calls" if parsed.tool_calls and answer.finish_reason == "stop" else answer.finish_reason
         choice: dict[str, Any] = {"index": 0, "message": parsed.message(), "logprobs": None, "finish_reason": finish}
         if logprobs:
             token = self.renderer.tokenizer.id_to_token

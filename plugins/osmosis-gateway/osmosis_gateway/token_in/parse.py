@@ -1,14 +1,15 @@
 """Tool calls read out of the text a policy generated, in the formats models are trained on.
 
 * ``hermes`` (Qwen 2.5/3, Hermes, most open models): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
-  one block per call, text around them the message's content.
+  one block per call (a last one left open when its JSON is whole, as vLLM reads it), text around
+  them the message's content; only the text after the last ``</think>`` is read for calls.
 * ``llama3_json`` (Llama 3.1-3.3): the whole answer is a JSON object ``{"name": ..., "parameters": {...}}``
   (after an optional ``<|python_tag|>``), several separated by ``;``.
 * ``mistral``: ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments"}`` (v3 tokenizers), or
   ``name[ARGS]{...}`` per call (v11+); text before it the content.
 
-What cannot be read as the format's calls (broken JSON, a call without a name, a block never
-closed) is never guessed at: the whole text reaches the rollout as a plain assistant message and the
+What cannot be read as the format's calls (broken JSON, a call without a name, a block not
+closed before more text) is never guessed at: the whole text reaches the rollout as a plain assistant message and the
 reason is returned (the gateway counts it on the traced call).
 
 A model with a format of its own gets a parser of its own, named by import path
@@ -27,7 +28,6 @@ request's tools; a ``ValueError`` it raises, or an answer not of that shape, is 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import string
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +44,9 @@ ToolParser = Callable[[str, Sequence[Mapping[str, Any]]], tuple[str | None, list
 the calls in OpenAI's shape (``{"function": {"name", "arguments": "<JSON text>"}}``; ``id`` and
 ``type`` are filled in when missing)."""
 
-_HERMES: Final = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_HERMES_OPEN: Final = "<tool_call>"
+_HERMES_CLOSE: Final = "</tool_call>"
+_THINK_END: Final = "</think>"
 _PYTHON_TAG: Final = "<|python_tag|>"
 _MISTRAL: Final = "[TOOL_CALLS]"
 _MISTRAL_ARGS: Final = "[ARGS]"
@@ -100,16 +102,51 @@ def _content(text: str) -> str | None:
     return text or None
 
 
+def _hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """The ``<tool_call>`` blocks of ``text`` (after any reasoning) and the text around them. Each
+    block's JSON is read as JSON (a ``</tool_call>`` inside an argument's string does not end it);
+    a last block left open is a call when its JSON is whole and nothing follows it (vLLM's
+    ``<tool_call>(.*?)</tool_call>|<tool_call>(.*)``: a stop on ``</tool_call>`` leaves it off).
+
+    :raises ValueError: a block's JSON is broken, or text follows it without ``</tool_call>``.
+    """
+    decoder = json.JSONDecoder()
+    calls: list[dict[str, Any]] = []
+    pieces: list[str] = []
+    at = 0
+    while (start := text.find(_HERMES_OPEN, at)) >= 0:
+        pieces.append(text[at:start])
+        begin = _skip_space(text, start + len(_HERMES_OPEN))
+        value, end = decoder.raw_decode(text, begin)
+        end = _skip_space(text, end)
+        if text.startswith(_HERMES_CLOSE, end):
+            at = end + len(_HERMES_CLOSE)
+        elif end == len(text):
+            at = end
+        else:
+            raise ValueError("a <tool_call> block is not closed")
+        calls.append(_call(value, "hermes"))
+    rest = "".join([*pieces, text[at:]])
+    if _HERMES_CLOSE in rest:
+        raise ValueError("a </tool_call> has no <tool_call>")
+    return rest, calls
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
 def _hermes(text: str) -> ParsedReply:
-    if "<tool_call>" not in text:
+    """Calls are read after the last ``</think>`` only: a ``<tool_call>`` a model mentions while it
+    reasons is not a call (the reasoning stays in the content, as it was generated)."""
+    cut = text.rfind(_THINK_END)
+    thought, answer = ("", text) if cut < 0 else (text[: cut + len(_THINK_END)], text[cut + len(_THINK_END) :])
+    if _HERMES_OPEN not in answer and _HERMES_CLOSE not in answer:
         return ParsedReply(text)
-    calls = []
-    for match in _HERMES.finditer(text):
-        calls.append(_call(json.loads(match.group(1)), "hermes"))
-    rest = _HERMES.sub("", text)
-    if "<tool_call>" in rest or "</tool_call>" in rest:
-        raise ValueError("a <tool_call> block is not closed")
-    return ParsedReply(_content(rest), calls)
+    rest, calls = _hermes_calls(answer)
+    return ParsedReply(_content(thought + rest), calls)
 
 
 def _json_objects(text: str) -> list[Any]:

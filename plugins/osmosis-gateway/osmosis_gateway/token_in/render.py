@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     import jinja2
+    import jinja2.ext
     import tokenizers
 
-__all__ = ["ChatRenderer", "TemplateError", "TokenizerFolderError"]
+__all__ = ["ChatRenderer", "CloseMismatch", "TemplateError", "TokenizerFolderError"]
 
 _SENTINEL: Final = "OSMOSIS-END-OF-ASSISTANT-7f3a"
 """The content of the base conversation's assistant message: where it ends in the rendered text,
@@ -40,6 +41,11 @@ class TemplateError(ValueError):
     """The chat template refused the conversation (its ``raise_exception``) or failed to render it."""
 
 
+class CloseMismatch(ValueError):
+    """An answer did not end the way the template closes an assistant turn (it stopped on another
+    special token, or on a stop string): the ids after it cannot be appended without a guess."""
+
+
 class TokenizerFolderError(ValueError):
     """A tokenizer folder that cannot serve: a file missing or unreadable, no chat template."""
 
@@ -51,9 +57,32 @@ def _config_token(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _generation_extension() -> type[jinja2.ext.Extension]:
+    """``{% generation %}...{% endgeneration %}`` (TRL's ``*_training.jinja``, transformers'
+    ``AssistantTracker``): the body rendered as it is, in a scope of its own as transformers renders
+    it; the marks only tell transformers which characters the assistant wrote, which the gateway
+    knows from the ids it sent and got."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            text: str = caller()
+            return text
+
+    return Generation
+
+
 def _environment() -> jinja2.Environment:
     """transformers' template environment (``_compile_jinja_template``): sandboxed, trimmed blocks,
-    loop controls, its ``tojson`` and its two globals."""
+    loop controls, ``{% generation %}`` marks, its ``tojson`` and its two globals."""
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -68,7 +97,9 @@ def _environment() -> jinja2.Environment:
     def strftime_now(format: str) -> str:
         return datetime.now().strftime(format)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_extension()]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -143,6 +174,11 @@ class ChatRenderer:
             stop.update(i for i in (ids if isinstance(ids, list) else [ids]) if isinstance(i, int))
         self.stop_ids: frozenset[int] = frozenset(stop)
         """Ids that end a turn (the config's ``eos_token``, ``generation_config.json``'s ``eos_token_id``)."""
+        self.special_ids: frozenset[int] = frozenset(
+            i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special
+        )
+        """The tokenizer's special tokens (``<|endoftext|>``, ``<|eom_id|>``, ``<end_of_turn>``): one
+        that ends a generation the engine says stopped is the stop, not text."""
 
     def render(
         self,
@@ -176,9 +212,24 @@ class ChatRenderer:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """The text of generated ids, special tokens kept (``[TOOL_CALLS]`` is one) but a final stop id."""
-        if ids and ids[-1] in self.stop_ids:
+    def stop_id(self, ids: Sequence[int], finish_reason: str, matched: int | None = None) -> int | None:
+        """The id that ended a generation of ``ids`` (not text), or None: its last id when it is one of
+        :attr:`stop_ids`, or when the engine says it stopped (``finish_reason`` ``stop``) and that id
+        is a special token of the tokenizer or the one the engine says it ``matched`` (SGLang's
+        ``finish_reason.matched``). A model may stop on another special token than the config's
+        ``eos_token`` (Qwen's ``<|endoftext|>``, Llama 3.1's ``<|eom_id|>``, Gemma's ``<end_of_turn>``,
+        Phi-3's ``<|end|>``) when the engine's stop ids say so."""
+        if not ids:
+            return None
+        last = ids[-1]
+        if last in self.stop_ids or (finish_reason == "stop" and (last in self.special_ids or last == matched)):
+            return last
+        return None
+
+    def decode(self, ids: Sequence[int], finish_reason: str = "stop", matched: int | None = None) -> str:
+        """The text of generated ids, special tokens kept (``[TOOL_CALLS]`` is one) but the id that
+        ended the generation (:meth:`stop_id`)."""
+        if self.stop_id(ids, finish_reason, matched) is not None:
             ids = ids[:-1]
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)
         return text
@@ -194,15 +245,21 @@ class ChatRenderer:
 
     def continuation(
         self,
-        generated: Sequence[int],
+        stop_id: int | None,
+        finish_reason: str,
         new: Sequence[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         options: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """The ids that follow an assistant turn of ``generated`` ids when ``new`` messages (a tool's
-        answers, a user's next words) come after it: the close of the assistant turn the engine did
-        not generate (``\\n`` after Qwen's ``<|im_end|>``; all of it after a turn cut by length), then
-        the rendering of ``new`` alone with the generation prompt.
+        """The ids that follow an assistant turn when ``new`` messages (a tool's answers, a user's next
+        words) come after it: the close of the assistant turn the engine did not generate (``\\n``
+        after Qwen's ``<|im_end|>``; all of it after a turn cut by length), then the rendering of
+        ``new`` alone with the generation prompt.
+
+        The turn ended with ``stop_id`` (:meth:`stop_id`; None when none) and ``finish_reason``: a
+        turn that stopped on the token the template's close begins with is extended after it; one
+        cut by length gets the whole close; any other end (another special token, a stop string) is
+        refused with :class:`CloseMismatch`, never appended to.
 
         ``new`` is rendered after a fixed base conversation ending in an assistant message, and all
         up to that message's content cut off (as verl's and slime's agent loops cut a base's
@@ -211,13 +268,25 @@ class ChatRenderer:
         assistant content (a Qwen3 ``<think>`` block on the last assistant turn) does not matter.
 
         :raises TemplateError: the template refused, or does not write the base's assistant content
-            as it is (the turn's end cannot be found).
+            as it is (the turn's end cannot be found); :class:`CloseMismatch`: the turn did not end
+            as the template closes one.
         """
         whole = self.render([*_BASE, *new], tools or None, add_generation_prompt=True, options=options)
         at = whole.find(_SENTINEL)
         if at < 0 or whole.find(_SENTINEL, at + 1) >= 0:
             raise TemplateError("the template does not write an earlier assistant message's content as it is")
         after = self.encode(whole[at + len(_SENTINEL) :])
-        # the part of the turn's close the engine generated (its stop token) is not sent again
-        done = next((k for k in range(min(len(after), len(generated)), 0, -1) if list(generated[-k:]) == after[:k]), 0)
-        return after[done:]
+        close = self.tokenizer.id_to_token(after[0]) if after else None
+        if stop_id is not None:
+            if after[:1] == [stop_id]:  # the close's first id the engine generated is not sent again
+                return after[1:]
+            raise CloseMismatch(
+                f"it ended with {self.tokenizer.id_to_token(stop_id)!r}, not {close!r}, which begins the "
+                "template's close of an assistant turn"
+            )
+        if finish_reason != "length":
+            raise CloseMismatch(
+                f"it stopped without a stop token at its end (a stop string?), not on {close!r}, which begins "
+                "the template's close of an assistant turn"
+            )
+        return after
