@@ -396,7 +396,8 @@ print("plugins:", ", ".join(f"{p.name} ({p.provider})" for p in registry.plugins
 def bench(session: nox.Session) -> None:
     """The benchmarks, with every plugin installed: overhead and throughput ratios (printed, not asserted)."""
     # pebble: bench/graders.py measures the CAS pool against pebble's ProcessPool (bench/_pebble_cas.py)
-    session.install("-e", ".", *[arg for p in LOCAL for arg in ("-e", f"plugins/{p}")], "httpx", "pebble")
+    plugins = [f"plugins/{p}[token-in]" if p == "osmosis-gateway" else f"plugins/{p}" for p in LOCAL]
+    session.install("-e", ".", *[arg for p in plugins for arg in ("-e", p)], "httpx", "pebble")
     _compile_sources(session, "osmosis_core", "plugins")
     for script in sorted((ROOT / "bench").glob("[!_]*.py")):  # _name.py: a module the scripts import
         session.run("python", str(script), *session.posargs)

@@ -84,18 +84,20 @@ def render_parse(tokenizer: str, rounds: int = 300) -> tuple[float, float]:
         started = time.process_time()
         prepared = token_in.prepare(conversation, {"messages": messages, "tools": TOOLS}, "r-0", "m")
         generated = [*renderer.encode(calculator_text(renderer.tokenizer.decode(prepared.rendered.prompt_ids))), 2]
-        parsed = token_in.reply({"output_ids": generated, "meta_info": {"finish_reason": {"type": "stop"},
-                                 "output_token_logprobs": [[-0.1, i, None] for i in generated]}})[1]  # fmt: skip
+        request = {"messages": messages, "tools": TOOLS}
+        reply = token_in.reply({"output_ids": generated, "meta_info": {"finish_reason": {"type": "stop"},
+                                "output_token_logprobs": [[-0.1, i, None] for i in generated]}}, request)  # fmt: skip
         firsts += time.process_time() - started
-        message = parsed.message()
-        conversation.answered(prepared.seen, prepared.tools_key, message, prepared.rendered.prompt_ids, generated, 0)
+        message = reply.parsed.message()
+        conversation.answered(prepared.seen, prepared.tools_key, message, prepared.rendered.prompt_ids, generated, 0,
+                              finish_reason=reply.answer.finish_reason, stop_id=reply.stop_id)  # fmt: skip
         call = message["tool_calls"][0]
         messages = [*messages, message, {"role": "tool", "tool_call_id": call["id"], "content": "84"}]
         started = time.process_time()
         prepared = token_in.prepare(conversation, {"messages": messages, "tools": TOOLS}, "r-1", "m")
         assert prepared.rendered.mode == "incremental"
         token_in.reply({"output_ids": generated, "meta_info": {"finish_reason": {"type": "stop"},
-                        "output_token_logprobs": [[-0.1, i, None] for i in generated]}})  # fmt: skip
+                        "output_token_logprobs": [[-0.1, i, None] for i in generated]}}, request)  # fmt: skip
         seconds += time.process_time() - started
     return firsts / rounds * 1000, seconds / rounds * 1000
 
