@@ -35,9 +35,9 @@ HTTP is aiohttp's, both ways: its low-level server (keep-alive, pipelining, flow
 a request line or header over 64 KiB gets 431, a body over 64 MiB 413; a connection idle 75 s is
 closed) and the core's pooled client session (one path for plain http, https and proxies). One
 process takes 0.26-0.30 ms of CPU per whole call and about 0.4 ms per streamed one
-(``bench/gateway_overhead.py`` on a quiet 2-core machine): some 2,500 calls a second per core. Rollouts are independent, so more is more gateways, each a process (one per
-upstream, as ``osmosis serve --traces`` keeps them, or one per trainer node), never a protocol of
-our own.
+(``bench/gateway_overhead.py`` on a quiet 2-core machine): some 3,000 calls a second per core.
+Rollouts are independent, so more is more gateways, each a process (one per upstream, as ``osmosis
+serve --traces`` keeps them, or one per trainer node), never a protocol of our own.
 """
 
 from __future__ import annotations
