@@ -628,6 +628,19 @@ class RolloutClient:
         self._check_echo(request, result)
         return result
 
+    async def run_to_result(self, request: RolloutRequest) -> RolloutResult:
+        """:meth:`run`, with a per-rollout client error (the server unreachable, the rollout lost, a
+        409, a 5xx, a broken answer) returned as that rollout's failed result (:func:`failed_rollout`),
+        as a trainer masks it; a setup refusal (401, 422) and anything else still raise. Every
+        trainer adapter runs a rollout this way (and :meth:`run_many` each of its requests)."""
+        try:
+            return await self.run(request)
+        except Exception as exc:
+            failed = failed_rollout(request.rollout_id, exc)
+            if failed is None:
+                raise
+            return failed
+
     def _check_echo(self, request: RolloutRequest, result: RolloutResult) -> None:
         """Warn once when the server ran a rollout without echoing the trainer's sampling settings:
         it ignored them (a server older than osmosis-server 0.2, or another one), so the agent's own
@@ -710,13 +723,8 @@ class RolloutClient:
                     if request is None:
                         break
                     in_flight.add(request.rollout_id)
-                    try:
-                        result = await self.run(request)
-                    except Exception as exc:
-                        failed = failed_rollout(request.rollout_id, exc)
-                        if failed is None:  # a setup refusal (401, 422) or a bug: the consumer raises it
-                            raise
-                        result = failed
+                    try:  # (a setup refusal or a bug raises: the consumer gets it)
+                        result = await self.run_to_result(request)
                     finally:
                         in_flight.discard(request.rollout_id)
                     await queue.put(result)

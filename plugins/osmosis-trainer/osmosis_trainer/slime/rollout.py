@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-from osmosis_trainer.client import RolloutClient, RolloutRequest, RolloutResult, failed_rollout
+from osmosis_trainer.client import RolloutClient, RolloutRequest
 from osmosis_trainer.records import Message, jsonable
 from osmosis_trainer.sglang import sampling_from_sglang
 from osmosis_trainer.slime.convert import samples_of
@@ -108,18 +108,6 @@ def _policy_url(args: Any) -> str:
     return f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
 
 
-async def _run(client: RolloutClient, request: RolloutRequest) -> RolloutResult:
-    """The rollout's result; a per-rollout client error as a failed one (its sample removed), a
-    setup refusal (401, 422) raised (:func:`~osmosis_trainer.client.failed_rollout`)."""
-    try:
-        return await client.run(request)
-    except Exception as exc:
-        failed = failed_rollout(request.rollout_id, exc)
-        if failed is None:
-            raise
-        return failed
-
-
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> list[Any]:
     """One rollout of ``osmosis serve`` for ``sample`` (see the module docstring): always a
     ``list[Sample]``, ``[sample]`` filled, or one per sequence sharing its ``rollout_id``. A failed
@@ -153,7 +141,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
         agent_timeout_sec=float(timeout) if timeout else None,
     )
     client = RolloutClient(server_url, token=os.environ.get(DEFAULT_TOKEN_ENV, ""))
-    result = await _run(client, request)
+    result = await client.run_to_result(request)
     context = getattr(args, "eval_max_context_len" if evaluation else "rollout_max_context_len", None)
     samples = samples_of(
         result,

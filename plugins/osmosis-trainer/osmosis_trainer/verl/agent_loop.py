@@ -38,7 +38,7 @@ import attrs
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from osmosis_trainer.bridge import TokenBridge
-from osmosis_trainer.client import RolloutClient, RolloutRequest, RolloutResult, failed_rollout
+from osmosis_trainer.client import RolloutClient, RolloutRequest
 from osmosis_trainer.records import jsonable
 from osmosis_trainer.sampling import SamplingParams
 from osmosis_trainer.verl.convert import agent_loop_fields, row_label, sampling_from_verl
@@ -319,18 +319,6 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
             agent_timeout_sec=self.agent_timeout_sec,
         )
 
-    @staticmethod
-    async def _run(client: RolloutClient, request: RolloutRequest) -> RolloutResult:
-        """The rollout's result; a per-rollout client error as a failed one (a masked output), a
-        setup refusal (401, 422) raised (:func:`~osmosis_trainer.client.failed_rollout`)."""
-        try:
-            return await client.run(request)
-        except Exception as exc:
-            failed = failed_rollout(request.rollout_id, exc)
-            if failed is None:
-                raise
-            return failed
-
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """One rollout of ``osmosis serve`` for this row, as verl's ``AgentLoopOutput`` (never raised
         for a failed rollout: a masked output says why in ``extra_fields``)."""
@@ -343,7 +331,7 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
             request = attrs.evolve(request, chat_completions_url=shared.bridge.url, llm_api_key=shared.bridge.api_key)
         client = RolloutClient(self.server_url, token=os.environ.get(self.token_env, ""))
         try:
-            result = await self._run(client, request)
+            result = await client.run_to_result(request)
         finally:
             usage = shared.bridge.pop_usage(rollout_id) if shared is not None else None
             extras = shared.engine.pop_extras(rollout_id) if shared is not None else None
