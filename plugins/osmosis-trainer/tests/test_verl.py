@@ -263,6 +263,22 @@ class ClampingServerManager(ServerManager):
         return TokenOutput(token_ids=[7] * max_tokens, log_probs=[-0.1] * max_tokens, stop_reason="completed")
 
 
+def bridge_generate(loop: OsmosisAgentLoop, payload: dict[str, Any]) -> dict[str, Any]:
+    """POST ``payload`` to the loop's token-in bridge (SGLang's ``/generate``), as the gateway does; its answer."""
+
+    async def one() -> dict[str, Any]:
+        shared = await loop._shared()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(shared.bridge.url + "/generate", json=payload) as response,
+        ):
+            answer: dict[str, Any] = await response.json()
+        await close_bridges()
+        return answer
+
+    return asyncio.run(one())
+
+
 @pytest.mark.parametrize(
     ("max_model_len", "prompt", "requested", "generated", "finish"),
     [
@@ -276,19 +292,8 @@ def test_a_generation_cut_by_the_context_is_a_length_finish(max_model_len, promp
     manager = ClampingServerManager(max_model_len or PROMPT_LENGTH + RESPONSE_LENGTH)
     loop = agent_loop(manager, config=verl_config(max_model_len=max_model_len), server_url="http://127.0.0.1:9")
 
-    async def one():
-        shared = await loop._shared()
-        sampling = {} if requested is None else {"max_new_tokens": requested}
-        payload = {"input_ids": [5] * prompt, "sampling_params": sampling, "return_logprob": True}
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(shared.bridge.url + "/generate", json=payload) as response,
-        ):
-            answer = await response.json()
-        await close_bridges()
-        return answer
-
-    answer = asyncio.run(one())
+    sampling = {} if requested is None else {"max_new_tokens": requested}
+    answer = bridge_generate(loop, {"input_ids": [5] * prompt, "sampling_params": sampling, "return_logprob": True})
     assert len(answer["output_ids"]) == generated
     assert answer["meta_info"]["finish_reason"]["type"] == finish
 
@@ -384,18 +389,7 @@ def test_an_aborted_generation_and_the_sglang_backend():
     manager = ServerManager(stop_reason="aborted")
     loop = agent_loop(manager, config=verl_config(name="sglang"), server_url="http://127.0.0.1:9")
 
-    async def one():
-        shared = await loop._shared()
-        payload = {"input_ids": [1], "sampling_params": {"max_new_tokens": 8, "sampling_seed": 3}}
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(shared.bridge.url + "/generate", json=payload) as response,
-        ):
-            answer = await response.json()
-        await close_bridges()
-        return answer
-
-    answer = asyncio.run(one())
+    answer = bridge_generate(loop, {"input_ids": [1], "sampling_params": {"max_new_tokens": 8, "sampling_seed": 3}})
     assert answer["meta_info"]["finish_reason"]["type"] == "abort"
     assert manager.calls[0][2] == {"max_new_tokens": 8, "sampling_seed": 3, "logprobs": True}  # SGLang's names
 
