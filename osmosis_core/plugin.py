@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from osmosis_core.lifecycle import run_grader as run_grader
     from osmosis_core.lifecycle import run_workflow as run_workflow
     from osmosis_core.policy import chat_completion_problem as chat_completion_problem
+    from osmosis_core.sampling import DISTRIBUTION_PARAMS as DISTRIBUTION_PARAMS
     from osmosis_core.sampling import SAMPLING_PARAMS as SAMPLING_PARAMS
     from osmosis_core.sampling import agent_distribution as agent_distribution
     from osmosis_core.sampling import apply_sampling as apply_sampling
@@ -127,6 +128,7 @@ _public_getattr, __dir__, __all__ = _reexport.attach(
         "lifecycle": ["Rollout", "run_grader", "run_workflow"],
         "policy": ["chat_completion_problem"],
         "sampling": [
+            "DISTRIBUTION_PARAMS",
             "SAMPLING_PARAMS",
             "agent_distribution",
             "apply_sampling",

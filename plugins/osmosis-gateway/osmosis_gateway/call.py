@@ -51,6 +51,7 @@ from aiohttp import (
 
 from osmosis_core.frontend import finite_json
 from osmosis_core.plugin import (
+    SAMPLING_PARAMS,
     ResponseTooLarge,
     agent_distribution,
     apply_sampling,
@@ -96,6 +97,8 @@ _READ_FIELDS: Final = (
     "logprobs",
     "return_tokens_as_token_ids",
     POLICY_VERSION_FIELD,
+    *SAMPLING_PARAMS,  # (the trainer's rule and a token-in call read them: a null is then unset)
+    "max_completion_tokens",
 )
 """The request fields the gateway reads (the adapters' too); the rest (``messages``, ``tools``) stays JSON text."""
 
@@ -340,8 +343,7 @@ class ModelCall:
         """A call to a token-in engine: the conversation rendered to ids (incrementally), sent to
         the engine's token route, its generated ids read back as a chat completion (tool calls
         parsed), streamed or not as the rollout asked; the trace holds the ids the engine saw."""
-        from osmosis_gateway.token_in import Conversation, TemplateError
-        from osmosis_gateway.token_in.exchange import ContextFull
+        from osmosis_gateway.token_in import ContextFull, Conversation, TemplateError
 
         token_in = self.upstream.token_in
         assert token_in is not None

@@ -763,18 +763,28 @@ def test_context_length_clamps_each_calls_cap_and_refuses_a_prompt_that_fills_it
                 ok = await post(policy.chat_completions_url, hi, token=policy.api_key)
                 long = {"messages": [{"role": "user", "content": "hi " * 40}]}
                 refused = await post(policy.chat_completions_url, long, token=policy.api_key)
-                return prompt, ok, refused, engine.requests, gateway.pop_trace("r-1")
+                own = [  # the agent's own cap: over the room, under it, null (unset), not a count
+                    await post(policy.chat_completions_url, {**hi, "max_tokens": cap}, token=policy.api_key)
+                    for cap in (500, 3, None, "many")
+                ]
+                return prompt, ok, refused, own, engine.requests, gateway.pop_trace("r-1")
 
-    _prompt, ok, refused, seen, trace = run(main)
+    _prompt, ok, refused, own, seen, trace = run(main)
     assert ok[0] == 200
+    assert [status for status, _ in own] == [200, 200, 200, 400]
+    name = "max_new_tokens" if adapter == "sglang-generate" else "max_tokens"
+    caps = [(r.body["sampling_params"] if adapter != "vllm-completions" else r.body)[name] for r in seen[1:]]
+    room_here = 10 - (adapter == "sglang-generate")
+    assert caps == [room_here, 3, room_here]  # (a null is unset: the default, clamped)
+    assert "max_tokens must be a count of tokens" in json.loads(own[3][1])["error"]["message"]
     room = 10 - (adapter == "sglang-generate")  # (SGLang refuses a prompt and cap that fill it exactly)
     body = seen[0].body
     assert (body["sampling_params"]["max_new_tokens"] if adapter == "sglang-generate" else body["max_tokens"]) == room
     assert trace.calls[0].token_in["max_tokens_clamped"] == {"asked": 4096, "sent": room}
     assert refused[0] == 400
     assert "context_length" in json.loads(refused[1])["error"]["message"]
-    assert len(seen) == 1  # (the refused call never reached the engine)
-    assert trace.calls[1].status == "bad_request"
+    assert len(seen) == 4  # (the refused calls never reached the engine)
+    assert [c.status for c in trace.calls] == ["ok", "bad_request", "ok", "ok", "ok", "bad_request"]
 
 
 def test_context_length_is_a_traces_setting(tmp_path, tokenizers_dir):

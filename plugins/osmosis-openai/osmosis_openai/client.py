@@ -52,6 +52,7 @@ from osmosis_core import ROLLOUT_ID_HEADER, PolicyError, current_rollout_context
 from osmosis_core.plugin import (
     DEFAULT_MAX_RESPONSE_BYTES,
     KEEPALIVE_SEC,
+    agent_distribution,
     chat_completion_problem,
     clip,
     on_close,
@@ -333,11 +334,14 @@ def _with_sampling(params: dict[str, Any], body: dict[str, Any], sampling: Mappi
     """``create``'s keywords with a trainer's ``sampling`` set over the request's fields: in
     ``extra_body``, which openai merges over the body last (so the settings win over the typed
     keywords and over an ``extra_body`` of the framework's), by the name(s) the request gave its cap
-    (:func:`osmosis_core.plugin.sampling_overrides`)."""
+    (:func:`osmosis_core.plugin.sampling_overrides`); the framework's distribution settings the
+    trainer did not set (:func:`osmosis_core.plugin.agent_distribution`) sent as null, which servers
+    read as unset (their default, which the trainer's loss assumes)."""
     extra = params.get("extra_body")
     extra = dict(extra) if isinstance(extra, Mapping) else {}
     overrides = sampling_overrides(sampling, body.keys() | extra.keys())
-    return {**params, "extra_body": {**extra, **overrides}}
+    dropped = dict.fromkeys(agent_distribution({**body, **extra}, sampling))
+    return {**params, "extra_body": {**extra, **dropped, **overrides}}
 
 
 def _loop_client() -> tuple[Any, dict[_ViewKey, Any]]:

@@ -248,18 +248,19 @@ def test_an_agent_loop_config_entry_runs_osmosis_rollouts_through_verls_worker_i
 
 
 class ClampingServerManager(ServerManager):
-    """verl's vLLM server's budget (``vllm_async_server.generate``, 0.9.1): ``max_tokens`` lowered to
-    ``max_model_len - len(prompt)``; it never ends on an end-of-sequence token here (a length cut),
-    and says ``"completed"`` for it."""
+    """verl's servers' budget (0.9.1): ``max_tokens`` lowered to ``max_model_len - len(prompt)``
+    (``vllm_async_server.generate``), one fewer on SGLang (``async_sglang_server.generate``); it never
+    ends on an end-of-sequence token here (a length cut), and says ``"completed"`` for it."""
 
-    def __init__(self, max_model_len):
+    def __init__(self, max_model_len, engine="vllm"):
         super().__init__()
         self.max_model_len = max_model_len
+        self.unused = 1 if engine == "sglang" else 0
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         self.calls.append((request_id, list(prompt_ids), dict(sampling_params)))
-        max_tokens = sampling_params.get("max_tokens", RESPONSE_LENGTH)
-        max_tokens = max(1, min(max_tokens, self.max_model_len - len(prompt_ids)))
+        max_tokens = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens", RESPONSE_LENGTH))
+        max_tokens = max(1, min(max_tokens, self.max_model_len - len(prompt_ids) - self.unused))
         return TokenOutput(token_ids=[7] * max_tokens, log_probs=[-0.1] * max_tokens, stop_reason="completed")
 
 
@@ -279,23 +280,45 @@ def bridge_generate(loop: OsmosisAgentLoop, payload: dict[str, Any]) -> dict[str
     return asyncio.run(one())
 
 
+MODEL_CONTEXT = 600
+"""The test model's ``max_position_embeddings`` (its ``config.json``): verl's context when
+``max_model_len`` is unset."""
+
+
 @pytest.mark.parametrize(
-    ("max_model_len", "prompt", "requested", "generated", "finish"),
+    ("max_model_len", "engine", "prompt", "requested", "generated"),
     [
-        (None, 300, 4096, 212, "length"),  # cut by the context (prompt_length + response_length), not the request
-        (None, 300, 64, 64, "length"),  # the request's budget
-        (400, 100, 4096, 300, "length"),  # rollout.max_model_len's room
-        (None, 10, None, RESPONSE_LENGTH, "length"),  # no max_tokens: verl's response_length
+        (None, "vllm", 300, 4096, 300),  # cut by the model's context (verl's default max_model_len), not the request
+        (None, "vllm", 300, 64, 64),  # the request's budget
+        (400, "vllm", 100, 4096, 300),  # rollout.max_model_len's room
+        (400, "sglang", 100, 4096, 299),  # SGLang leaves one more token unused
+        (None, "vllm", 10, None, RESPONSE_LENGTH),  # no max_tokens: verl's response_length
     ],
 )
-def test_a_generation_cut_by_the_context_is_a_length_finish(max_model_len, prompt, requested, generated, finish):
-    manager = ClampingServerManager(max_model_len or PROMPT_LENGTH + RESPONSE_LENGTH)
-    loop = agent_loop(manager, config=verl_config(max_model_len=max_model_len), server_url="http://127.0.0.1:9")
-
+def test_a_generation_cut_by_the_context_is_a_length_finish(
+    tmp_path, max_model_len, engine, prompt, requested, generated
+):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": MODEL_CONTEXT}))
+    config = verl_config(max_model_len=max_model_len, name=engine)
+    config.actor_rollout_ref.model.path = str(tmp_path)
+    manager = ClampingServerManager(max_model_len or MODEL_CONTEXT, engine)
+    loop = agent_loop(manager, config=config, server_url="http://127.0.0.1:9")
+    key = "max_new_tokens" if engine == "sglang" else "max_tokens"
     sampling = {} if requested is None else {"max_new_tokens": requested}
     answer = bridge_generate(loop, {"input_ids": [5] * prompt, "sampling_params": sampling, "return_logprob": True})
     assert len(answer["output_ids"]) == generated
-    assert answer["meta_info"]["finish_reason"]["type"] == finish
+    assert answer["meta_info"]["finish_reason"]["type"] == "length"
+    assert manager.calls[0][2].get(key) == requested
+
+
+def test_a_context_that_cannot_be_known_takes_no_generation_for_a_cut(tmp_path):
+    """No max_model_len and no readable model config: verl's context is not known, so a generation
+    that did not fill the request's budget is a stop, never a guessed cut."""
+    manager = ClampingServerManager(PROMPT_LENGTH + RESPONSE_LENGTH)
+    loop = agent_loop(manager, config=verl_config(), server_url="http://127.0.0.1:9")  # (model path "dummy-model")
+    answer = bridge_generate(loop, {"input_ids": [5] * 300, "sampling_params": {"max_new_tokens": 4096}})
+    assert len(answer["output_ids"]) == 212
+    assert answer["meta_info"]["finish_reason"]["type"] == "stop"
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))

@@ -9,7 +9,7 @@ configured (``tokenizers`` and ``jinja2`` stay off ``osmosis run``'s start-up ot
 
 from osmosis_gateway.token_in.conversation import Conversation, Rendered
 from osmosis_gateway.token_in.engines import ENGINES, EngineAnswer, EngineName
-from osmosis_gateway.token_in.exchange import TokenIn
+from osmosis_gateway.token_in.exchange import ContextFull, Reply, TokenIn
 from osmosis_gateway.token_in.parse import (
     TOOL_PARSERS,
     ParsedReply,
@@ -18,17 +18,20 @@ from osmosis_gateway.token_in.parse import (
     load_tool_parser,
     parse_reply,
 )
-from osmosis_gateway.token_in.render import ChatRenderer, TemplateError, TokenizerFolderError
+from osmosis_gateway.token_in.render import ChatRenderer, CloseMismatch, TemplateError, TokenizerFolderError
 
 __all__ = [
     "ENGINES",
     "TOOL_PARSERS",
     "ChatRenderer",
+    "CloseMismatch",
+    "ContextFull",
     "Conversation",
     "EngineAnswer",
     "EngineName",
     "ParsedReply",
     "Rendered",
+    "Reply",
     "TemplateError",
     "TokenIn",
     "TokenizerFolderError",

@@ -61,10 +61,16 @@ def engine_root(base_url: str) -> str:
 
 def sampling_of(request: dict[str, Any]) -> dict[str, Any]:
     """The sampling settings of a chat-completions request (the trainer's already set over the
-    rollout's), under the wire's names; ``max_tokens`` from ``max_completion_tokens`` first."""
+    rollout's), under the wire's names; ``max_tokens`` from ``max_completion_tokens`` first (a null
+    is unset).
+
+    :raises ValueError: a cap that is not a count of tokens."""
     settings = {name: request[name] for name in _SAMPLING if request.get(name) is not None}
     cap = request.get("max_completion_tokens")
+    name = "max_completion_tokens" if cap is not None else "max_tokens"
     cap = cap if cap is not None else request.get("max_tokens")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"{name} must be a count of tokens (1 or more), got {cap!r}")
     settings["max_tokens"] = cap if cap is not None else DEFAULT_MAX_TOKENS
     return settings
 

@@ -25,6 +25,7 @@ Configured through verl's ``actor_rollout_ref.rollout.agent.agent_loop_config_pa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -69,8 +70,11 @@ class VerlEngine:
     generation filled its budget (:meth:`budget`) without ending on an end-of-sequence token,
     ``"abort"`` for verl's ``"aborted"``, else ``"stop"``.
 
-    :param max_model_len: the engine's context (verl's ``rollout.max_model_len``; None: verl's
-        default, ``prompt_length + response_length``).
+    :param max_model_len: the engine's context (verl's ``rollout.max_model_len``, or when unset the
+        model's ``max_position_embeddings``, as verl's servers default it); None: not known, so no
+        generation is taken for a cut by the context.
+    :param engine: ``vllm`` or ``sglang``: verl's SGLang server leaves one token more of the context
+        unused (``max_model_len - len(prompt) - 1``).
     """
 
     def __init__(
@@ -81,26 +85,33 @@ class VerlEngine:
         response_length: int,
         eos_ids: Sequence[int],
         max_model_len: int | None = None,
+        engine: str = "vllm",
     ) -> None:
         self.server_manager = server_manager
         self.prompt_length = prompt_length
         self.response_length = response_length
-        self.max_model_len = max_model_len or prompt_length + response_length
+        self.max_model_len = max_model_len
+        self._unused = 1 if engine == "sglang" else 0
         self.eos_ids = frozenset(eos_ids)
         self._extras: dict[str, _Extras] = {}
 
     def budget(self, prompt_tokens: int, requested: int | None) -> int:
         """The most tokens a call of ``prompt_tokens`` can generate on verl's engine: its
         ``max_tokens`` (None: ``response_length``, verl's default), within the room the model's
-        context leaves (``max_model_len - prompt_tokens``, as verl's server lowers it); at least 1.
+        context leaves (``max_model_len - prompt_tokens``, one fewer on SGLang, as verl's servers
+        lower it; no limit when the context is not known); at least 1.
 
-        >>> engine = VerlEngine(None, prompt_length=512, response_length=512, eos_ids=[2])
+        >>> engine = VerlEngine(None, prompt_length=512, response_length=512, eos_ids=[2], max_model_len=1024)
         >>> engine.budget(300, 4096), engine.budget(300, 64), engine.budget(10, None), engine.budget(2000, 8)
         (724, 64, 512, 1)
+        >>> VerlEngine(None, prompt_length=512, response_length=512, eos_ids=[2], max_model_len=1024,
+        ...            engine="sglang").budget(300, 4096)
+        723
         """
-        room = self.max_model_len - prompt_tokens
         wanted = requested if requested is not None else self.response_length
-        return max(1, min(wanted, room))
+        if self.max_model_len is None:
+            return max(1, wanted)
+        return max(1, min(wanted, self.max_model_len - prompt_tokens - self._unused))
 
     def pop_extras(self, request_id: str) -> _Extras:
         return self._extras.pop(request_id, None) or _Extras()
@@ -239,6 +250,32 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
         except Exception:  # no Ray here: the name this machine resolves itself to
             return socket.gethostbyname(socket.gethostname())
 
+    def _context_length(self) -> int | None:
+        """verl's engine context: ``rollout.max_model_len``, else what verl's servers default it to,
+        the model's ``max_position_embeddings`` (its ``config.json``, read from a local model folder or
+        by transformers from its cache); None when it cannot be read."""
+        configured = self.rollout_config.get("max_model_len")
+        if configured:
+            return int(configured)
+        model = self.config.actor_rollout_ref.get("model") or {}
+        path = str(model.get("path") or "")
+        try:
+            if os.path.isdir(path):
+                with open(os.path.join(path, "config.json"), encoding="utf-8") as file:
+                    hf_config: Any = json.load(file)
+            else:
+                from transformers import AutoConfig
+
+                remote = bool(model.get("trust_remote_code", False))
+                # (its cache only: verl has fetched the model by now, and a hub call could stall offline)
+                hf_config = AutoConfig.from_pretrained(path, trust_remote_code=remote, local_files_only=True).to_dict()
+        except Exception:  # (no folder, no cached config: the context is not known)
+            return None
+        found = hf_config.get("max_position_embeddings") or (hf_config.get("text_config") or {}).get(
+            "max_position_embeddings"
+        )
+        return found if isinstance(found, int) else None
+
     def _eos_ids(self) -> list[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return [eos] if isinstance(eos, int) else [i for i in (eos or ()) if isinstance(i, int)]
@@ -254,13 +291,13 @@ class OsmosisAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl's classes a
             api_key = os.environ.get(self.bridge_token_env) if self.bridge_token_env else None
             if self.bridge_token_env and not api_key:
                 raise ValueError(f"bridge_token_env names ${self.bridge_token_env}, which is unset or empty")
-            max_model_len = self.rollout_config.get("max_model_len")
             engine = VerlEngine(
                 self.server_manager,
                 prompt_length=int(self.rollout_config.prompt_length),
                 response_length=int(self.rollout_config.response_length),
                 eos_ids=self._eos_ids(),
-                max_model_len=int(max_model_len) if max_model_len else None,
+                max_model_len=self._context_length(),
+                engine=self._engine_names(),
             )
             tokenizer = self.tokenizer
 
