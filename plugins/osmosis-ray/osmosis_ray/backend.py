@@ -710,6 +710,6 @@ class _RetryAfter(Exception):
         self.wait = wait
 
 
-def _retry_wait(exc: Exception) -> bool | float:
+def _retry_wait(exc: BaseException) -> bool | float:
     """stamina's hook: the wait :meth:`RayBackend._backoff` chose; any other exception is not retried."""
     return exc.wait if isinstance(exc, _RetryAfter) else False

@@ -33,7 +33,7 @@ class RetryLater(Exception):
         self.why = why
 
 
-def _wait(exc: Exception) -> bool | float:
+def _wait(exc: BaseException) -> bool | float:
     return exc.wait if isinstance(exc, RetryLater) else False
 
 
