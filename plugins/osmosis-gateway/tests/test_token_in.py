@@ -638,9 +638,13 @@ def test_a_turn_cut_by_length_is_extended_with_the_templates_close_and_the_call_
             await post(policy.chat_completions_url, {"messages": messages}, token=policy.api_key)
             return gateway.pop_trace("r-1")
 
-    second = run(main).calls[1]
+    first, second = run(main).calls
     assert second.token_in["render"] == "incremental"
     assert second.token_in["render_note"].startswith("call 0's answer was cut by length")
+    base = [*first.prompt_token_ids, *first.completion_token_ids]
+    assert list(second.prompt_token_ids[: len(base)]) == base  # one sequence
+    after = ChatRenderer(folder).tokenizer.decode(list(second.prompt_token_ids[len(base) :]), skip_special_tokens=False)
+    assert after == "<|im_end|>\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n"  # the whole close
 
 
 def test_tool_calls_are_read_only_when_the_request_offers_tools_and_allows_them(tokenizers_dir):
@@ -671,7 +675,7 @@ def test_tool_calls_are_read_only_when_the_request_offers_tools_and_allows_them(
         assert choice["message"] == {"role": "assistant", "content": call}
     assert all(c["finish_reason"] == "tool_calls" for c in choices[2:])
     notes = [call.token_in for call in trace.calls]
-    assert "tool_calls" not in notes[0] or notes[0]["tool_calls"] == 0
+    assert [n["tool_calls"] for n in notes] == [0, 0, 1, 1, 1]
     assert notes[2]["tool_choice_not_enforced"] == {"tool_choice": "divide", "met": False}
     assert notes[3]["tool_choice_not_enforced"] == {"tool_choice": "required", "met": True}
     assert notes[4]["unknown_tools"] == ["multiply"]  # kept, and said

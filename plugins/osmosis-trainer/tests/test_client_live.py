@@ -26,7 +26,6 @@ from osmosis_trainer import (
     RolloutRequest,
     SamplingParams,
     ServerUnavailable,
-    failed_rollout,
     group_advantages,
     is_setup_refusal,
     order_results,
@@ -340,7 +339,23 @@ def test_run_many_yields_a_per_rollout_client_error_as_a_failed_result(case):
         assert result.error.category == "infra_error"
         assert result.error.message.startswith("Rollout"), result.error  # the error's class, then its message
         assert f"(HTTP {status})" in result.error.message
-        assert failed_rollout("r", ServerUnavailable("down")) is not None  # the classification run_many uses
+
+
+def test_an_unreachable_server_is_each_rollouts_failed_result():
+    """No server at all (a closed port): every rollout of the step is a failed result naming it."""
+
+    async def step():
+        async with RolloutClient("http://127.0.0.1:9", retry_delays=(0.01,)) as client:
+            requests = [
+                RolloutRequest(rollout_id=f"r{i}", initial_messages=PROMPTS[0], chat_completions_url="")
+                for i in range(2)
+            ]
+            return [result async for result in client.run_many(requests, concurrency=2)]
+
+    results = asyncio.run(step())
+    assert sorted(r.rollout_id for r in results) == ["r0", "r1"]
+    assert {r.error.category for r in results} == {"infra_error"}
+    assert all(r.error.message.startswith("ServerUnavailable") for r in results), results
 
 
 @pytest.mark.parametrize("case", sorted(SETUP_REFUSALS))
