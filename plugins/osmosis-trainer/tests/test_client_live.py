@@ -24,6 +24,7 @@ from osmosis_trainer import (
     RolloutClient,
     RolloutProtocolError,
     RolloutRequest,
+    RolloutResult,
     SamplingParams,
     ServerUnavailable,
     group_advantages,
@@ -318,21 +319,29 @@ def test_a_server_that_ignores_the_trainers_sampling_is_warned_about_once(caplog
     assert "with the agent's own settings, not the trainer's" in warnings[0]
 
 
+async def step(url: str, rollouts: int = 2) -> list[RolloutResult]:
+    """``rollouts`` rollouts run by ``run_many`` against the server at ``url`` (fast retries), as a
+    trainer adapter runs a step."""
+    async with RolloutClient(url, retry_delays=(0.01,)) as client:
+        requests = [
+            RolloutRequest(rollout_id=f"r{i}", initial_messages=PROMPTS[0], chat_completions_url="")
+            for i in range(rollouts)
+        ]
+        return [result async for result in client.run_many(requests, concurrency=2)]
+
+
+async def step_answered(status: int, body: object) -> list[RolloutResult]:
+    """:func:`step` against a stand-in server answering every request ``status`` with ``body``."""
+    async with answering(status, body) as url:
+        return await step(url)
+
+
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_run_many_yields_a_per_rollout_client_error_as_a_failed_result(case):
     """What the TRL and SkyRL adapters run a step with: one rollout's 500, 409, broken answer or 413 is
     its failed result (masked, ``infra_error`` naming the error), never the step's end (SkyRL #1613)."""
     status, body = REFUSALS[case]
-
-    async def step():
-        async with answering(status, body) as url, RolloutClient(url, retry_delays=(0.01,)) as client:
-            requests = [
-                RolloutRequest(rollout_id=f"r{i}", initial_messages=PROMPTS[0], chat_completions_url="")
-                for i in range(2)
-            ]
-            return [result async for result in client.run_many(requests, concurrency=2)]
-
-    results = asyncio.run(step())
+    results = asyncio.run(step_answered(status, body))
     assert sorted(r.rollout_id for r in results) == ["r0", "r1"]
     for result in results:
         assert not result.ok
@@ -343,16 +352,7 @@ def test_run_many_yields_a_per_rollout_client_error_as_a_failed_result(case):
 
 def test_an_unreachable_server_is_each_rollouts_failed_result():
     """No server at all (a closed port): every rollout of the step is a failed result naming it."""
-
-    async def step():
-        async with RolloutClient("http://127.0.0.1:9", retry_delays=(0.01,)) as client:
-            requests = [
-                RolloutRequest(rollout_id=f"r{i}", initial_messages=PROMPTS[0], chat_completions_url="")
-                for i in range(2)
-            ]
-            return [result async for result in client.run_many(requests, concurrency=2)]
-
-    results = asyncio.run(step())
+    results = asyncio.run(step("http://127.0.0.1:9"))
     assert sorted(r.rollout_id for r in results) == ["r0", "r1"]
     assert {r.error.category for r in results} == {"infra_error"}
     assert all(r.error.message.startswith("ServerUnavailable") for r in results), results
@@ -361,12 +361,6 @@ def test_an_unreachable_server_is_each_rollouts_failed_result():
 @pytest.mark.parametrize("case", sorted(SETUP_REFUSALS))
 def test_run_many_raises_a_setup_refusal(case):
     status, body = SETUP_REFUSALS[case]
-
-    async def step():
-        async with answering(status, body) as url, RolloutClient(url) as client:
-            requests = [RolloutRequest(rollout_id="r0", initial_messages=PROMPTS[0], chat_completions_url="")]
-            return [result async for result in client.run_many(requests)]
-
     with pytest.raises(RolloutProtocolError, match=str(status)) as raised:
-        asyncio.run(step())
+        asyncio.run(step_answered(status, body))
     assert is_setup_refusal(raised.value)

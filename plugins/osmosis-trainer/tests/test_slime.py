@@ -250,16 +250,18 @@ def test_a_refused_rollout_is_raised_not_a_failed_sample(live_server, monkeypatc
         asyncio.run(generate(slime_args(), sample, dict(SLIME_SAMPLING)))
 
 
+async def generate_answered(status: int, body: object, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """``generate`` on a sample against a stand-in rollout server answering every request ``status``."""
+    async with answering(status, body) as url:
+        monkeypatch.setenv("OSMOSIS_SERVER_URL", url)
+        return await generate(slime_args(), Sample(group_index=0, index=0, prompt=PROMPTS[0]), {})
+
+
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_a_per_rollout_client_error_is_a_failed_sample_not_the_steps_end(case, monkeypatch):
     status, body = REFUSALS[case]
 
-    async def one():
-        async with answering(status, body) as url:
-            monkeypatch.setenv("OSMOSIS_SERVER_URL", url)
-            return await generate(slime_args(), Sample(group_index=0, index=0, prompt=PROMPTS[0]), {})
-
-    [out] = asyncio.run(one())
+    [out] = asyncio.run(generate_answered(status, body, monkeypatch))
     assert (out.status, out.remove_sample, out.reward) == (Sample.Status.FAILED, True, 0.0)
     assert out.metadata["osmosis_mask_reason"] == "failed"
     assert out.metadata["osmosis_mask_detail"].startswith("infra_error: Rollout")
@@ -270,13 +272,8 @@ def test_a_per_rollout_client_error_is_a_failed_sample_not_the_steps_end(case, m
 def test_a_setup_refusal_is_raised(case, monkeypatch):
     status, body = SETUP_REFUSALS[case]
 
-    async def one():
-        async with answering(status, body) as url:
-            monkeypatch.setenv("OSMOSIS_SERVER_URL", url)
-            return await generate(slime_args(), Sample(group_index=0, index=0, prompt=PROMPTS[0]), {})
-
     with pytest.raises(RolloutProtocolError, match=str(status)):
-        asyncio.run(one())
+        asyncio.run(generate_answered(status, body, monkeypatch))
 
 
 def test_a_rollout_top_p_below_one_is_refused_naming_the_flag(monkeypatch):

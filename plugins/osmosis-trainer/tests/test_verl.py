@@ -321,16 +321,18 @@ def test_a_context_that_cannot_be_known_takes_no_generation_for_a_cut(tmp_path):
     assert answer["meta_info"]["finish_reason"]["type"] == "stop"
 
 
+async def run_answered(status: int, body: object) -> Any:
+    """The loop's ``run`` of a row against a stand-in rollout server answering every request ``status``."""
+    async with answering(status, body) as url:
+        loop = agent_loop(server_url=url, policy_url="http://127.0.0.1:9/v1")
+        return await loop.run({"temperature": 1.0}, **rows()[0])
+
+
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_a_per_rollout_client_error_is_a_masked_output_not_the_steps_end(case):
     status, body = REFUSALS[case]
 
-    async def one():
-        async with answering(status, body) as url:
-            loop = agent_loop(server_url=url, policy_url="http://127.0.0.1:9/v1")
-            return await loop.run({"temperature": 1.0}, **rows()[0])
-
-    output = asyncio.run(one())
+    output = asyncio.run(run_answered(status, body))
     assert output.extra_fields["osmosis_mask_reason"] == "failed"
     assert output.extra_fields["osmosis_mask_detail"].startswith("infra_error: Rollout")
     assert f"(HTTP {status})" in output.extra_fields["osmosis_mask_detail"]
@@ -341,13 +343,8 @@ def test_a_per_rollout_client_error_is_a_masked_output_not_the_steps_end(case):
 def test_a_setup_refusal_is_raised_out_of_run(case):
     status, body = SETUP_REFUSALS[case]
 
-    async def one():
-        async with answering(status, body) as url:
-            loop = agent_loop(server_url=url, policy_url="http://127.0.0.1:9/v1")
-            return await loop.run({"temperature": 1.0}, **rows()[0])
-
     with pytest.raises(RolloutProtocolError, match=str(status)):
-        asyncio.run(one())
+        asyncio.run(run_answered(status, body))
 
 
 def test_a_failed_rollout_is_a_masked_output_verl_batches_and_never_an_exception(
