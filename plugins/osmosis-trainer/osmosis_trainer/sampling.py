@@ -133,8 +133,13 @@ class SamplingParams:
         return cls(**{key: value for key, value in data.items() if value is not None})
 
 
-_TOP_K_ALL: Final = 1 << 30
+TOP_K_ALL: Final = 1 << 30
 """SGLang's "whole vocabulary" top-k (what its -1 becomes): read as off, -1."""
+
+
+def _top_k_off(value: Any) -> Any:
+    """``top_k`` with SGLang's whole vocabulary (:data:`TOP_K_ALL`) read as off (-1)."""
+    return -1 if isinstance(value, int) and not isinstance(value, bool) and value >= TOP_K_ALL else value
 
 
 def _never(key: str, value: Any) -> bool:
@@ -182,9 +187,7 @@ def sampling_from_trainer(
                 value = list(value)
                 if not value:
                     continue
-            if name == "top_k" and isinstance(value, int) and value >= _TOP_K_ALL:
-                value = -1
-            taken[name] = value
+            taken[name] = _top_k_off(value) if name == "top_k" else value
         elif not neutral(key, value):
             dropped.append(key)
     return (SamplingParams(**taken) if taken else None), tuple(sorted(dropped))

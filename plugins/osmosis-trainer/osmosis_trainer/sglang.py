@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
-from osmosis_trainer.sampling import SamplingParams, sampling_from_trainer
+from osmosis_trainer.sampling import TOP_K_ALL, SamplingParams, _top_k_off, sampling_from_trainer
 
 __all__ = [
     "FINISH_REASONS",
@@ -41,10 +41,6 @@ __all__ = [
     "generate_answer",
     "sampling_from_sglang",
 ]
-
-TOP_K_ALL: Final = 1 << 30
-"""SGLang's "whole vocabulary" top-k (what its ``-1`` becomes); read as off (-1), here and by
-:func:`osmosis_trainer.sampling.sampling_from_trainer`."""
 
 FINISH_REASONS: Final = frozenset({"stop", "length", "abort"})
 """``meta_info.finish_reason.type`` values: the model stopped, hit ``max_new_tokens``, or was aborted."""
@@ -91,10 +87,6 @@ class SamplingError(ValueError):
     """A sampling setting that cannot be applied (the message names it)."""
 
 
-def _top_k(value: Any) -> Any:
-    return -1 if isinstance(value, int) and not isinstance(value, bool) and value >= TOP_K_ALL else value
-
-
 def sampling_from_sglang(params: Mapping[str, Any] | None) -> tuple[SamplingParams | None, tuple[str, ...]]:
     """An SGLang ``sampling_params`` dict (slime's: ``max_new_tokens``, ``sampling_seed``, ...) as a
     rollout's :class:`~osmosis_trainer.SamplingParams`, and the keys osmosis serve cannot apply
@@ -128,7 +120,7 @@ def engine_sampling(params: Mapping[str, Any], *, names: EngineNames) -> dict[st
         renamed = _RENAMED.get(key)
         if renamed is None:
             raise SamplingError(f"sampling_params.{key}: not a setting this engine takes")
-        out[renamed[1] if names == "vllm" else renamed[2]] = _top_k(value) if key == "top_k" else value
+        out[renamed[1] if names == "vllm" else renamed[2]] = _top_k_off(value) if key == "top_k" else value
     return out
 
 

@@ -24,6 +24,8 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from osmosis_trainer.sglang import engine_sampling
+
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "ENGINES",
@@ -50,7 +52,6 @@ default is 128 tokens and vLLM's completions' 16: a silent cut mid-answer)."""
 
 _SAMPLING: Final = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "presence_penalty",
                     "frequency_penalty", "repetition_penalty")  # fmt: skip
-_SGLANG_NAMES: Final = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
 
 
 def engine_root(base_url: str) -> str:
@@ -88,7 +89,7 @@ def engine_request(
 ) -> dict[str, Any]:
     """The body sent to ``engine`` for one call: ``prompt_ids`` and ``sampling`` (the wire's names)."""
     if engine == "sglang-generate":
-        params = {_SGLANG_NAMES.get(name, name): value for name, value in sampling.items()}
+        params = engine_sampling(sampling, names="sglang")  # (osmosis-trainer's one map of SGLang's names)
         return {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True, "rid": request_id,
                 "stream": False}  # fmt: skip
     if engine == "vllm-completions":
