@@ -210,7 +210,7 @@ class TokenIn:
         """
         answer = read_engine_answer(self.engine, doc)
         stop = self.renderer.stop_id(answer.token_ids, answer.finish_reason, answer.matched)
-        text = self.renderer.decode(answer.token_ids, answer.finish_reason, answer.matched)
+        text = self.renderer.decode(answer.token_ids, stop)
         tools = request.get("tools") or ()
         choice = request.get("tool_choice")
         if not tools or choice == "none":

@@ -226,10 +226,10 @@ class ChatRenderer:
             return last
         return None
 
-    def decode(self, ids: Sequence[int], finish_reason: str = "stop", matched: int | None = None) -> str:
-        """The text of generated ids, special tokens kept (``[TOOL_CALLS]`` is one) but the id that
-        ended the generation (:meth:`stop_id`)."""
-        if self.stop_id(ids, finish_reason, matched) is not None:
+    def decode(self, ids: Sequence[int], stop_id: int | None = None) -> str:
+        """The text of generated ids, special tokens kept (``[TOOL_CALLS]`` is one), without the id
+        that ended the generation (``stop_id``, :meth:`stop_id`: None when none did)."""
+        if stop_id is not None:
             ids = ids[:-1]
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)
         return text
