@@ -92,7 +92,9 @@ def samples_of(
     :param max_context_tokens: cut each sample's ``tokens`` to this many (slime's
         ``rollout_max_context_len``; the prompt always stays whole).
     :param mask_truncated: a cut sample is removed from training instead of trained on what is left.
-    :raises ValueError: a trace that is not one (the message names the rollout).
+
+    A malformed trace is a removed sample (``incomplete_trace``, as
+    :func:`~osmosis_trainer.rollout_rows` masks it), never an exception.
     """
     rows = rollout_rows(result, sequences="all")
     finish = _finish_reasons(result)

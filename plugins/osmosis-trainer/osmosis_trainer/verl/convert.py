@@ -121,7 +121,8 @@ def agent_loop_fields(
     :param response_length: verl's ``rollout.response_length``: the response is cut to it.
     :param mask_truncated: mask an output so cut instead of training on what is left.
     :param pad_token_id: the response token of a masked output that has none.
-    :raises ValueError: a trace that is not one (the message names the rollout).
+    :raises ValueError: ``prompt_length`` or ``response_length`` below 1. (A malformed trace is a
+        masked output, ``incomplete_trace``: :func:`~osmosis_trainer.rollout_rows`.)
     """
     if prompt_length < 1 or response_length < 1:
         raise ValueError(f"prompt_length and response_length must be >= 1, got {prompt_length}, {response_length}")
