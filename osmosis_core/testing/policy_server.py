@@ -170,7 +170,9 @@ class Fault:
       ``document={"choices": {}}`` (choices not a list) or ``{"choices": [{"index": 0}]}`` (no
       message or delta).
     * ``"oversize"``: a completion whose content is ``size`` bytes, sent chunked (no length
-      announced), written a megabyte at a time without the server holding it.
+      announced), written a megabyte at a time without the server holding it; streamed, as events
+      of a megabyte of content each (as a server streams a long answer: a client that stops
+      reading holds it back).
     * ``"delay"``: wait ``delay`` extra seconds, then answer normally.
     * ``"linger"``: answer normally, whole, then hold the connection ``delay`` seconds before ending
       the answer, as a busy server or a proxy does: a stream's ``[DONE]`` comes, its last chunk
@@ -772,14 +774,21 @@ async def _oversize(request: web.BaseRequest, size: int, model: str, stream: boo
         head = b'{"id":"x","object":"chat.completion","created":0,"model":' + _dumps(model)
         head += b',"choices":[{"index":0,"message":{"role":"assistant","content":"'
         tail = b'"},"finish_reason":"stop"}]}'
-    await response.write(head)
     sent = 0
     try:
-        while sent < size:
-            piece = block[: min(_WRITE_CHUNK, size - sent)]
-            await response.write(piece)
-            sent += len(piece)
-        await response.write(tail)
+        if stream:  # one event a megabyte: what a relay forwards as it comes
+            while sent < size:
+                piece = block[: min(_WRITE_CHUNK, size - sent)]
+                await response.write(head + piece + tail)
+                sent += len(piece)
+            await response.write(b"data: [DONE]\n\n")
+        else:
+            await response.write(head)
+            while sent < size:
+                piece = block[: min(_WRITE_CHUNK, size - sent)]
+                await response.write(piece)
+                sent += len(piece)
+            await response.write(tail)
         await response.write_eof()
     except (ConnectionError, RuntimeError):
         pass  # the client stopped reading, as it should

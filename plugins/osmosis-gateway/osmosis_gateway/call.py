@@ -541,7 +541,7 @@ class ModelCall:
             self.finish("client_gone", "the rollout hung up before the answer", 200)
             return response
         limit = self.upstream.max_response_bytes
-        pending = b""
+        pending = bytearray()  # (a line not yet ended: copied once, when its end comes)
         size = 0
         try:
             async for data in answer.content.iter_any():
@@ -549,8 +549,12 @@ class ModelCall:
                 if size > limit:
                     self.finish("upstream_error", f"the upstream's stream is over the {limit}-byte limit", 200)
                     return _cut(self.request, response)
-                lines = (pending + data).split(b"\n")
-                pending = lines.pop()
+                end = data.rfind(b"\n")
+                if end < 0:
+                    pending += data
+                    continue
+                lines = (bytes(pending) + data[:end]).split(b"\n")
+                pending = bytearray(data[end + 1 :])
                 done = self._events(lines)
                 if done is not None:
                     return await self._done(response, lines[:done])
@@ -567,14 +571,14 @@ class ModelCall:
         except (ClientError, OSError) as exc:
             self.finish("cut", self.message(f"the upstream's stream broke off: {type(exc).__name__}: {exc}"), 200)
             return _cut(self.request, response)
-        lines = [pending] if pending else []
+        lines = [bytes(pending)] if pending else []
         done = self._events(lines)  # (a last line without its line break)
         if done is not None:
             return await self._done(response, lines[:done])
         self.finish("cut", "the upstream's stream ended without [DONE]", 200)
         try:
             if pending:
-                await response.write(self._redact(pending))
+                await response.write(self._redact(bytes(pending)))
         except (ConnectionError, RuntimeError):
             return response
         return await _end(response)
