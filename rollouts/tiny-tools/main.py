@@ -3,8 +3,11 @@
 The workflow asks the policy with one tool, ``lookup``. When the answer calls it, the tool answers
 with the row's letters (its ``hidden`` metadata) and the policy answers once more; an answer
 without a call ends the rollout. The grader scores the final answer by the share of its
-characters that are among the label's letters (``uvwxyz``: ``"vvxq"`` scores 0.75), and gives a
-tenth of that to a rollout that never called the tool: a reward above 0.1 takes the lookup.
+characters that are among the label's letters (``uvwxyz``: ``"vvxq"`` scores 0.75 of its worth). A
+rollout that never called the tool is worth a tenth (0 to 0.1); one that called it is worth at least
+that much (0.1 to 1): a reward above 0.1 takes the lookup, and no answer without one ever outscores
+an answer with one (else a model that has learnt the letters can learn to skip the tool, score 0.1
+on every rollout, and stop learning: no reward differs within a group).
 
 So the model must learn two things, through the tool turn: to call the tool in its first answer
 (one token, ``<tool_call>``, in :mod:`osmosis_trainer.tiny_model`'s chat template) and to answer
@@ -75,11 +78,25 @@ class TinyToolsWorkflow(AgentWorkflow[TinyToolsConfig]):
 
 
 NOT_LOOKED_UP: float = 0.1
-"""What an answer is worth, as a share of its letters' worth, when the rollout never called the tool."""
+"""What a rollout that never called the tool is worth at most; one that called it is worth at least this."""
 
 
 class TinyToolsGrader(Grader):
-    """The share of the label's letters in the final answer (a tenth of it without a lookup)."""
+    """The share of the label's letters in the final answer, scaled to 0.1-1 with a lookup and 0-0.1 without.
+
+    >>> import asyncio
+    >>> from osmosis_core import GraderConfig
+    >>> def grade(*messages: dict) -> float:
+    ...     sample = RolloutSample(messages=[{"role": "user", "content": "Which letters?"}, *messages])
+    ...     context = GraderContext(sample, "uvwxyz", sample.messages[:1], {}, GraderConfig())
+    ...     return round(asyncio.run(TinyToolsGrader().grade(context)), 3)
+    >>> grade({"role": "assistant", "content": "vvxq"})
+    0.075
+    >>> call = {"id": "1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    >>> grade({"role": "assistant", "tool_calls": [call]}, {"role": "tool", "content": "uvwxyz"},
+    ...       {"role": "assistant", "content": "vvxq"})
+    0.775
+    """
 
     async def grade(self, ctx: GraderContext) -> float:
         letters = set(str(ctx.label or ""))
@@ -89,4 +106,4 @@ class TinyToolsGrader(Grader):
         answer = message_text(messages[-1]) if messages and messages[-1].get("role") == "assistant" else ""
         share = sum(character in letters for character in answer) / len(answer) if answer else 0.0
         looked_up = any(message.get("role") == "tool" for message in messages)
-        return share if looked_up else share * NOT_LOOKED_UP
+        return NOT_LOOKED_UP + (1 - NOT_LOOKED_UP) * share if looked_up else NOT_LOOKED_UP * share

@@ -166,7 +166,7 @@ def test_a_tiny_model_learns_to_call_the_tool_and_answer_with_its_letters(route,
             f"(policy version {sorted(last_versions)})"
         )
     assert first < 0.1, rewards
-    # a rollout that never looked the letters up scores a tenth: over 0.5 takes calling the tool in 4 of 9 at least
+    # a rollout that never looked the letters up scores 0.1 at most: over 0.5 takes calling the tool in 4 of 9 at least
     assert statistics.fmean(lookups[-3:]) > 0.4, lookups
     assert last > 0.5, rewards  # within MAX_STEPS: the trainer's max_steps
     assert worst < 1e-4
