@@ -30,6 +30,9 @@ Sessions (`nox -l` lists them):
                             postprocessing, real rollouts of osmosis serve
   plugins_all               every plugin installed together: pip check, no name clashes, and the tests that
                             need other plugins beside their own (marked `together`; the rest ran alone)
+  images                    osmosis-harbor's task images (marked `images`): real buildah builds of task
+                            Dockerfiles on bases made by mmdebstrap (root, buildah, mmdebstrap, Debian's
+                            archive), trials on their overlays through osmosis run and Harbor's own CLI
   bench                     the benchmarks in bench/ (not run by default)
 
 Test dependencies come from the `test` dependency group of the core's pyproject.toml and of each
@@ -186,8 +189,20 @@ def plugin(session: nox.Session, plugin: str | None) -> None:
     session.run("mypy", "--strict", f"plugins/{plugin}/{_package(plugin)}")
     if plugin == "osmosis-server":
         _reference_sdk(session)
-    # the tests marked `together` need other plugins beside this one: plugins_all runs them
-    session.run("pytest", f"plugins/{plugin}/tests", "-m", "not together", *session.posargs)
+    # the tests marked `together` need other plugins beside this one (plugins_all runs them); `images`: its own session
+    session.run("pytest", f"plugins/{plugin}/tests", "-m", "not together and not images", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
+def images(session: nox.Session) -> None:
+    """osmosis-harbor's task images: each test task's Dockerfile built by buildah (on a base mmdebstrap makes from
+    Debian's archive, once for the session), its trials on overlays of the image (minutes: a session of its own)."""
+    plugin = "osmosis-harbor"
+    local = [f"plugins/{dep}" for dep in _local_deps(plugin)]
+    tests = [*_group("test"), *_group("test", ROOT / "plugins" / plugin)]
+    session.install("-e", ".", *[arg for path in local for arg in ("-e", path)], "-e", f"plugins/{plugin}", *tests)
+    _compile_sources(session, "osmosis_core", *local, f"plugins/{plugin}")
+    session.run("pytest", f"plugins/{plugin}/tests", "-m", "images", "--durations=5", *session.posargs)
 
 
 @nox.session(python=TRAINER_PYTHONS)

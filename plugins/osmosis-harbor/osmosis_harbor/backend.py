@@ -88,11 +88,21 @@ from osmosis_core import (  # noqa: E402
 )
 from osmosis_core.plugin import Rollout  # noqa: E402
 from osmosis_harbor.agent import AGENT_IMPORT_PATH  # noqa: E402
-from osmosis_harbor.bwrap import check_bwrap, find_bwrap, python_paths  # noqa: E402
+from osmosis_harbor.bwrap import check_bwrap, find_bwrap, python_paths, sandbox_id_base  # noqa: E402
 from osmosis_harbor.config import HarborBackendConfig  # noqa: E402
 from osmosis_harbor.gateways import GatewayMissing, PolicyGateways  # noqa: E402
+from osmosis_harbor.images import (  # noqa: E402
+    BaseUnavailable,
+    ImageBuildError,
+    ImageBuilds,
+    ImageCache,
+    TaskImage,
+    default_cache_dir,
+    has_dockerfile,
+)
 from osmosis_harbor.outcomes import NO_REWARD_ERRORS, failure, grader_file_result, pick_reward, trial_error  # noqa: E402
 from osmosis_harbor.relay import loopback_address  # noqa: E402
+from osmosis_harbor.runtime import RUNTIME_PYTHON  # noqa: E402
 from osmosis_harbor.tasks import (  # noqa: E402
     DEFAULT_TASK_DIR,
     TaskProblem,
@@ -334,10 +344,17 @@ class HarborBackend(ExecutionBackend):
         self._harbor_environment = environment_config
         environment = config.environment
         self._bwrap = environment_config is None and environment.is_bwrap
+        self._images: ImageBuilds | None = None
         if self._bwrap:
             check_bwrap(find_bwrap(config.sandbox.bwrap))
             self.python = environment.python or sys.executable
             self._lib_paths = [str(p) for p in python_paths(import_path=True)]
+            wanted = config.sandbox.image
+            if wanted == "build" or (wanted == "auto" and self.mode == "dataset"):
+                cache_dir = _find(config.sandbox.image_cache, anchors) if config.sandbox.image_cache else None
+                bases = {name: _find(path, anchors) or Path(path) for name, path in config.sandbox.bases.items()}
+                cache = ImageCache(cache_dir or default_cache_dir(), bases, sandbox_id_base())
+                self._images = ImageBuilds(cache, progress=_tell)
         else:
             self.python = environment.python or "python3"
             self._lib_paths = [_TRIAL_LIB]
@@ -459,9 +476,12 @@ class HarborBackend(ExecutionBackend):
             uploads[_TRIAL_CODE] = str(self.code_dir)
         return uploads
 
-    def _environment_config(self, policy_relay: tuple[str, int] | None = None) -> EnvironmentConfig:
+    def _environment_config(
+        self, policy_relay: tuple[str, int] | None = None, image: TaskImage | None = None
+    ) -> EnvironmentConfig:
         """The trial's environment; ``policy_relay``: the loopback address of its policy gateway,
-        relayed into a no-network bwrap trial (:mod:`osmosis_harbor.relay`)."""
+        relayed into a no-network bwrap trial (:mod:`osmosis_harbor.relay`); ``image``: the task's
+        built image, which the bwrap trial runs on (:mod:`osmosis_harbor.image_sandbox`)."""
         if self._harbor_environment is not None:
             return self._harbor_environment.model_copy(deep=True)
         env = self.config.environment
@@ -494,9 +514,13 @@ class HarborBackend(ExecutionBackend):
         if policy_relay is not None:
             host, port = policy_relay
             kwargs["policy_relay"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if image is not None:
+            kwargs["image"] = str(image.folder)
         return EnvironmentConfig(import_path=SANDBOX_IMPORT_PATH, kwargs=kwargs, delete=False, **common)
 
-    def _trial_config(self, ticket: Ticket, task_dir: Path, trial_name: str) -> TrialConfig:
+    def _trial_config(
+        self, ticket: Ticket, task_dir: Path, trial_name: str, image: TaskImage | None = None
+    ) -> TrialConfig:
         request = ticket.request
         if not self.grades_request(request):
             verifier = VerifierConfig(disable=True)
@@ -521,7 +545,7 @@ class HarborBackend(ExecutionBackend):
                 kwargs={"ticket": ticket.id, "rollout_id": request.rollout_id},
                 override_timeout_sec=request.agent_timeout_sec or None,
             ),
-            environment=self._environment_config(ticket.policy_relay),
+            environment=self._environment_config(ticket.policy_relay, image),
             verifier=verifier,
             extra_instructions=extra,
         )
@@ -544,6 +568,15 @@ class HarborBackend(ExecutionBackend):
                 except TaskProblem as exc:
                     await rollout.report(failure(request.rollout_id, _WF, ErrorCategory.VALIDATION_ERROR, str(exc)))
                     return
+                image: TaskImage | None = None
+                if self._images is not None and has_dockerfile(task_dir / "environment"):
+                    try:
+                        image = await self._images.image(task_dir / "environment")
+                    except ImageBuildError as exc:
+                        given = isinstance(exc, BaseUnavailable)  # the user's to fix
+                        category = ErrorCategory.VALIDATION_ERROR if given else ErrorCategory.INFRA_ERROR
+                        await rollout.report(failure(request.rollout_id, _WF, category, str(exc)))
+                        return
                 trial_name = _trial_name(request.rollout_id)
                 ticket = Ticket(
                     request=request,
@@ -554,7 +587,7 @@ class HarborBackend(ExecutionBackend):
                     workflow_config=self._workflow_blob,
                     grader=self._class_ref(self.grader_class) if self.grader_class is not None else None,
                     grader_config=self._grader_blob,
-                    python=self.python,
+                    python=RUNTIME_PYTHON if image is not None else self.python,
                     lib_paths=self._lib_paths,
                     code_dir=(_TRIAL_CODE if not self._bwrap else str(self.code_dir)) if self.code_dir else None,
                     upload=self._uploads(),
@@ -575,7 +608,7 @@ class HarborBackend(ExecutionBackend):
                 TICKETS[ticket.id] = ticket
                 self._by_trial[trial_name] = ticket
                 rollout.detail = f" (trial kept: {ticket.trial_dir})"
-                trial_config = self._trial_config(ticket, task_dir, trial_name)
+                trial_config = self._trial_config(ticket, task_dir, trial_name, image)
                 trial_task = asyncio.ensure_future(self._queue.submit(trial_config))
                 try:
                     await self._run_trial(rollout, ticket, trial_task, submitted)
@@ -740,3 +773,8 @@ class HarborBackend(ExecutionBackend):
         """Remove a successful trial's folder (unless asked to keep it); failed ones stay for debugging."""
         if success and not self.config.keep_successful_trials:
             await asyncio.to_thread(shutil.rmtree, ticket.trial_dir, True)
+
+
+def _tell(message: str) -> None:
+    """A task image's build progress, on standard error (builds take seconds to minutes, once)."""
+    print(f"osmosis harbor: {message}", file=sys.stderr, flush=True)

@@ -541,10 +541,11 @@ class Sandbox:
             args += ["--ro-bind", f"/{name}", f"/{name}"]
         if os.path.isdir("/sys"):
             args += ["--ro-bind", "/sys", "/sys"]
-        for secret in _CREDENTIALS:
-            if os.path.lexists(secret) and not os.path.islink(secret):
-                args += ["--tmpfs", secret] if os.path.isdir(secret) else ["--ro-bind", "/dev/null", secret]
         exposed = self.exposed()
+        for secret in _CREDENTIALS:
+            shown = self.layout.is_host_path(secret) or any(Path(secret).is_relative_to(e) for e in exposed)
+            if shown and os.path.lexists(secret) and not os.path.islink(secret):  # (else bwrap would make its way)
+                args += ["--tmpfs", secret] if os.path.isdir(secret) else ["--ro-bind", "/dev/null", secret]
         for path in exposed:
             args += ["--ro-bind", str(path), str(path)]
         for hidden in self._worked_out()[1]:

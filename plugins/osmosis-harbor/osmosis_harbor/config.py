@@ -25,6 +25,10 @@ plugin's own generic task, each rollout in a fresh bubblewrap sandbox. A complet
     max_processes = 1024
     hide_paths = ["/srv/data"]        # host paths the sandbox must not see even where it shows their folder
     expose_paths = ["/opt/tools"]     # host paths it may see (read-only) beyond the system folders
+    image = "auto"                    # "build": each task in its own image (its Dockerfile, built once);
+                                      # "host": this machine's tools; "auto": "build" in dataset mode
+    # image_cache = "~/.cache/osmosis/images"   # where built images go (default: $OSMOSIS_IMAGE_CACHE, XDG)
+    # bases = { "python:3.12-slim" = "bases/py312.tar" }   # bases osmosis cannot make: a rootfs or OCI archive
 
 Which workflow and grader run, and their settings, are the run's (``[rollout]``), as on every backend.
 
@@ -59,6 +63,7 @@ DEFAULT_MAX_PROCESSES = 1024
 """Processes (and threads) per sandboxed command."""
 
 MODES = ("template", "dataset")
+IMAGE_SETTINGS = ("auto", "build", "host")
 
 
 def _one_of(*choices: str) -> Any:
@@ -98,6 +103,15 @@ class SandboxSection:
     expose_paths: list[str] = attrs.field(factory=list)
     """Host paths to show read-only beyond the system folders, this Python and the rollout code
     (e.g. a tool under /opt); a trial sees nothing else of the host."""
+    image: str = attrs.field(default="auto", validator=_one_of(*IMAGE_SETTINGS))
+    """``build``: a task with ``environment/Dockerfile`` runs in its own image, built once and cached
+    (:mod:`osmosis_harbor.images`; needs root, buildah and mmdebstrap); ``host``: on this machine's
+    tools; ``auto`` (the default): ``build`` in dataset mode, ``host`` in template mode (whose
+    generic task's Dockerfile is for Docker-based environments)."""
+    image_cache: str | None = None
+    """The folder of built images; default ``$OSMOSIS_IMAGE_CACHE``, else ``$XDG_CACHE_HOME/osmosis/images``."""
+    bases: dict[str, str] = attrs.field(factory=dict)
+    """Base images osmosis cannot make (``python:3.12-slim``), by name: a rootfs tarball or an OCI archive."""
     bwrap: str | None = None
     """The bubblewrap executable; default ``bwrap`` on PATH."""
 

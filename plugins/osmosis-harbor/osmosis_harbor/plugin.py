@@ -1,4 +1,5 @@
-"""The osmosis plugin of osmosis-harbor (entry point ``harbor``): the ``harbor`` backend and a template.
+"""The osmosis plugin of osmosis-harbor (entry point ``harbor``): the ``harbor`` backend, a template,
+and the ``osmosis harbor`` command (task images: ``build``, ``cache``).
 
 It stays light: nothing here imports Harbor (or litellm, which takes seconds to import), so
 ``osmosis --help`` and ``osmosis plugins`` stay fast; Harbor is imported when the backend is built.
@@ -7,11 +8,21 @@ It stays light: nothing here imports Harbor (or litellm, which takes seconds to 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from osmosis_core import BackendSpec, TemplateSpec, hookimpl
 from osmosis_core.plugin import multiply_template
 
-__all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_backends", "osmosis_register_templates"]
+if TYPE_CHECKING:
+    import click
+
+__all__ = [
+    "TEMPLATE_NAME",
+    "TEMPLATE_ROOT",
+    "osmosis_register_backends",
+    "osmosis_register_commands",
+    "osmosis_register_templates",
+]
 
 TEMPLATE_NAME = "multiply-harbor-strands"
 TEMPLATE_ROOT = Path(__file__).resolve().parent / "template"
@@ -39,3 +50,10 @@ def osmosis_register_templates() -> list[TemplateSpec]:
             "A Strands multiply agent, each rollout in an isolated Harbor trial (no Docker needed).",
         )
     ]
+
+
+@hookimpl
+def osmosis_register_commands(cli: click.Group) -> None:
+    from osmosis_harbor.harbor_cmd import harbor
+
+    cli.add_command(harbor)

@@ -52,7 +52,9 @@ class SafeTree:
     @contextlib.contextmanager
     def _dir(self, parts: Sequence[str], *, create: bool) -> Iterator[int]:
         """An open descriptor of the folder ``root/parts``; symlinks are replaced (create) or refused."""
-        fd = os.open(self.root, _DIR_FLAGS)
+        # the root is the host's own path (it may be /proc/<pid>/root: a trial's tree seen through
+        # its sandbox's process), so it is followed; nothing below it is
+        fd = os.open(self.root, _DIR_FLAGS & ~os.O_NOFOLLOW)
         try:
             for part in parts:
                 _check_part(part)

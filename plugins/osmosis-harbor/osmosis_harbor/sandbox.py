@@ -21,7 +21,20 @@ Constructor keywords (``EnvironmentConfig.kwargs``, ``--ek key=value``):
 * ``bwrap``: the bubblewrap executable;
 * ``policy_relay``: a loopback ``host:port`` (the ``harbor`` backend passes its policy gateway's for
   a ``no-network`` task): the trial's commands get a unix socket relayed to it, at
-  :data:`~osmosis_harbor.relay.POLICY_SOCKET` (:mod:`osmosis_harbor.relay`), and nothing else.
+  :data:`~osmosis_harbor.relay.POLICY_SOCKET` (:mod:`osmosis_harbor.relay`), and nothing else;
+* ``image``: run the trial on a task image instead of the host's tools (:mod:`osmosis_harbor.image_sandbox`):
+  the folder of an image already built (:class:`~osmosis_harbor.images.ImageCache`), or ``"build"``
+  to build the task's ``environment/Dockerfile`` now (cached); ``image_cache`` names the cache
+  folder, ``bases`` the bases the user gives (``{"python:3.12-slim": "rootfs.tar"}``).
+
+**On a task image** (``image``), the trial is one machine for its whole life, as a container is: its
+tree is the image (no host ``/usr`` or ``/etc``) on an overlay of its own; what a command starts keeps
+running until the trial ends; commands start in the image's ``WORKDIR`` (the task's ``workdir`` wins)
+with its ``Env`` and ``User``, as root of the trial's user namespace with Docker's default
+capabilities less ``NET_RAW`` and ``MKNOD`` (``apt-get install`` works); a command gets the host's
+network or, under ``no-network``, the trial's own loopback (and the socket to its policy, which the
+relay opens at start when the task begins without network); only what the Dockerfile copies is in
+the image (the build context is not uploaded); osmosis's own runtime is shown read-only.
 
 **The verifier's phase.** Harbor starts verifying by uploading the task's tests to ``/tests``. From
 then on: ``/tests`` holds only what was uploaded (anything the agent left there is removed first);
@@ -32,7 +45,7 @@ user site folder or in the working folder; and commands run from ``/tests`` unle
 A verifier that means to import the agent's code says so (``PYTHONPATH=/app`` in its
 ``tests/test.sh``). The agent's processes are gone by then (each command is its own sandbox).
 
-Limits: a task's Dockerfile is not built (the host's installed tools are the image); every command
+Limits, on the host's tools (without ``image``): a task's Dockerfile is not built; every command
 runs without capabilities, whatever ``user`` asks, as root of the trial's own user namespace when
 osmosis runs as root (host ids from ``OSMOSIS_SANDBOX_ID_BASE``, default 2046820352: never the
 host's root; the trial's files are owned by them on the host), else as the user running osmosis;
@@ -43,6 +56,7 @@ host's root; the trial's files are owned by them on the host), else as the user 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -65,7 +79,10 @@ from osmosis_harbor.bwrap import (  # noqa: E402
     python_paths,
 )
 from osmosis_harbor.config import DEFAULT_MAX_PROCESSES, DEFAULT_MEMORY_MB  # noqa: E402
+from osmosis_harbor.image_sandbox import ImageSandbox  # noqa: E402
+from osmosis_harbor.images import ImageCache, TaskImage, default_cache_dir, has_dockerfile  # noqa: E402
 from osmosis_harbor.relay import POLICY_SOCKET, HostRelay, parse_address  # noqa: E402
+from osmosis_harbor.runtime import RUNTIME_DIR, runtime_for  # noqa: E402
 from osmosis_harbor.safetree import SafeTree  # noqa: E402
 
 __all__ = ["ENVIRONMENT_TYPE", "BubblewrapEnvironment"]
@@ -98,6 +115,9 @@ class BubblewrapEnvironment(BaseEnvironment):
         expose_paths: list[str] | tuple[str, ...] | str = (),
         bwrap: str | None = None,
         policy_relay: str | None = None,
+        image: str | None = None,
+        image_cache: str | None = None,
+        bases: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         self._memory_mb = _count(memory_mb)
@@ -113,6 +133,11 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._sandbox: Sandbox | None = None
         self._verifier_home: str | None = None
         """Set when the verifier's phase began (see the module docstring)."""
+        self._image_setting = image or None
+        self._image_cache = image_cache
+        self._bases = {str(k): Path(v) for k, v in (bases or {}).items()}
+        self._image: TaskImage | None = None
+        self._on_image: ImageSandbox | None = None
         super().__init__(
             environment_dir, environment_name, session_id, trial_paths, task_env_config, logger=logger, **kwargs
         )
@@ -138,7 +163,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         if self.task_env_config.os != TaskOS.LINUX:
             raise ValueError(f"{ENVIRONMENT_TYPE} runs Linux tasks only, not {self.task_env_config.os.value!r}")
         workdir = self.task_env_config.workdir
-        if workdir and HostLayout.detect().is_host_path(workdir):
+        if self._image_setting is None and workdir and HostLayout.detect().is_host_path(workdir):
             raise ValueError(
                 f"the task's workdir {workdir!r} is on the read-only host filesystem; "
                 f"{ENVIRONMENT_TYPE} needs a workdir outside the host's top-level folders (e.g. /app)"
@@ -163,12 +188,71 @@ class BubblewrapEnvironment(BaseEnvironment):
 
     @property
     def workdir(self) -> str:
-        """The task's working folder (``/app`` when the task names none)."""
-        return self.task_env_config.workdir or "/app"
+        """The task's working folder: its ``workdir``, else the image's ``WORKDIR`` (on a task image), else ``/app``."""
+        if self.task_env_config.workdir:
+            return str(self.task_env_config.workdir)
+        if self._image is not None:
+            return self._image.workdir or "/"
+        return "/app"
+
+    @property
+    def image(self) -> TaskImage | None:
+        """The task image the trial runs on (None: the host's tools)."""
+        return self._image
+
+    def _load_image(self) -> TaskImage:
+        setting = self._image_setting
+        assert setting is not None
+        if setting != "build":
+            return TaskImage.load(Path(setting))
+        if not has_dockerfile(Path(self.environment_dir)):
+            raise SandboxStartError(f"{self.environment_dir} has no Dockerfile, and image='build' asks to build it")
+        from osmosis_harbor.bwrap import sandbox_id_base
+
+        root = Path(self._image_cache) if self._image_cache else default_cache_dir()
+        return ImageCache(root, self._bases, sandbox_id_base()).build(Path(self.environment_dir))
+
+    async def _start_on_image(self, memory: int, trials_root: Path) -> None:
+        try:
+            self._image = await asyncio.to_thread(self._load_image)
+        except (OSError, ValueError, KeyError) as exc:
+            raise SandboxStartError(f"cannot read the task's image ({self._image_setting}): {exc}") from None
+        cache_root = self._image.folder.parent.parent
+        runtime = await asyncio.to_thread(runtime_for, cache_root)
+        sockets: list[tuple[Path, str]] = []
+        self._root.mkdir(parents=True, exist_ok=True)
+        sandbox = ImageSandbox(
+            self._image,
+            self._root,
+            runtime,
+            expose=[*python_paths(), *self._expose],
+            hide=[trials_root, *self._hide],
+            memory_mb=memory,
+            max_processes=self._max_processes,
+            network=not self._network_disabled,
+            bwrap=find_bwrap(self._bwrap),
+        )
+        if self._policy_target is not None and self._network_disabled:
+            self._relay = HostRelay(self._policy_target, sandbox.owner)
+            try:
+                socket = await self._relay.start()
+            except OSError as exc:
+                self._relay = None
+                raise SandboxStartError(f"cannot open the trial's socket to its policy: {exc}") from None
+            sockets.append((socket, POLICY_SOCKET))
+        sandbox.sockets = sockets
+        self._on_image = sandbox
+        await sandbox.start()
+        self._tree = SafeTree(sandbox.root, sandbox.owner)
+        for folder in {self.workdir, *_LOG_DIRS}:
+            self._tree.mkdir(_parts(folder))
 
     async def start(self, force_build: bool) -> None:
         memory = self._memory_mb or self.task_env_config.memory_mb or DEFAULT_MEMORY_MB
         trials_root = Path(self.trial_paths.trial_dir).parent
+        if self._image_setting is not None:
+            await self._start_on_image(memory, trials_root)
+            return
         try:
             self._sandbox = Sandbox(
                 self._root,
@@ -202,6 +286,10 @@ class BubblewrapEnvironment(BaseEnvironment):
                     self._tree.write_file([*_parts(target), entry.name], entry)
 
     async def stop(self, delete: bool) -> None:
+        on_image, self._on_image = self._on_image, None
+        if on_image is not None:
+            await on_image.close()
+            self._tree = SafeTree(self._root)
         relay, self._relay = self._relay, None
         if relay is not None:
             await relay.aclose()
@@ -222,7 +310,9 @@ class BubblewrapEnvironment(BaseEnvironment):
         folder = cwd or self.workdir
         if self._verifier_home is not None:
             merged = {**merged, "HOME": self._verifier_home, **_VERIFIER_ENV}
-            folder = cwd or _TESTS
+            folder = cwd or (self.workdir if self._on_image is not None else _TESTS)  # an image: its WORKDIR, as Docker
+        if self._on_image is not None:
+            return await self._exec_on_image(self._on_image, command, folder, merged, timeout_sec, user)
         if not self._tree.exists(_parts(folder)) and not HostLayout.detect().is_host_path(folder):
             self._tree.mkdir(_parts(folder))
         try:
@@ -240,8 +330,46 @@ class BubblewrapEnvironment(BaseEnvironment):
             stderr += f"\n[osmosis sandbox: the memory limit ({self.sandbox.memory_mb} MB) killed a process]"
         return ExecResult(stdout=result.stdout, stderr=stderr, return_code=result.return_code)
 
+    async def _exec_on_image(
+        self,
+        sandbox: ImageSandbox,
+        command: str,
+        folder: str,
+        env: dict[str, str],
+        timeout_sec: int | float | None,
+        user: str | int | None,
+    ) -> ExecResult:
+        if self._tree.exists(_parts(folder)) is None:
+            self._tree.mkdir(_parts(folder))
+        try:
+            result = await sandbox.run(
+                command,
+                cwd=folder,
+                env=env,
+                timeout=float(timeout_sec) if timeout_sec else None,
+                user=user,
+                network=not self._network_disabled,
+            )
+        except CommandTimeout as exc:
+            raise RuntimeError(str(exc)) from None
+        stderr = result.stderr
+        if result.oom_killed:
+            stderr += f"\n[osmosis sandbox: the memory limit ({sandbox.memory_mb} MB) killed a process]"
+        return ExecResult(stdout=result.stdout, stderr=stderr, return_code=result.return_code)
+
+    def _is_outside(self, path: str) -> bool:
+        """True when ``path`` is not the trial's own (the host's, or the sandbox's machinery)."""
+        if self._on_image is not None:
+            top = _parts(path)[:1]
+            return bool(top) and (top[0] in ("proc", "sys", "dev") or f"/{top[0]}" == RUNTIME_DIR)
+        return HostLayout.detect().is_host_path(path)
+
     def _private(self, path: str, *, write: bool) -> list[str]:
         parts = _parts(path)
+        if self._on_image is not None:
+            if self._is_outside(path):
+                raise PermissionError(f"cannot {'write to' if write else 'read'} {path}: not the trial's own files")
+            return parts
         if HostLayout.detect().is_host_path(path):
             verb = "write to" if write else "read"
             raise PermissionError(f"cannot {verb} {path}: it is on the sandbox's read-only host filesystem")
@@ -282,12 +410,12 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._tree.read_tree(parts, target_dir)
 
     async def is_dir(self, path: str, user: str | int | None = None) -> bool:
-        if HostLayout.detect().is_host_path(path):
+        if self._on_image is None and HostLayout.detect().is_host_path(path):
             return os.path.isdir(path)
         return self._tree.exists(_parts(path)) == "dir"
 
     async def is_file(self, path: str, user: str | int | None = None) -> bool:
-        if HostLayout.detect().is_host_path(path):
+        if self._on_image is None and HostLayout.detect().is_host_path(path):
             return os.path.isfile(path)
         return self._tree.exists(_parts(path)) == "file"
 

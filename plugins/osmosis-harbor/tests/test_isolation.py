@@ -208,12 +208,20 @@ FORGE = """import os; open('/logs/verifier/reward.json', 'w').write('{"reward": 
 def test_a_dataset_task_keeps_its_tests_solution_and_reward_from_the_agent(probe, tmp_path):
     """Dataset mode, no network: the agent can read neither the task's tests nor its solution (nor any
     host file outside the allow-list), and what it plants cannot run in the verifier's interpreters."""
+    check_escape_attempts(probe, tmp_path)
+
+
+def check_escape_attempts(probe, tmp_path, *, dockerfile: str | None = None, **sandbox) -> None:
+    """The escape test's trials and checks; with ``dockerfile``, on the task's image built from it
+    (``sandbox``: more ``[backend.harbor.sandbox]`` settings, e.g. the image cache)."""
     import osmosis_core
-    from osmosis_harbor import HarborBackend, HarborBackendConfig
+    from osmosis_harbor import HarborBackend, HarborBackendConfig, SandboxSection
 
     tasks = tmp_path / "tasks"
     shutil.copytree(TASKS_DIR / "guarded", tasks)
     task = tasks / "escape"
+    if dockerfile is not None:
+        (task / "environment" / "Dockerfile").write_text(dockerfile)
     host_secret = Path(tempfile.mkdtemp(prefix="osmosis-harbor-labels-", dir="/var/tmp")) / "labels.txt"
     host_secret.write_text("hidden labels")
     repo_file = Path(osmosis_core.__file__).resolve().parent.parent / "pyproject.toml"
@@ -232,7 +240,9 @@ def test_a_dataset_task_keeps_its_tests_solution_and_reward_from_the_agent(probe
         *({"plant": [f"{system_site(minor)}/usercustomize.py", FORGE + "\n"]} for minor in range(8, 15)),
         {"plant": ["/tests/test.sh", "echo 1 > /logs/verifier/reward.txt\n"]},
     ]
-    config = HarborBackendConfig(mode="dataset", dataset_dir=str(tasks), keep_successful_trials=True)
+    config = HarborBackendConfig(
+        mode="dataset", dataset_dir=str(tasks), keep_successful_trials=True, sandbox=SandboxSection(**sandbox)
+    )
     try:
         with ScriptedPolicyServer() as server:
             backend = HarborBackend(
@@ -253,7 +263,10 @@ def test_a_dataset_task_keeps_its_tests_solution_and_reward_from_the_agent(probe
     for hidden in (tests, solution, tests_in_trial, solution_in_trial, secret, repo):
         assert str(hidden).startswith("error:"), hidden
         assert "MARKER" not in str(hidden), hidden
-    assert not {"var", "srv", "opt", "media", "mnt"} & set(top), top  # of the host, only the system folders
+    if dockerfile is None:
+        assert not {"var", "srv", "opt", "media", "mnt"} & set(top), top  # of the host, only the system folders
+    else:
+        assert {"var", "srv", "opt", ".osmosis"} <= set(top), top  # the image's own tree, and osmosis's runtime
     assert (dishonest.final.stage.value, dishonest.final.status.value) == ("grader", "success"), dishonest.final
     assert dishonest.final.reward == 0.0  # nothing it planted ran in the verifier
     assert honest.final.reward == 1.0  # and an honest answer still passes

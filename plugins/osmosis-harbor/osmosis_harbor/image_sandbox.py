@@ -1,0 +1,446 @@
+"""A trial on a task's own image: one overlay and one sandbox that live as long as the trial.
+
+:class:`ImageSandbox` starts, per trial, one process tree that holds everything:
+
+* ``unshare --mount`` makes a mount namespace of its own, in which a kernel overlay is mounted over
+  the image's read-only rootfs (:mod:`osmosis_harbor.images`), with the trial's writes in its upper
+  folder (``<trial>/sandbox/<role>/upper``): the rootfs is never written, and the mount exists only
+  in that namespace, so it goes with the trial's processes, even after ``kill -9`` of osmosis;
+* bubblewrap shows the overlay as ``/`` (the image is the whole tree: no host ``/usr`` or ``/etc``),
+  with a fresh ``/proc`` (``/proc/sys`` read-only) and ``/dev`` (no device can be made), ``/sys``
+  read-only, ``/etc/hosts``, ``/etc/hostname`` and ``/etc/resolv.conf`` made for the trial, and
+  read-only: osmosis's runtime (:mod:`osmosis_harbor.runtime`), this Python at its own paths, and
+  the rollout code; its own PID, IPC, UTS and cgroup namespaces, and with ``network=False`` its own
+  network namespace (a loopback only, plus the one socket to its policy);
+* inside, a holder process that lives until the trial ends, as root of the trial's user namespace
+  (its ids are the unprivileged host ids of :func:`~osmosis_harbor.bwrap.sandbox_id_base`, which own
+  the rootfs's files) with Docker's default capabilities less ``NET_RAW`` and ``MKNOD``
+  (:data:`CAPABILITIES`): ``apt-get`` works, ``mknod`` does not.
+
+Each command enters that sandbox's namespaces (``nsenter``), takes the image's user (or the one
+asked for) and capabilities (``setpriv``), starts in the image's ``WORKDIR`` with its ``Env``, and may
+leave processes behind: a daemon the agent starts is still there for the verifier, as in a
+container. A command that times out or is cancelled is killed with its process group; everything
+goes when the trial ends (:meth:`ImageSandbox.close`: the holder's PID namespace dies, the cgroup is
+killed, the overlay unmounted with its namespace).
+
+Needs root (the overlay, the id-mapped user namespace), bubblewrap, and util-linux.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from osmosis_harbor.bwrap import (
+    _LOADER_VARIABLES,
+    CommandResult,
+    CommandTimeout,
+    SandboxStartError,
+    UserNamespace,
+    _kill_tree,
+    _tool,
+    find_bwrap,
+    is_exposable,
+    sandbox_id_base,
+    sandbox_limits,
+)
+from osmosis_harbor.images import TaskImage
+from osmosis_harbor.limits import ExecLimits, Limits
+from osmosis_harbor.runtime import RUNTIME_DIR, RUNTIME_PYTHON, Runtime
+
+__all__ = ["CAPABILITIES", "ImageSandbox", "ImageUser"]
+
+CAPABILITIES: tuple[str, ...] = (
+    "chown",
+    "dac_override",
+    "fsetid",
+    "fowner",
+    "setgid",
+    "setuid",
+    "setfcap",
+    "setpcap",
+    "net_bind_service",
+    "sys_chroot",
+    "kill",
+    "audit_write",
+)
+"""What a trial's root may do: Docker's default capability set less ``net_raw`` and ``mknod``."""
+_HOLDER = "import sys; print('ready', flush=True); sys.stdin.buffer.read()"
+_START_TIMEOUT = 30.0
+
+
+@attrs.frozen
+class ImageUser:
+    """A user of the image, from its ``/etc/passwd`` and ``/etc/group``."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @classmethod
+    def find(cls, root: Path, spec: str) -> ImageUser:
+        """``spec`` as Docker's ``USER`` takes it (``name``, ``uid``, ``name:group``, ``uid:gid``, or empty: root).
+
+        :raises ValueError: a name the image does not know.
+        """
+        name, _, group = (spec or "0").partition(":")
+        passwd = _table(root / "etc/passwd")
+        groups = _table(root / "etc/group")
+        entry = next((e for e in passwd if name in (e[0], e[2])), None)
+        if entry is None and not name.isdigit():
+            raise ValueError(f"the image has no user {name!r} (its /etc/passwd)")
+        uid = int(entry[2]) if entry is not None else int(name)
+        gid = int(entry[3]) if entry is not None and len(entry) > 3 and entry[3].isdigit() else uid
+        if group:
+            found = next((g for g in groups if group in (g[0], g[2])), None)
+            if found is None and not group.isdigit():
+                raise ValueError(f"the image has no group {group!r} (its /etc/group)")
+            gid = int(found[2]) if found is not None else int(group)
+        user_name = entry[0] if entry is not None else None
+        extra = sorted(
+            {int(g[2]) for g in groups if len(g) > 3 and user_name and user_name in g[3].split(",") and g[2].isdigit()}
+            - {gid}
+        )
+        home = entry[5] if entry is not None and len(entry) > 5 and entry[5] else ("/root" if uid == 0 else "/")
+        return cls(uid, gid, (gid, *extra), home)
+
+
+def _unlinked_file(folder: Path) -> int:
+    """A file descriptor of a new, already removed file in ``folder`` (a command's output goes there)."""
+    fd = os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    return fd
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _table(path: Path) -> list[list[str]]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.split(":") for line in text.splitlines() if line and not line.startswith("#")]
+
+
+@attrs.define
+class ImageSandbox:
+    """One trial's sandbox on a task image (see the module docstring).
+
+    :param image: the built image (its rootfs is the overlay's lower layer).
+    :param folder: the trial's own folder for the overlay's upper layer and the generated files.
+    :param runtime: osmosis's runtime, shown at :data:`~osmosis_harbor.runtime.RUNTIME_DIR`.
+    :param expose: host paths shown read-only at their own path (this Python, the rollout code).
+    :param hide: host paths hidden where an exposed one would show them (the run's and trials' folders, the dataset).
+    :param network: the host's network (True) or a private loopback (False), for commands that do not say.
+    :param sockets: host unix sockets shown read-only, as ``(host path, sandbox path)``.
+    """
+
+    image: TaskImage
+    folder: Path
+    runtime: Runtime
+    expose: Sequence[Path] = ()
+    hide: Sequence[Path] = ()
+    memory_mb: int | None = None
+    max_processes: int | None = None
+    network: bool = True
+    hostname: str = "sandbox"
+    sockets: Sequence[tuple[Path, str]] = ()
+    bwrap: str = attrs.field(factory=find_bwrap)
+    limits: Limits = attrs.field(factory=sandbox_limits)
+    id_base: int | None = attrs.field(factory=sandbox_id_base)
+    _holder: asyncio.subprocess.Process | None = attrs.field(default=None, init=False)
+    _pid: int | None = attrs.field(default=None, init=False)
+    _userns: UserNamespace | None = attrs.field(default=None, init=False)
+    _cgroup: ExecLimits | None = attrs.field(default=None, init=False)
+    _shell: str = attrs.field(default="/bin/sh", init=False)
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        assert self.id_base is not None
+        return (self.id_base, self.id_base)
+
+    @property
+    def root(self) -> Path:
+        """The trial's ``/`` as the host reaches it (through the holder: the overlay is in its namespace)."""
+        if self._pid is None:
+            raise RuntimeError("the image sandbox is not started")
+        return Path(f"/proc/{self._pid}/root")
+
+    @property
+    def upper(self) -> Path:
+        """The trial's writes (the overlay's upper layer), kept in its folder."""
+        return self.folder / "upper"
+
+    @property
+    def cgroup(self) -> ExecLimits | None:
+        return self._cgroup
+
+    def _prepare(self) -> list[str]:
+        """The trial's folders and files, and the overlay's mount options."""
+        if self.id_base is None:
+            raise SandboxStartError("a trial on a task image needs root (its overlay and its user namespace)")
+        for name in ("upper", "work", "merged", "etc"):
+            (self.folder / name).mkdir(parents=True, exist_ok=True)
+        lower = self.image.rootfs
+        top = lower.stat()
+        os.chown(self.upper, top.st_uid, top.st_gid)  # the merged root is the upper's folder
+        os.chmod(self.upper, stat.S_IMODE(top.st_mode))
+        hosts = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{self.hostname}\n"
+        resolv = ""
+        if self.network:
+            with contextlib.suppress(OSError):
+                resolv = Path("/etc/resolv.conf").read_text()
+        for name, text in (("hosts", hosts), ("hostname", f"{self.hostname}\n"), ("resolv.conf", resolv)):
+            path = self.folder / "etc" / name
+            path.write_text(text)
+            os.chown(path, *self.owner)
+        for path in (lower, self.upper, self.folder / "work"):
+            if any(c in str(path) for c in ",:\\\n"):
+                raise SandboxStartError(f"an overlay cannot use a folder whose path has ',', ':' or '\\': {path}")
+        return [f"lowerdir={lower},upperdir={self.upper},workdir={self.folder / 'work'}", str(self.folder / "merged")]
+
+    def _holder_argv(self, userns: UserNamespace, info_fd: int) -> list[str]:
+        overlay, merged = self._prepare()
+        mount = 'mount -t overlay osmosis-trial -o "$1" "$2" && shift 2 && exec "$@"'
+        args = [_tool("unshare"), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh"]
+        args += [overlay, merged, self.bwrap, "--bind", merged, "/", "--proc", "/proc", "--dev", "/dev"]
+        if os.path.isdir("/proc/sys"):
+            args += ["--ro-bind", "/proc/sys", "/proc/sys"]
+        if os.path.isdir("/sys"):
+            args += ["--ro-bind", "/sys", "/sys"]
+        for name in ("hosts", "hostname", "resolv.conf"):
+            args += ["--bind", str(self.folder / "etc" / name), f"/etc/{name}"]
+        args += ["--ro-bind", str(self.runtime.folder), RUNTIME_DIR]
+        exposed = sorted({p for p in self.expose if is_exposable(p) and p.exists()})
+        self._make_mountpoints([*exposed, *(Path(inside) for _, inside in self.sockets)])
+        for path in exposed:
+            args += ["--ro-bind", str(path), str(path)]
+        for hidden in sorted(set(self.hide)):
+            if hidden.exists() and any(hidden.is_relative_to(e) for e in exposed):
+                args += ["--tmpfs", str(hidden)] if hidden.is_dir() else ["--ro-bind", "/dev/null", str(hidden)]
+        for host, inside in self.sockets:
+            args += ["--ro-bind", str(host), inside]
+        # a network namespace of its own (a loopback) that a command enters when it may not use the host's
+        args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
+        args += ["--hostname", self.hostname, "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
+        args += ["--chdir", "/", "--", *self.runtime.command("nsenter"), f"--user=/proc/self/fd/{userns.fd}", "--"]
+        args += [*self._privileges(ImageUser(0, 0, (0,), "/root")), "--", RUNTIME_PYTHON, "-I", "-S", "-c", _HOLDER]
+        return args
+
+    def _privileges(self, user: ImageUser) -> list[str]:
+        """``setpriv`` (the runtime's): the user's ids and groups, and at most :data:`CAPABILITIES`."""
+        caps = ",".join(f"+{c}" for c in CAPABILITIES)
+        groups = ",".join(str(g) for g in user.groups)
+        return [
+            *self.runtime.command("setpriv"),
+            f"--reuid={user.uid}",
+            f"--regid={user.gid}",
+            f"--groups={groups}" if groups else "--clear-groups",
+            "--inh-caps=-all",
+            f"--bounding-set=-all,{caps}",
+        ]
+
+    def _make_mountpoints(self, paths: Sequence[Path]) -> None:
+        """The folders on the way to each path shown in the trial, made in the upper layer before the
+        overlay is mounted: as the image has them (owner, mode), else the trial root's ``0755`` (bwrap
+        would make them the host root's ``0700``, which the trial's root could not pass)."""
+        lower = self.image.rootfs
+        for path in paths:
+            for depth in range(2, len(path.parts)):
+                relative = Path(*path.parts[1:depth])
+                below, above = lower / relative, self.upper / relative
+                if os.path.lexists(above):
+                    continue
+                if os.path.islink(below):
+                    break  # the image's own link: leave the way to bwrap
+                if os.path.isdir(below):
+                    info = below.stat()
+                    above.mkdir()
+                    os.chown(above, info.st_uid, info.st_gid)
+                    os.chmod(above, stat.S_IMODE(info.st_mode))
+                else:
+                    above.mkdir(mode=0o755)
+                    os.chown(above, *self.owner)
+                    os.chmod(above, 0o755)
+
+    async def start(self) -> None:
+        """Mount the overlay and start the trial's holder. :raises SandboxStartError: with bwrap's reason."""
+        if self.id_base is None:
+            raise SandboxStartError("a trial on a task image needs root (its overlay and its user namespace)")
+        self._userns = userns = await asyncio.to_thread(UserNamespace.create, self.id_base)
+        try:
+            self._cgroup = self.limits.create(self.memory_mb, self.max_processes)
+        except OSError as exc:
+            raise SandboxStartError(f"cannot create the sandbox's cgroup: {exc}") from None
+        info_read, info_write = os.pipe()
+        try:
+            try:
+                argv = self._holder_argv(userns, info_write)
+            except OSError as exc:
+                raise SandboxStartError(f"cannot prepare the trial's folder {self.folder}: {exc}") from None
+            try:
+                self._holder = await asyncio.create_subprocess_exec(
+                    *self._cgroup.launcher(argv),
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True,
+                    pass_fds=(userns.fd, info_write),
+                )
+            except OSError as exc:
+                raise SandboxStartError(f"cannot start the trial's sandbox ({self.bwrap}): {exc}") from None
+        finally:
+            os.close(info_write)
+        try:
+            assert self._holder.stdout is not None
+            ready = await asyncio.wait_for(self._holder.stdout.readline(), _START_TIMEOUT)
+            info = await asyncio.to_thread(os.read, info_read, 4096)
+        except TimeoutError:
+            ready, info = b"", b""
+        finally:
+            os.close(info_read)
+        if ready.strip() != b"ready":
+            reason = await self._holder_failure()
+            await self.close()
+            raise SandboxStartError(f"the trial's sandbox on its image did not start: {reason}")
+        try:
+            self._pid = int(json.loads(info.decode())["child-pid"])
+        except (ValueError, KeyError) as exc:
+            await self.close()
+            raise SandboxStartError(f"bubblewrap reported no sandbox process ({exc})") from None
+        bash = await asyncio.to_thread(os.path.lexists, self.root / "bin/bash")
+        self._shell = "/bin/bash" if bash else "/bin/sh"
+
+    async def _holder_failure(self) -> str:
+        holder = self._holder
+        if holder is None or holder.stderr is None:
+            return "no process"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(holder.wait(), 5)
+        err = b""
+        with contextlib.suppress(TimeoutError):
+            err = await asyncio.wait_for(holder.stderr.read(), 2)
+        text = err.decode(errors="replace").strip()
+        return text[-2000:] or f"exit status {holder.returncode}"
+
+    def user(self, spec: str | int | None = None) -> ImageUser:
+        """The user a command runs as: ``spec``, else the image's ``USER``, else root."""
+        chosen = str(spec) if spec is not None and str(spec) != "" else self.image.user
+        return ImageUser.find(self.root, chosen)
+
+    def environment(self, user: ImageUser, env: Mapping[str, str]) -> dict[str, str]:
+        """A command's environment: the image's ``Env``, ``HOME`` of its user, then ``env``."""
+        base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOSTNAME": self.hostname}
+        return {**base, **self.image.env, "HOME": user.home, **{str(k): str(v) for k, v in env.items()}}
+
+    async def run(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | int | None = None,
+        network: bool | None = None,
+    ) -> CommandResult:
+        """Run ``command`` in the trial (what it leaves running stays, as in a container).
+
+        :param network: the host's network (True) or the trial's own loopback (False); default :attr:`network`.
+
+        :raises CommandTimeout: past ``timeout`` seconds (its process group is killed).
+        :raises SandboxStartError: the trial's sandbox is gone.
+        """
+        if self._pid is None or self._userns is None or self._cgroup is None:
+            raise SandboxStartError("the trial's sandbox is not running")
+        try:
+            who = self.user(user)
+        except ValueError as exc:
+            raise SandboxStartError(str(exc)) from None
+        environment = self.environment(who, env or {})
+        loader = [f"{k}={environment.pop(k)}" for k in sorted(environment) if k in _LOADER_VARIABLES]
+        folder = cwd or self.image.workdir or "/"
+        argv = [_tool("nsenter"), f"--target={self._pid}", "--mount", "--uts", "--ipc", "--pid"]
+        if not (self.network if network is None else network):
+            argv.append("--net")
+        argv += [f"--user=/proc/self/fd/{self._userns.fd}", "--root", "--wd=/", "--"]
+        argv += [*self._privileges(who), "--", *self.runtime.command("env"), f"--chdir={folder}", *loader]
+        argv += [self._shell, "-c", command]
+        kills = self._cgroup.oom_kills()
+        # files, not pipes: a daemon the command leaves behind keeps writing where it was told to,
+        # and the command is over when its own process ends (as ``docker exec``), not when that daemon does
+        outputs = [_unlinked_file(self.folder) for _ in range(2)]
+        try:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *self._cgroup.launcher(argv),
+                    env=environment,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=outputs[0],
+                    stderr=outputs[1],
+                    start_new_session=True,
+                    pass_fds=(self._userns.fd,),
+                )
+            except OSError as exc:
+                raise SandboxStartError(f"cannot enter the trial's sandbox: {exc}") from None
+            try:
+                try:
+                    await asyncio.wait_for(proc.wait(), timeout)
+                except TimeoutError:
+                    raise CommandTimeout(f"Command timed out after {timeout:g} seconds") from None
+            finally:
+                if proc.returncode is None:  # its process group only: what it started as a daemon stays
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(asyncio.wait_for(proc.wait(), 10))
+            out, err = (_read_all(fd) for fd in outputs)
+        finally:
+            for fd in outputs:
+                os.close(fd)
+        stderr = err.decode("utf-8", "replace")
+        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+        if code in (1, 125) and stderr.startswith(("nsenter: ", "setpriv: ")) and not out:
+            raise SandboxStartError(f"cannot enter the trial's sandbox: {stderr.strip()}")
+        return CommandResult(code, out.decode("utf-8", "replace"), stderr, self._cgroup.oom_kills() > kills)
+
+    async def close(self) -> None:
+        """End the trial: its holder (and with it every process and the overlay's mount), its cgroup."""
+        holder, self._holder = self._holder, None
+        self._pid = None
+        if holder is not None:
+            if holder.stdin is not None:
+                holder.stdin.close()
+            try:
+                await asyncio.wait_for(holder.wait(), 5)
+            except TimeoutError:
+                pass
+            if self._cgroup is not None:
+                await _kill_tree(holder, self._cgroup)
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            cgroup.kill()
+            if cgroup.dirs:
+                await asyncio.to_thread(cgroup.remove)
+        userns, self._userns = self._userns, None
+        if userns is not None:
+            userns.close()

@@ -1,0 +1,3 @@
+#!/bin/bash
+pwd > where.txt; echo "$TASK_GREETING" > greeting.txt
+units -t '2 hours' minutes > answer.txt
