@@ -99,6 +99,7 @@ from osmosis_harbor.images import (  # noqa: E402
     TaskImage,
     default_cache_dir,
     has_dockerfile,
+    image_build_missing,
 )
 from osmosis_harbor.outcomes import NO_REWARD_ERRORS, failure, grader_file_result, pick_reward, trial_error  # noqa: E402
 from osmosis_harbor.relay import loopback_address  # noqa: E402
@@ -350,7 +351,9 @@ class HarborBackend(ExecutionBackend):
             self.python = environment.python or sys.executable
             self._lib_paths = [str(p) for p in python_paths(import_path=True)]
             wanted = config.sandbox.image
-            if wanted == "build" or (wanted == "auto" and self.mode == "dataset"):
+            if wanted == "auto" and self.mode == "dataset" and (missing := image_build_missing()):
+                _tell(f"tasks run on this machine's tools, not in their own images: {missing} (image = 'auto')")
+            elif wanted == "build" or (wanted == "auto" and self.mode == "dataset"):
                 cache_dir = _find(config.sandbox.image_cache, anchors) if config.sandbox.image_cache else None
                 bases = {name: _find(path, anchors) or Path(path) for name, path in config.sandbox.bases.items()}
                 cache = ImageCache(cache_dir or default_cache_dir(), bases, sandbox_id_base())

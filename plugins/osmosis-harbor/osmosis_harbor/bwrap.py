@@ -542,12 +542,12 @@ class Sandbox:
         if os.path.isdir("/sys"):
             args += ["--ro-bind", "/sys", "/sys"]
         exposed = self.exposed()
-        for secret in _CREDENTIALS:
+        for path in exposed:
+            args += ["--ro-bind", str(path), str(path)]
+        for secret in _CREDENTIALS:  # after the exposed paths: one of them cannot show a secret again
             shown = self.layout.is_host_path(secret) or any(Path(secret).is_relative_to(e) for e in exposed)
             if shown and os.path.lexists(secret) and not os.path.islink(secret):  # (else bwrap would make its way)
                 args += ["--tmpfs", secret] if os.path.isdir(secret) else ["--ro-bind", "/dev/null", secret]
-        for path in exposed:
-            args += ["--ro-bind", str(path), str(path)]
         for hidden in self._worked_out()[1]:
             if hidden.exists() and (
                 self.layout.is_host_path(str(hidden)) or any(hidden.is_relative_to(e) for e in exposed)

@@ -106,8 +106,9 @@ class SandboxSection:
     image: str = attrs.field(default="auto", validator=_one_of(*IMAGE_SETTINGS))
     """``build``: a task with ``environment/Dockerfile`` runs in its own image, built once and cached
     (:mod:`osmosis_harbor.images`; needs root, buildah and mmdebstrap); ``host``: on this machine's
-    tools; ``auto`` (the default): ``build`` in dataset mode, ``host`` in template mode (whose
-    generic task's Dockerfile is for Docker-based environments)."""
+    tools; ``auto`` (the default): ``build`` in dataset mode where it can (root, buildah and
+    mmdebstrap; else ``host``, saying why once), ``host`` in template mode (whose generic task's
+    Dockerfile is for Docker-based environments)."""
     image_cache: str | None = None
     """The folder of built images; default ``$OSMOSIS_IMAGE_CACHE``, else ``$XDG_CACHE_HOME/osmosis/images``."""
     bases: dict[str, str] = attrs.field(factory=dict)

@@ -35,6 +35,7 @@ import json
 import os
 import signal
 import stat
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -74,6 +75,11 @@ CAPABILITIES: tuple[str, ...] = (
     "audit_write",
 )
 """What a trial's root may do: Docker's default capability set less ``net_raw`` and ``mknod``."""
+_PRELOAD = "/etc/ld.so.preload"
+_OUTPUT_LIMIT = 64 << 20
+_LOCALE = frozenset({"LANG", "LANGUAGE"})
+_NAMESPACES = ("mnt", "uts", "ipc", "pid", "net")
+_NSENTER = {"mnt": "mount", "uts": "uts", "ipc": "ipc", "pid": "pid", "net": "net"}
 _HOLDER = "import sys; print('ready', flush=True); sys.stdin.buffer.read()"
 _START_TIMEOUT = 30.0
 
@@ -115,14 +121,32 @@ class ImageUser:
         return cls(uid, gid, (gid, *extra), home)
 
 
+def _check_maskable(rootfs: Path) -> None:
+    """The image's ``/etc`` is a folder and its ``/etc/ld.so.preload`` a plain file or absent, so the
+    sandbox's empty one can be mounted there (a link would lead the mount, and the loader, elsewhere)."""
+    etc = rootfs / "etc"
+    if os.path.islink(etc) or not etc.is_dir():
+        raise SandboxStartError(f"the image's /etc is not a plain folder ({rootfs}): osmosis cannot run a trial on it")
+    preload = etc / "ld.so.preload"
+    if os.path.lexists(preload) and (os.path.islink(preload) or not preload.is_file()):
+        raise SandboxStartError(f"the image's {_PRELOAD} is not a plain file ({rootfs}): osmosis cannot mask it")
+
+
 def _unlinked_file(folder: Path) -> int:
     """A file descriptor of a new, already removed file in ``folder`` (a command's output goes there)."""
-    fd = os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    return fd
+    try:
+        return os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError:  # a file system without O_TMPFILE
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".output-")
+        os.unlink(name)
+        return fd
 
 
 def _read_all(fd: int) -> bytes:
+    """What a command wrote, up to :data:`_OUTPUT_LIMIT` bytes (the rest is cut, and says so)."""
     size = os.fstat(fd).st_size
+    cut = size > _OUTPUT_LIMIT
+    size = min(size, _OUTPUT_LIMIT)
     chunks, offset = [], 0
     while offset < size:
         chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
@@ -130,15 +154,39 @@ def _read_all(fd: int) -> bytes:
             break
         chunks.append(chunk)
         offset += len(chunk)
+    if cut:
+        chunks.append(f"\n[osmosis sandbox: output cut at {_OUTPUT_LIMIT >> 20} MiB]\n".encode())
     return b"".join(chunks)
 
 
 def _table(path: Path) -> list[list[str]]:
+    """The lines of a trial's ``/etc/passwd`` or ``/etc/group``, split: read without following any
+    symlink the trial made below its root (a link to a host file, a fifo: nothing), at most 4 MiB."""
     try:
-        text = path.read_text(errors="replace")
+        text = _read_plain(path).decode(errors="replace")
     except OSError:
         return []
     return [line.split(":") for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def _read_plain(path: Path) -> bytes:
+    """A regular file under a trusted root (``.../etc/passwd`` of a trial: its last two parts are the
+    trial's), opened one component at a time with ``O_NOFOLLOW``."""
+    *top, folder, name = path.parts
+    fd = os.open(os.path.join(*top), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        child = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        os.close(fd)
+        fd = child
+        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        if not stat.S_ISREG(os.fstat(file).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(file, 4 << 20)
+    finally:
+        os.close(file)
 
 
 @attrs.define
@@ -169,6 +217,9 @@ class ImageSandbox:
     id_base: int | None = attrs.field(factory=sandbox_id_base)
     _holder: asyncio.subprocess.Process | None = attrs.field(default=None, init=False)
     _pid: int | None = attrs.field(default=None, init=False)
+    _held: dict[str, int] = attrs.field(factory=dict, init=False)
+    """Descriptors of the sandbox's namespaces and root, opened once at start: commands enter these,
+    never ``/proc/<pid>`` again (a holder the trial killed could have its pid reused by a host process)."""
     _userns: UserNamespace | None = attrs.field(default=None, init=False)
     _cgroup: ExecLimits | None = attrs.field(default=None, init=False)
     _shell: str = attrs.field(default="/bin/sh", init=False)
@@ -180,10 +231,11 @@ class ImageSandbox:
 
     @property
     def root(self) -> Path:
-        """The trial's ``/`` as the host reaches it (through the holder: the overlay is in its namespace)."""
-        if self._pid is None:
+        """The trial's ``/`` as the host reaches it: a descriptor of this process's, opened at start
+        through the holder (the overlay is mounted in its namespace alone)."""
+        if "root" not in self._held:
             raise RuntimeError("the image sandbox is not started")
-        return Path(f"/proc/{self._pid}/root")
+        return Path(f"/proc/self/fd/{self._held['root']}")
 
     @property
     def upper(self) -> Path:
@@ -198,6 +250,14 @@ class ImageSandbox:
         """The trial's folders and files, and the overlay's mount options."""
         if self.id_base is None:
             raise SandboxStartError("a trial on a task image needs root (its overlay and its user namespace)")
+        _check_maskable(self.image.rootfs)
+        shown = [p for p in self.expose if is_exposable(p) and os.path.lexists(self.image.rootfs / p.relative_to("/"))]
+        if shown:
+            raise SandboxStartError(
+                f"osmosis's own Python is at {shown[0]}, which the image has too ({self.image.task}): showing it "
+                "there would hide the image's own files; run osmosis from an interpreter and virtualenv outside "
+                "the image's folders (e.g. under /opt/osmosis or a home folder)"
+            )
         for name in ("upper", "work", "merged", "etc"):
             (self.folder / name).mkdir(parents=True, exist_ok=True)
         lower = self.image.rootfs
@@ -209,6 +269,9 @@ class ImageSandbox:
         if self.network:
             with contextlib.suppress(OSError):
                 resolv = Path("/etc/resolv.conf").read_text()
+        empty = self.folder / "etc" / "ld.so.preload"
+        empty.write_text("")
+        os.chmod(empty, 0o444)
         for name, text in (("hosts", hosts), ("hostname", f"{self.hostname}\n"), ("resolv.conf", resolv)):
             path = self.folder / "etc" / name
             path.write_text(text)
@@ -229,6 +292,9 @@ class ImageSandbox:
             args += ["--ro-bind", "/sys", "/sys"]
         for name in ("hosts", "hostname", "resolv.conf"):
             args += ["--bind", str(self.folder / "etc" / name), f"/etc/{name}"]
+        # the dynamic loader reads /etc/ld.so.preload of the root it runs in, even when started by
+        # path: the runtime's programs run privileged in the trial's tree, so it is always empty there
+        args += ["--ro-bind", str(self.folder / "etc" / "ld.so.preload"), _PRELOAD]
         args += ["--ro-bind", str(self.runtime.folder), RUNTIME_DIR]
         exposed = sorted({p for p in self.expose if is_exposable(p) and p.exists()})
         self._make_mountpoints([*exposed, *(Path(inside) for _, inside in self.sockets)])
@@ -325,11 +391,21 @@ class ImageSandbox:
             raise SandboxStartError(f"the trial's sandbox on its image did not start: {reason}")
         try:
             self._pid = int(json.loads(info.decode())["child-pid"])
-        except (ValueError, KeyError) as exc:
+            self._hold(self._pid)
+        except (ValueError, KeyError, OSError) as exc:
             await self.close()
             raise SandboxStartError(f"bubblewrap reported no sandbox process ({exc})") from None
         bash = await asyncio.to_thread(os.path.lexists, self.root / "bin/bash")
         self._shell = "/bin/bash" if bash else "/bin/sh"
+
+    def _hold(self, pid: int) -> None:
+        """Open the sandbox's namespaces and root (the holder is still the trial's only process: no
+        command has run yet, so the pid is surely the sandbox's)."""
+        for name in _NAMESPACES:
+            self._held[name] = os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            raise OSError(f"process {pid} is not in a mount namespace of its own")
+        self._held["root"] = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
     async def _holder_failure(self) -> str:
         holder = self._holder
@@ -370,19 +446,25 @@ class ImageSandbox:
         :raises CommandTimeout: past ``timeout`` seconds (its process group is killed).
         :raises SandboxStartError: the trial's sandbox is gone.
         """
-        if self._pid is None or self._userns is None or self._cgroup is None:
+        if "root" not in self._held or self._userns is None or self._cgroup is None:
             raise SandboxStartError("the trial's sandbox is not running")
         try:
             who = self.user(user)
         except ValueError as exc:
             raise SandboxStartError(str(exc)) from None
         environment = self.environment(who, env or {})
-        loader = [f"{k}={environment.pop(k)}" for k in sorted(environment) if k in _LOADER_VARIABLES]
+        # what the loader or the locale would read from a path reaches only the command, once unprivileged
+        late = [k for k in sorted(environment) if k in _LOADER_VARIABLES or k in _LOCALE or k.startswith("LC_")]
+        loader = [f"{k}={environment.pop(k)}" for k in late]
         folder = cwd or self.image.workdir or "/"
-        argv = [_tool("nsenter"), f"--target={self._pid}", "--mount", "--uts", "--ipc", "--pid"]
+        held = self._held
+        argv = [_tool("nsenter"), *(f"--{_NSENTER[n]}=/proc/self/fd/{held[n]}" for n in ("mnt", "uts", "ipc", "pid"))]
         if not (self.network if network is None else network):
-            argv.append("--net")
-        argv += [f"--user=/proc/self/fd/{self._userns.fd}", "--root", "--wd=/", "--"]
+            argv.append(f"--net=/proc/self/fd/{held['net']}")
+        # root and working folder: the trial's root, held open (nsenter opens --wd before it enters any
+        # namespace; a path such as "/" would be the host's), so no step of it ever stands in the host's tree
+        root = f"/proc/self/fd/{held['root']}"
+        argv += [f"--user=/proc/self/fd/{self._userns.fd}", f"--root={root}", f"--wd={root}", "--"]
         argv += [*self._privileges(who), "--", *self.runtime.command("env"), f"--chdir={folder}", *loader]
         argv += [self._shell, "-c", command]
         kills = self._cgroup.oom_kills()
@@ -398,7 +480,7 @@ class ImageSandbox:
                     stdout=outputs[0],
                     stderr=outputs[1],
                     start_new_session=True,
-                    pass_fds=(self._userns.fd,),
+                    pass_fds=(self._userns.fd, *held.values()),
                 )
             except OSError as exc:
                 raise SandboxStartError(f"cannot enter the trial's sandbox: {exc}") from None
@@ -427,6 +509,9 @@ class ImageSandbox:
         """End the trial: its holder (and with it every process and the overlay's mount), its cgroup."""
         holder, self._holder = self._holder, None
         self._pid = None
+        held, self._held = self._held, {}
+        for fd in held.values():
+            os.close(fd)
         if holder is not None:
             if holder.stdin is not None:
                 holder.stdin.close()

@@ -60,6 +60,7 @@ __all__ = [
     "TaskImage",
     "default_cache_dir",
     "has_dockerfile",
+    "image_build_missing",
 ]
 
 CACHE_ENV = "OSMOSIS_IMAGE_CACHE"
@@ -96,6 +97,16 @@ def default_cache_dir() -> Path:
         return Path(os.environ[CACHE_ENV]).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "osmosis" / "images"
+
+
+def image_build_missing() -> str | None:
+    """Why task images cannot be built on this machine (not root, no buildah or mmdebstrap), or None."""
+    if os.geteuid() != 0:
+        return "building them needs root"
+    absent = [name for name in ("buildah", "mmdebstrap") if shutil.which(name) is None]
+    if absent:
+        return f"{' and '.join(absent)} not installed (apt-get install -y {' '.join(absent)})"
+    return None
 
 
 def has_dockerfile(environment_dir: Path) -> bool:
@@ -224,7 +235,6 @@ class ImageCache:
     root: Path = attrs.field(factory=default_cache_dir, converter=Path)
     bases: Mapping[str, Path] = attrs.field(factory=dict)
     id_base: int | None = None
-    _lock_name: str = attrs.field(default="", init=False)
 
     @property
     def images_dir(self) -> Path:
@@ -240,23 +250,43 @@ class ImageCache:
             "overlay",
         ]
 
+    def _argv(self, *args: str) -> list[str]:
+        """A buildah command line, run in a mount namespace of its own: whatever it mounts (its storage,
+        a container's layers) is gone when it exits, even killed, so no build leaves a mount behind."""
+        private = [_tool("unshare", "util-linux"), "--mount", "--propagation", "private"]
+        return [*private, _tool("buildah", "buildah"), *self._storage(), *args]
+
     def _buildah(self, *args: str, log: list[str] | None = None, check: bool = True) -> str:
-        buildah = _tool("buildah", "buildah")
-        proc = subprocess.run(
-            [buildah, *self._storage(), *args], capture_output=True, text=True, check=False, env=_build_env()
-        )
+        proc = subprocess.run(self._argv(*args), capture_output=True, text=True, check=False, env=_build_env())
         if log is not None:
             log.append(f"$ buildah {' '.join(args)}\n{proc.stdout}{proc.stderr}")
         if check and proc.returncode != 0:
             raise ImageBuildError(f"buildah {args[0]} failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
         return proc.stdout.strip()
 
+    def export(self, image: str, target: Path) -> None:
+        """The files of ``image`` (a name or id in the cache's storage), as they are, into the new folder
+        ``target``: a container of it mounted, copied and removed in one mount namespace.
+
+        :raises ImageBuildError: with buildah's or cp's message.
+        """
+        script = (
+            'set -e; c=$("$@" from --quiet --pull=never "$OSMOSIS_IMAGE"); trap \'"$@" rm "$c" >/dev/null\' EXIT; '
+            'm=$("$@" mount "$c"); mkdir "$OSMOSIS_TARGET"; cp -a --no-preserve=context "$m/." "$OSMOSIS_TARGET"'
+        )
+        argv = self._argv()
+        command = [*argv[:4], "/bin/sh", "-c", script, "sh", *argv[4:]]
+        env = {**_build_env(), "OSMOSIS_IMAGE": image, "OSMOSIS_TARGET": str(target)}
+        proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+        if proc.returncode != 0:
+            raise ImageBuildError(f"cannot export the files of {image}:\n{_tail(proc.stderr)}")
+
     # ---------------------------------------------------------------- bases
 
     def _image_id(self, name: str) -> str | None:
         inspect = ["inspect", "--type", "image", "--format", "{{.FromImageID}}", name]
         proc = subprocess.run(
-            [_tool("buildah", "buildah"), *self._storage(), *inspect],
+            self._argv(*inspect),
             capture_output=True,
             text=True,
             check=False,
@@ -281,7 +311,6 @@ class ImageCache:
             raise BaseUnavailable(f"{where}: the base image {name!r} cannot be made here. {ways_out}")
         lock = self.root / "locks" / f"base-{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"
         with _locked(lock):
-            self._lock_name = lock.stem
             found = self._image_id(name)
             if found is not None:
                 return found
@@ -289,7 +318,7 @@ class ImageCache:
                 self._import(given, name, progress)
             else:
                 assert base is not None
-                canonical = self._image_id(base.name) or self._seed(base, progress)
+                canonical = self._image_id(base.name) or self._seed(base, progress, lock.stem)
                 if name != base.name:
                     self._buildah("tag", canonical, _qualified(name))
         image = self._image_id(name)
@@ -322,8 +351,8 @@ class ImageCache:
         container = self._buildah("from", "--quiet", "scratch")
         try:
             self._buildah("add", "--quiet", container, str(tarball), "/")
-            mount = Path(self._buildah("mount", container))
-            _carry_certificates(mount)
+            for source, target in _certificates():
+                self._buildah("copy", "--quiet", container, str(source), target)
             for key, value in env.items():
                 self._buildah("config", "--env", f"{key}={value}", container)
             self._buildah("config", "--cmd", "bash", container)
@@ -331,14 +360,14 @@ class ImageCache:
         finally:
             self._buildah("rm", container, check=False)
 
-    def _seed(self, base: Base, progress: Progress | None) -> str:
+    def _seed(self, base: Base, progress: Progress | None, lock_name: str) -> str:
         """mmdebstrap a minimal ``base`` from its archive into the storage, as ``base.name``."""
         mmdebstrap = _tool("mmdebstrap", "mmdebstrap")
         if progress:
             progress(f"making the base {base.distro}:{base.suite} from {_ARCHIVES[base.distro]} (once)")
         work = self.root / "tmp"
         work.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f"{self._lock_name}-", dir=work) as temp:
+        with tempfile.TemporaryDirectory(prefix=f"{lock_name}-", dir=work) as temp:
             tarball = Path(temp) / "base.tar"
             args = [mmdebstrap, "--variant=minbase", "--mode=root", "--format=tar", "--quiet"]
             if base.distro == "ubuntu":
@@ -417,9 +446,7 @@ class ImageCache:
         log: list[str] = []
         try:
             proc = subprocess.run(
-                [
-                    _tool("buildah", "buildah"),
-                    *self._storage(),
+                self._argv(
                     "build",
                     "--pull=never",
                     "--isolation",
@@ -432,7 +459,7 @@ class ImageCache:
                     "-f",
                     str(environment_dir / "Dockerfile"),
                     str(environment_dir),
-                ],
+                ),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -446,14 +473,9 @@ class ImageCache:
                     f"the build log's end:\n{_tail(proc.stdout)}"
                 )
             config = json.loads(self._buildah("inspect", "--type", "image", tag, log=log))["OCIv1"]["config"]
-            container = self._buildah("from", "--quiet", "--pull=never", tag, log=log)
-            try:
-                mount = self._buildah("mount", container, log=log)
-                _copy_tree(Path(mount), temp / "rootfs")
-            finally:
-                self._buildah("rm", container, check=False)
+            self.export(tag, temp / "rootfs")
             workdir = config.get("WorkingDir") or "/"
-            (temp / "rootfs" / workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)  # as Docker's WORKDIR
+            _make_workdir(temp / "rootfs", workdir)
             if self.id_base is not None:
                 _shift_owner(temp / "rootfs", self.id_base)
             env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
@@ -488,9 +510,11 @@ class ImageCache:
     def prune(self, *, keep: set[str] | None = None, everything: bool = False) -> list[str]:
         """Remove published images (all of them, or those not in ``keep``) and unfinished builds.
 
-        Returns the removed keys. An image in use by a running trial stays readable by it (its
-        overlay holds the folder open), but prune only when no run is using the cache.
+        Returns the removed keys. Prune only when no run is using the cache: a running trial's
+        overlay would lose the files under it.
         """
+        if os.geteuid() != 0:
+            raise ImageBuildError(f"pruning the image cache {self.root} needs root (its files are the sandbox's)")
         removed: list[str] = []
         for image in self.images():
             if everything or (keep is not None and image.key not in keep):
@@ -498,7 +522,7 @@ class ImageCache:
                     shutil.rmtree(image.folder, ignore_errors=True)
                     (self.root / "locks" / f"{image.key}.lock").unlink(missing_ok=True)
                 removed.append(image.key)
-        shutil.rmtree(self.root / "tmp", ignore_errors=True)
+        _sweep_unfinished(self.root / "tmp", self.root / "locks")
         if everything and (self.root / "storage").exists():
             self._buildah("rmi", "--all", "--force", check=False)
         return removed
@@ -535,20 +559,16 @@ _CA_ENV = {
 """What a base made here says to find the certificate authorities (the host's, its proxy's included)."""
 
 
-def _carry_certificates(rootfs: Path) -> None:
+def _certificates() -> list[tuple[Path, str]]:
     """The host's own certificate authorities (``/usr/local/share/ca-certificates``, where a proxy's CA
-    goes) and bundle, into a base: HTTPS from a build works where the host's does."""
+    goes) and its bundle, with where they go in a base made here: HTTPS from a build works where the
+    host's does, and survives ``update-ca-certificates`` in a build."""
+    found: list[tuple[Path, str]] = []
     if _CA_FOLDER.is_dir():
-        target = rootfs / "usr/local/share/ca-certificates"
-        target.mkdir(parents=True, exist_ok=True)
-        for entry in _CA_FOLDER.iterdir():
-            if entry.is_file() and entry.suffix == ".crt":
-                shutil.copyfile(entry, target / entry.name)
+        found += [(e, f"{_CA_FOLDER}/") for e in sorted(_CA_FOLDER.iterdir()) if e.is_file() and e.suffix == ".crt"]
     if _HOST_BUNDLE.is_file():
-        bundle = rootfs / "etc/ssl/certs/ca-certificates.crt"
-        bundle.parent.mkdir(parents=True, exist_ok=True)
-        if not bundle.is_file():
-            shutil.copyfile(_HOST_BUNDLE, bundle)
+        found.append((_HOST_BUNDLE, str(_HOST_BUNDLE)))
+    return found
 
 
 @functools.cache
@@ -595,16 +615,16 @@ def _build_env() -> dict[str, str]:
     return env
 
 
-def _copy_tree(source: Path, target: Path) -> None:
-    """The image's files, as they are (owners, modes, links, special files), into ``target``."""
-    proc = subprocess.run(
-        ["cp", "-a", "--no-preserve=context", f"{source}/.", str(target)], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        target.mkdir(exist_ok=True)
-        proc = subprocess.run(["cp", "-a", f"{source}/.", str(target)], capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise ImageBuildError(f"cannot export the image's files: {proc.stderr.strip()[-2000:]}")
+def _make_workdir(rootfs: Path, workdir: str) -> None:
+    """The image's ``WORKDIR``, made as Docker does when the build did not, never following a link of the
+    image's (this runs as the host's root: a link is left for the trial to follow, in its own tree)."""
+    folder = rootfs
+    for part in Path(workdir).parts[1:]:
+        folder = folder / part
+        if os.path.islink(folder):
+            return
+        if not folder.exists():
+            folder.mkdir(mode=0o755)
 
 
 def _shift_owner(rootfs: Path, base: int) -> None:

@@ -85,7 +85,13 @@ def runtime_for(cache_root: Path) -> Runtime:
     :raises RuntimeError: no dynamic loader was found (``ldd`` missing, a static interpreter).
     """
     modules = _extension_modules()
-    tools = [Path(p) for name in _TOOLS if (p := shutil.which(name))]
+    absent = [name for name in _TOOLS if shutil.which(name) is None]
+    if absent:
+        raise RuntimeError(
+            f"{', '.join(absent)} not found: a trial on a task image enters its sandbox with them "
+            "(`apt-get install -y util-linux coreutils`)"
+        )
+    tools = [Path(found) for name in _TOOLS if (found := shutil.which(name))]
     stamp = hashlib.sha256()
     for path in [*modules, *tools]:
         with contextlib.suppress(OSError):

@@ -43,7 +43,8 @@ every command gets a fresh, empty ``HOME`` the agent never saw, and ``PYTHONNOUS
 (``/usr/bin/python3`` included) runs a ``.pth``, ``usercustomize`` or module the agent planted in a
 user site folder or in the working folder; and commands run from ``/tests`` unless told otherwise.
 A verifier that means to import the agent's code says so (``PYTHONPATH=/app`` in its
-``tests/test.sh``). The agent's processes are gone by then (each command is its own sandbox).
+``tests/test.sh``). On the host's tools the agent's processes are gone by then (each command is its own
+sandbox); on a task image they may still run, as in a container (see below).
 
 Limits, on the host's tools (without ``image``): a task's Dockerfile is not built; every command
 runs without capabilities, whatever ``user`` asks, as root of the trial's own user namespace when
@@ -218,7 +219,10 @@ class BubblewrapEnvironment(BaseEnvironment):
         except (OSError, ValueError, KeyError) as exc:
             raise SandboxStartError(f"cannot read the task's image ({self._image_setting}): {exc}") from None
         cache_root = self._image.folder.parent.parent
-        runtime = await asyncio.to_thread(runtime_for, cache_root)
+        try:
+            runtime = await asyncio.to_thread(runtime_for, cache_root)
+        except (OSError, RuntimeError) as exc:
+            raise SandboxStartError(f"cannot bring osmosis's runtime into the trial: {exc}") from None
         sockets: list[tuple[Path, str]] = []
         self._root.mkdir(parents=True, exist_ok=True)
         sandbox = ImageSandbox(
@@ -244,8 +248,9 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._on_image = sandbox
         await sandbox.start()
         self._tree = SafeTree(sandbox.root, sandbox.owner)
-        for folder in {self.workdir, *_LOG_DIRS}:
-            self._tree.mkdir(_parts(folder))
+        self._tree.mkdir(_parts(self.workdir))
+        for folder in _LOG_DIRS:  # writable by the image's USER too, whoever it is (Harbor mounts them so)
+            self._tree.mkdir(_parts(folder), mode=0o777)
 
     async def start(self, force_build: bool) -> None:
         memory = self._memory_mb or self.task_env_config.memory_mb or DEFAULT_MEMORY_MB
@@ -396,7 +401,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._tree.discard([_TESTS.strip("/")])
         self._tree.mkdir([_TESTS.strip("/")])
         home = f"/osmosis-verifier-home-{secrets.token_hex(6)}"  # a name the agent could not guess
-        self._tree.mkdir([home.strip("/")], mode=0o700)
+        # on an image the verifier may run as the image's USER: its HOME must be its to write
+        self._tree.mkdir([home.strip("/")], mode=0o1777 if self._on_image is not None else 0o700)
         self._verifier_home = home
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:

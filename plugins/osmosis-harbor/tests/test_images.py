@@ -151,6 +151,12 @@ def _overlays_mounted() -> list[str]:
     return found
 
 
+def _mounted_under(folder: Path) -> list[str]:
+    """Mounts in this mount namespace at or under ``folder``."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [line for line in lines if line.split()[4].startswith(str(folder))]
+
+
 def test_harbors_own_cli_runs_the_oracle_on_a_built_image(tmp_path, cache_dir):
     """1 with the task's oracle solution, 0 with Harbor's nop agent: the verifier's tools are the image's."""
     harbor = shutil.which("harbor", path=str(Path(sys.executable).parent))
@@ -212,6 +218,7 @@ def test_the_cache_builds_a_key_once_and_again_only_when_the_dockerfile_or_conte
     (task / "Dockerfile").write_text((task / "Dockerfile").read_text() + "RUN echo two > /two.txt\n")
     assert cache.build(task).key not in (key, changed.key)
     assert not list((cache.root / "tmp").iterdir())  # nothing unfinished left
+    assert not _mounted_under(cache.root)  # and nothing of the builds' mounted
 
 
 def test_a_base_osmosis_cannot_make_fails_naming_the_ways_out_and_runs_when_given(tmp_path, cache):
@@ -229,12 +236,8 @@ def test_a_base_osmosis_cannot_make_fails_naming_the_ways_out_and_runs_when_give
     # the user gives it as a rootfs tarball (here: the session's bookworm base): the build runs on it
     tarball = tmp_path / "py312-rootfs.tar"
     cache.ensure_base("debian:bookworm", where="test")
-    container = cache._buildah("from", "--quiet", "docker.io/library/debian:bookworm")
-    try:
-        mount = cache._buildah("mount", container)
-        subprocess.run(["tar", "-C", mount, "--numeric-owner", "-cf", str(tarball), "."], check=True)
-    finally:
-        cache._buildah("rm", container, check=False)
+    cache.export("docker.io/library/debian:bookworm", tmp_path / "base")
+    subprocess.run(["tar", "-C", str(tmp_path / "base"), "--numeric-owner", "-cf", str(tarball), "."], check=True)
     given = ImageCache(fresh.root, {"python:3.12-slim": tarball}, cache.id_base)
     image = given.build(task)
     assert (image.rootfs / "made.txt").read_text() == "made\n"
