@@ -42,12 +42,12 @@ def _environment(task: Path) -> Path:
     return task if has_dockerfile(task) else task / "environment"
 
 
-@click.group()
+@click.group(short_help="Build and list task images (no Docker).")
 def harbor() -> None:
     """Harbor tasks in their own images, without Docker (osmosis-harbor)."""
 
 
-@harbor.command()
+@harbor.command(short_help="Build task images ahead of a run.")
 @click.argument("tasks", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False, path_type=Path), help="The image cache folder.")
 @click.option("--base", "bases", multiple=True, metavar="NAME=PATH", help="A base osmosis cannot make: rootfs/OCI tar.")
@@ -74,7 +74,7 @@ def build(tasks: tuple[Path, ...], cache_dir: Path | None, bases: tuple[str, ...
         sys.exit(1)
 
 
-@harbor.command()
+@harbor.command(short_help="List or prune the image cache.")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False, path_type=Path), help="The image cache folder.")
 @click.option("--prune", is_flag=True, help="Remove images whose task folder is gone or no longer matches.")
 @click.option("--all", "everything", is_flag=True, help="With --prune: remove every image, base and layer.")

@@ -116,8 +116,13 @@ def test_the_docstring_examples_run():
 @pytest.mark.parametrize("columns", ["60", "80", "200"])
 def test_no_command_description_is_cut_mid_phrase_with_every_plugin_installed(columns):
     """click cuts a command's first docstring line to the width and ends it in "..."; every command of
-    the core and the plugins (export, gateway, migrate, report, serve) has a short help of its own."""
-    for other in ("osmosis_gateway", "osmosis_migrate", "osmosis_report"):  # (the plugins_all session has them)
+    the core and the plugins (export, gateway, harbor, migrate, report, serve) has a short help of its own."""
+    for other in (
+        "osmosis_gateway",
+        "osmosis_harbor",
+        "osmosis_migrate",
+        "osmosis_report",
+    ):  # (the plugins_all session has them)
         pytest.importorskip(other, reason="needs every first-party plugin that adds a command")
     env = {**os.environ, "COLUMNS": columns}
     helped = subprocess.run([osmosis_exe(), "--help"], capture_output=True, text=True, check=True, env=env)
@@ -130,7 +135,18 @@ def test_no_command_description_is_cut_mid_phrase_with_every_plugin_installed(co
             rows[name] = match.group(2).strip()
         elif name is not None and line.strip():
             rows[name] += " " + line.strip()  # (a narrow terminal wraps a description: not a cut)
-    assert {"export", "gateway", "migrate", "report", "serve", "run", "validate", "template", "plugins"} <= set(rows)
+    assert {
+        "export",
+        "gateway",
+        "harbor",
+        "migrate",
+        "report",
+        "serve",
+        "run",
+        "validate",
+        "template",
+        "plugins",
+    } <= set(rows)
     for command, description in rows.items():
         assert not description.endswith("..."), (command, description)
         assert description.endswith((".", ")")), (command, description)
