@@ -54,7 +54,7 @@ async def host_trial(folder: Path) -> tuple[float, float, float]:
 
 async def image_trial(image, runtime, folder: Path) -> tuple[float, float, float]:
     started = time.perf_counter()
-    sandbox = ImageSandbox(image, folder, runtime, expose=python_paths())
+    sandbox = ImageSandbox(image, folder, runtime, runtime_paths=python_paths())
     await sandbox.start()
     await sandbox.run("true")
     first = time.perf_counter() - started

@@ -103,7 +103,7 @@ from osmosis_harbor.images import (  # noqa: E402
 )
 from osmosis_harbor.outcomes import NO_REWARD_ERRORS, failure, grader_file_result, pick_reward, trial_error  # noqa: E402
 from osmosis_harbor.relay import loopback_address  # noqa: E402
-from osmosis_harbor.runtime import RUNTIME_PYTHON  # noqa: E402
+from osmosis_harbor.runtime import RUNTIME_PYTHON, relocated  # noqa: E402
 from osmosis_harbor.tasks import (  # noqa: E402
     DEFAULT_TASK_DIR,
     TaskProblem,
@@ -591,7 +591,7 @@ class HarborBackend(ExecutionBackend):
                     grader=self._class_ref(self.grader_class) if self.grader_class is not None else None,
                     grader_config=self._grader_blob,
                     python=RUNTIME_PYTHON if image is not None else self.python,
-                    lib_paths=self._lib_paths,
+                    lib_paths=[relocated(p) for p in self._lib_paths] if image is not None else self._lib_paths,
                     code_dir=(_TRIAL_CODE if not self._bwrap else str(self.code_dir)) if self.code_dir else None,
                     upload=self._uploads(),
                     grader_class=self.grader_class,

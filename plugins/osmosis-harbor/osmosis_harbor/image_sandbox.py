@@ -9,20 +9,26 @@
 * bubblewrap shows the overlay as ``/`` (the image is the whole tree: no host ``/usr`` or ``/etc``),
   with a fresh ``/proc`` (``/proc/sys`` read-only) and ``/dev`` (no device can be made), ``/sys``
   read-only, ``/etc/hosts``, ``/etc/hostname`` and ``/etc/resolv.conf`` made for the trial, and
-  read-only: osmosis's runtime (:mod:`osmosis_harbor.runtime`), this Python at its own paths, and
-  the rollout code; its own PID, IPC, UTS and cgroup namespaces, and with ``network=False`` its own
+  read-only: osmosis's runtime and this Python below ``/.osmosis`` (:mod:`osmosis_harbor.runtime`),
+  and the rollout code at its own path; its own PID, IPC, UTS and cgroup namespaces, and with ``network=False`` its own
   network namespace (a loopback only, plus the one socket to its policy);
-* inside, a holder process that lives until the trial ends, as root of the trial's user namespace
-  (its ids are the unprivileged host ids of :func:`~osmosis_harbor.bwrap.sandbox_id_base`, which own
-  the rootfs's files) with Docker's default capabilities less ``NET_RAW`` and ``MKNOD``
-  (:data:`CAPABILITIES`): ``apt-get`` works, ``mknod`` does not.
+* inside, a holder process that lives until the trial ends: this Python through the runtime's
+  loader, as the host's uid 0 without a single capability, so no trial process can signal, trace or
+  replace it (the trial's ``/etc/ld.so.preload`` is masked by an empty file, and the overlay forbids
+  renaming ``/etc`` away: ``redirect_dir=off``).
 
-Each command enters that sandbox's namespaces (``nsenter``), takes the image's user (or the one
-asked for) and capabilities (``setpriv``), starts in the image's ``WORKDIR`` with its ``Env``, and may
-leave processes behind: a daemon the agent starts is still there for the verifier, as in a
-container. A command that times out or is cancelled is killed with its process group; everything
-goes when the trial ends (:meth:`ImageSandbox.close`: the holder's PID namespace dies, the cgroup is
-killed, the overlay unmounted with its namespace).
+Each command enters that sandbox's namespaces through descriptors opened once at start (never
+``/proc/<pid>`` again: a pid can be reused) with ``nsenter``, which opens the trial's root as its
+root and working folder before it enters any namespace (no step stands in the host's tree) and
+takes the user's ids in the trial's user namespace, whose ids 0-65535 are the unprivileged host ids
+of :func:`~osmosis_harbor.bwrap.sandbox_id_base` that own the rootfs's files: as the image's root a
+command has every capability within that namespace and none outside it (``apt-get`` works,
+``mknod`` of a device, ``/proc/sys`` writes, mounts over the sandbox's do not). It starts in the
+image's ``WORKDIR`` with its ``Env`` (the runtime's ``env`` sets the folder and the loader's
+variables, after the switch), and may leave processes behind: a daemon the agent starts is still
+there for the verifier, as in a container. A command that times out or is cancelled is killed with
+its process group; everything goes when the trial ends (:meth:`ImageSandbox.close`: the holder's
+PID namespace dies, the cgroup is killed, the overlay unmounted with its namespace).
 
 Needs root (the overlay, the id-mapped user namespace), bubblewrap, and util-linux.
 """
@@ -56,25 +62,10 @@ from osmosis_harbor.bwrap import (
 )
 from osmosis_harbor.images import TaskImage
 from osmosis_harbor.limits import ExecLimits, Limits
-from osmosis_harbor.runtime import RUNTIME_DIR, RUNTIME_PYTHON, Runtime
+from osmosis_harbor.runtime import RUNTIME_DIR, Runtime, relocated
 
-__all__ = ["CAPABILITIES", "ImageSandbox", "ImageUser"]
+__all__ = ["ImageSandbox", "ImageUser"]
 
-CAPABILITIES: tuple[str, ...] = (
-    "chown",
-    "dac_override",
-    "fsetid",
-    "fowner",
-    "setgid",
-    "setuid",
-    "setfcap",
-    "setpcap",
-    "net_bind_service",
-    "sys_chroot",
-    "kill",
-    "audit_write",
-)
-"""What a trial's root may do: Docker's default capability set less ``net_raw`` and ``mknod``."""
 _PRELOAD = "/etc/ld.so.preload"
 _OUTPUT_LIMIT = 64 << 20
 _LOCALE = frozenset({"LANG", "LANGUAGE"})
@@ -121,10 +112,13 @@ class ImageUser:
         return cls(uid, gid, (gid, *extra), home)
 
 
-def _check_maskable(rootfs: Path) -> None:
+def _check_maskable(rootfs: Path, *, fresh: bool = False) -> None:
     """The image's ``/etc`` is a folder and its ``/etc/ld.so.preload`` a plain file or absent, so the
-    sandbox's empty one can be mounted there (a link would lead the mount, and the loader, elsewhere)."""
+    sandbox's empty one can be mounted there (a link would lead the mount, and the loader, elsewhere).
+    ``fresh``: a trial's upper layer, where ``/etc`` may also be absent."""
     etc = rootfs / "etc"
+    if fresh and not os.path.lexists(etc):
+        return
     if os.path.islink(etc) or not etc.is_dir():
         raise SandboxStartError(f"the image's /etc is not a plain folder ({rootfs}): osmosis cannot run a trial on it")
     preload = etc / "ld.so.preload"
@@ -196,7 +190,10 @@ class ImageSandbox:
     :param image: the built image (its rootfs is the overlay's lower layer).
     :param folder: the trial's own folder for the overlay's upper layer and the generated files.
     :param runtime: osmosis's runtime, shown at :data:`~osmosis_harbor.runtime.RUNTIME_DIR`.
-    :param expose: host paths shown read-only at their own path (this Python, the rollout code).
+    :param runtime_paths: this Python's folders (:func:`~osmosis_harbor.bwrap.python_paths`), shown
+        read-only below :data:`~osmosis_harbor.runtime.RUNTIME_PY`.
+    :param expose: host paths shown read-only at their own path (the rollout code): refused where the
+        image has the same path.
     :param hide: host paths hidden where an exposed one would show them (the run's and trials' folders, the dataset).
     :param network: the host's network (True) or a private loopback (False), for commands that do not say.
     :param sockets: host unix sockets shown read-only, as ``(host path, sandbox path)``.
@@ -205,6 +202,7 @@ class ImageSandbox:
     image: TaskImage
     folder: Path
     runtime: Runtime
+    runtime_paths: Sequence[Path] = ()
     expose: Sequence[Path] = ()
     hide: Sequence[Path] = ()
     memory_mb: int | None = None
@@ -254,9 +252,9 @@ class ImageSandbox:
         shown = [p for p in self.expose if is_exposable(p) and os.path.lexists(self.image.rootfs / p.relative_to("/"))]
         if shown:
             raise SandboxStartError(
-                f"osmosis's own Python is at {shown[0]}, which the image has too ({self.image.task}): showing it "
-                "there would hide the image's own files; run osmosis from an interpreter and virtualenv outside "
-                "the image's folders (e.g. under /opt/osmosis or a home folder)"
+                f"the rollout code at {shown[0]} is shown in trials at its own path, which the image has too "
+                f"({self.image.task}): it would hide the image's own files; move the rollout folder (or set "
+                "[backend.harbor] code_dir) outside the image's folders"
             )
         for name in ("upper", "work", "merged", "etc"):
             (self.folder / name).mkdir(parents=True, exist_ok=True)
@@ -279,9 +277,12 @@ class ImageSandbox:
         for path in (lower, self.upper, self.folder / "work"):
             if any(c in str(path) for c in ",:\\\n"):
                 raise SandboxStartError(f"an overlay cannot use a folder whose path has ',', ':' or '\\': {path}")
-        return [f"lowerdir={lower},upperdir={self.upper},workdir={self.folder / 'work'}", str(self.folder / "merged")]
+        _check_maskable(self.upper, fresh=True)  # (an upper kept from an earlier start could hold a link)
+        layers = f"lowerdir={lower},upperdir={self.upper},workdir={self.folder / 'work'}"
+        # redirect_dir=off: a folder holding a mount (/etc, with its masked ld.so.preload) cannot be renamed away
+        return [f"{layers},redirect_dir=off", str(self.folder / "merged")]
 
-    def _holder_argv(self, userns: UserNamespace, info_fd: int) -> list[str]:
+    def _holder_argv(self, info_fd: int) -> list[str]:
         overlay, merged = self._prepare()
         mount = 'mount -t overlay osmosis-trial -o "$1" "$2" && shift 2 && exec "$@"'
         args = [_tool("unshare"), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh"]
@@ -295,7 +296,19 @@ class ImageSandbox:
         # the dynamic loader reads /etc/ld.so.preload of the root it runs in, even when started by
         # path: the runtime's programs run privileged in the trial's tree, so it is always empty there
         args += ["--ro-bind", str(self.folder / "etc" / "ld.so.preload"), _PRELOAD]
-        args += ["--ro-bind", str(self.runtime.folder), RUNTIME_DIR]
+        # osmosis's runtime: a tmpfs of the host root's (read-only once made) with the loader, its libraries,
+        # env, and this Python's folders at their own paths below /.osmosis/py
+        args += ["--perms", "0755", "--tmpfs", RUNTIME_DIR]
+        args += ["--ro-bind", str(self.runtime.folder / "lib"), f"{RUNTIME_DIR}/lib"]
+        args += ["--ro-bind", str(self.runtime.folder / "bin"), f"{RUNTIME_DIR}/bin"]
+        made: set[str] = set()
+        for path in sorted({p for p in self.runtime_paths if p.exists()}):
+            target = Path(relocated(path))
+            for parent in reversed(target.parents[: len(target.parents) - 2]):
+                if str(parent) not in made:
+                    made.add(str(parent))
+                    args += ["--perms", "0755", "--dir", str(parent)]
+            args += ["--ro-bind", str(path), str(target)]
         exposed = sorted({p for p in self.expose if is_exposable(p) and p.exists()})
         self._make_mountpoints([*exposed, *(Path(inside) for _, inside in self.sockets)])
         for path in exposed:
@@ -307,23 +320,12 @@ class ImageSandbox:
             args += ["--ro-bind", str(host), inside]
         # a network namespace of its own (a loopback) that a command enters when it may not use the host's
         args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
+        args += ["--remount-ro", RUNTIME_DIR]
         args += ["--hostname", self.hostname, "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
-        args += ["--chdir", "/", "--", *self.runtime.command("nsenter"), f"--user=/proc/self/fd/{userns.fd}", "--"]
-        args += [*self._privileges(ImageUser(0, 0, (0,), "/root")), "--", RUNTIME_PYTHON, "-I", "-S", "-c", _HOLDER]
+        # the holder: this Python through the runtime's loader, as the host's uid 0 without a single
+        # capability (no trial process can signal, trace or replace it); it reads nothing of the image's
+        args += ["--cap-drop", "ALL", "--chdir", "/", "--", *self.runtime.python(), "-I", "-S", "-c", _HOLDER]
         return args
-
-    def _privileges(self, user: ImageUser) -> list[str]:
-        """``setpriv`` (the runtime's): the user's ids and groups, and at most :data:`CAPABILITIES`."""
-        caps = ",".join(f"+{c}" for c in CAPABILITIES)
-        groups = ",".join(str(g) for g in user.groups)
-        return [
-            *self.runtime.command("setpriv"),
-            f"--reuid={user.uid}",
-            f"--regid={user.gid}",
-            f"--groups={groups}" if groups else "--clear-groups",
-            "--inh-caps=-all",
-            f"--bounding-set=-all,{caps}",
-        ]
 
     def _make_mountpoints(self, paths: Sequence[Path]) -> None:
         """The folders on the way to each path shown in the trial, made in the upper layer before the
@@ -352,7 +354,7 @@ class ImageSandbox:
         """Mount the overlay and start the trial's holder. :raises SandboxStartError: with bwrap's reason."""
         if self.id_base is None:
             raise SandboxStartError("a trial on a task image needs root (its overlay and its user namespace)")
-        self._userns = userns = await asyncio.to_thread(UserNamespace.create, self.id_base)
+        self._userns = await asyncio.to_thread(UserNamespace.create, self.id_base)
         try:
             self._cgroup = self.limits.create(self.memory_mb, self.max_processes)
         except OSError as exc:
@@ -360,18 +362,18 @@ class ImageSandbox:
         info_read, info_write = os.pipe()
         try:
             try:
-                argv = self._holder_argv(userns, info_write)
+                argv = self._holder_argv(info_write)
             except OSError as exc:
                 raise SandboxStartError(f"cannot prepare the trial's folder {self.folder}: {exc}") from None
             try:
                 self._holder = await asyncio.create_subprocess_exec(
                     *self._cgroup.launcher(argv),
-                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},  # no locale file is read
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE,
                     start_new_session=True,
-                    pass_fds=(userns.fd, info_write),
+                    pass_fds=(info_write,),
                 )
             except OSError as exc:
                 raise SandboxStartError(f"cannot start the trial's sandbox ({self.bwrap}): {exc}") from None
@@ -464,8 +466,11 @@ class ImageSandbox:
         # root and working folder: the trial's root, held open (nsenter opens --wd before it enters any
         # namespace; a path such as "/" would be the host's), so no step of it ever stands in the host's tree
         root = f"/proc/self/fd/{held['root']}"
-        argv += [f"--user=/proc/self/fd/{self._userns.fd}", f"--root={root}", f"--wd={root}", "--"]
-        argv += [*self._privileges(who), "--", *self.runtime.command("env"), f"--chdir={folder}", *loader]
+        # the user's ids in the trial's user namespace (nsenter sets them without a lookup; it drops the
+        # supplementary groups), then the runtime's env (the folder, the loader's variables) and the shell:
+        # nothing between the host's side and the command reads a file of the trial's
+        argv += [f"--user=/proc/self/fd/{self._userns.fd}", f"--setuid={who.uid}", f"--setgid={who.gid}"]
+        argv += [f"--root={root}", f"--wd={root}", "--", *self.runtime.command("env"), f"--chdir={folder}", *loader]
         argv += [self._shell, "-c", command]
         kills = self._cgroup.oom_kills()
         # files, not pipes: a daemon the command leaves behind keeps writing where it was told to,

@@ -1,17 +1,17 @@
 """osmosis's own runtime inside a task image: this Python, whatever the image has, touching none of it.
 
 A task image may have no Python, or one too old for osmosis. The trial gets this interpreter
-instead, read-only: its prefix, standard library and site-packages at their own paths (as in the
-host sandbox), and at :data:`RUNTIME_DIR` a folder with the dynamic loader and every shared library
-that the interpreter and its extension modules load (found with ``ldd`` on the host, copied once
-into the image cache). The interpreter runs through that loader with ``--library-path``, so the
-image's own libraries never mix with the host's, and nothing the interpreter starts (the agent's
-tools, the image's programs) inherits the folder: it is on no variable. ``setpriv`` and ``env``
-(util-linux, coreutils) come the same way: a command entering the trial uses them to take the
-image's user and capabilities, whatever the image has.
+instead, read-only: its prefix, standard library and site-packages below :data:`RUNTIME_PY` at
+their own paths (never over the image's own folders), and at :data:`RUNTIME_DIR` a folder with the
+dynamic loader and every shared library that the interpreter and its extension modules load (found
+with ``ldd`` on the host, copied once into the image cache). The interpreter runs through that
+loader with ``--library-path``, so the image's own libraries never mix with the host's, and nothing
+the interpreter starts (the agent's tools, the image's programs) inherits the folder: it is on no
+variable. ``env`` (coreutils) comes the same way: a command entering the trial uses it for its
+folder and the loader's variables, whatever the image has.
 
->>> RUNTIME_DIR, RUNTIME_PYTHON
-('/.osmosis', '/.osmosis/bin/python')
+>>> RUNTIME_DIR, RUNTIME_PYTHON, relocated("/usr/lib/python3.12")
+('/.osmosis', '/.osmosis/bin/python', '/.osmosis/py/usr/lib/python3.12')
 """
 
 from __future__ import annotations
@@ -30,14 +30,27 @@ from pathlib import Path
 
 from osmosis_harbor.bwrap import python_paths
 
-__all__ = ["RUNTIME_DIR", "RUNTIME_PYTHON", "Runtime", "runtime_for"]
+__all__ = ["RUNTIME_DIR", "RUNTIME_PY", "RUNTIME_PYTHON", "Runtime", "relocated", "runtime_for"]
 
 RUNTIME_DIR = "/.osmosis"
 """Where the runtime's loader, libraries and tools are shown in a trial (read-only)."""
+RUNTIME_PY = f"{RUNTIME_DIR}/py"
+"""Where this Python's folders are shown in a trial: below it, at their own paths (``/.osmosis/py/usr/lib/...``),
+so they never hide the image's own (its ``/usr/local``, its ``/usr/lib/python3``)."""
 RUNTIME_PYTHON = f"{RUNTIME_DIR}/bin/python"
 """The interpreter a trial on a task image runs osmosis with (a ``/bin/sh`` script into the loader)."""
-_TOOLS = ("setpriv", "env", "nsenter")
+_TOOLS = ("env",)
 _LDD_LINE = re.compile(r"^\s*(?:(\S+)\s+=>\s+)?(/\S+)\s+\(0x[0-9a-f]+\)")
+
+
+def relocated(path: str | Path) -> str:
+    """Where the host path ``path`` of this Python's is shown in a trial (below :data:`RUNTIME_PY`)."""
+    return f"{RUNTIME_PY}{Path(path).absolute()}"
+
+
+def _interpreter() -> str:
+    """This Python's own binary (a virtualenv's ``python`` is a link to it), where a trial sees it."""
+    return relocated(os.path.realpath(sys.executable))
 
 
 class Runtime:
@@ -47,6 +60,11 @@ class Runtime:
         self.folder = folder
         self.loader = loader
         """The loader's file name in ``lib/`` (``ld-linux-x86-64.so.2``)."""
+
+    def python(self) -> list[str]:
+        """The command line that runs this Python inside a trial, through the runtime's loader."""
+        lib = f"{RUNTIME_DIR}/lib"
+        return [f"{lib}/{self.loader}", "--library-path", lib, _interpreter()]
 
     def command(self, tool: str) -> list[str]:
         """The command line that runs one of the runtime's tools inside a trial."""
@@ -113,9 +131,8 @@ def runtime_for(cache_root: Path) -> Runtime:
         shutil.copy2(library, temp / "lib" / name)
     for tool in tools:
         shutil.copy2(os.path.realpath(tool), temp / "bin" / tool.name)
-    python = Path(sys.executable).absolute()
     (temp / "bin" / "python").write_text(
-        f'#!/bin/sh\nexec {RUNTIME_DIR}/lib/{loaders[0]} --library-path {RUNTIME_DIR}/lib {python} "$@"\n'
+        f'#!/bin/sh\nexec {RUNTIME_DIR}/lib/{loaders[0]} --library-path {RUNTIME_DIR}/lib {_interpreter()} "$@"\n'
     )
     os.chmod(temp / "bin" / "python", 0o755)
     (temp / "loader").write_text(loaders[0])

@@ -30,8 +30,8 @@ Constructor keywords (``EnvironmentConfig.kwargs``, ``--ek key=value``):
 **On a task image** (``image``), the trial is one machine for its whole life, as a container is: its
 tree is the image (no host ``/usr`` or ``/etc``) on an overlay of its own; what a command starts keeps
 running until the trial ends; commands start in the image's ``WORKDIR`` (the task's ``workdir`` wins)
-with its ``Env`` and ``User``, as root of the trial's user namespace with Docker's default
-capabilities less ``NET_RAW`` and ``MKNOD`` (``apt-get install`` works); a command gets the host's
+with its ``Env`` and ``User``, in the trial's own user namespace (its root has every capability
+within it and none outside it: ``apt-get install`` works); a command gets the host's
 network or, under ``no-network``, the trial's own loopback (and the socket to its policy, which the
 relay opens at start when the task begins without network); only what the Dockerfile copies is in
 the image (the build context is not uploaded); osmosis's own runtime is shown read-only.
@@ -58,6 +58,7 @@ host's root; the trial's files are owned by them on the host), else as the user 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -71,6 +72,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities  # noqa: E4
 from harbor.models.task.config import NetworkMode, NetworkPolicy, TaskOS  # noqa: E402
 
 from osmosis_harbor.bwrap import (  # noqa: E402
+    CommandResult,
     CommandTimeout,
     HostLayout,
     Sandbox,
@@ -229,7 +231,8 @@ class BubblewrapEnvironment(BaseEnvironment):
             self._image,
             self._root,
             runtime,
-            expose=[*python_paths(), *self._expose],
+            runtime_paths=python_paths(),
+            expose=self._expose,
             hide=[trials_root, *self._hide],
             memory_mb=memory,
             max_processes=self._max_processes,
@@ -249,8 +252,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         await sandbox.start()
         self._tree = SafeTree(sandbox.root, sandbox.owner)
         self._tree.mkdir(_parts(self.workdir))
-        for folder in _LOG_DIRS:  # writable by the image's USER too, whoever it is (Harbor mounts them so)
-            self._tree.mkdir(_parts(folder), mode=0o777)
+        for folder in _LOG_DIRS:  # the image's USER's, whoever it is (the agent and the verifier write there)
+            self._own_folder(folder)
 
     async def start(self, force_build: bool) -> None:
         memory = self._memory_mb or self.task_env_config.memory_mb or DEFAULT_MEMORY_MB
@@ -330,10 +333,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             )
         except CommandTimeout as exc:
             raise RuntimeError(str(exc)) from None
-        stderr = result.stderr
-        if result.oom_killed:
-            stderr += f"\n[osmosis sandbox: the memory limit ({self.sandbox.memory_mb} MB) killed a process]"
-        return ExecResult(stdout=result.stdout, stderr=stderr, return_code=result.return_code)
+        return _exec_result(result, self.sandbox.memory_mb)
 
     async def _exec_on_image(
         self,
@@ -357,10 +357,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             )
         except CommandTimeout as exc:
             raise RuntimeError(str(exc)) from None
-        stderr = result.stderr
-        if result.oom_killed:
-            stderr += f"\n[osmosis sandbox: the memory limit ({sandbox.memory_mb} MB) killed a process]"
-        return ExecResult(stdout=result.stdout, stderr=stderr, return_code=result.return_code)
+        return _exec_result(result, sandbox.memory_mb)
 
     def _is_outside(self, path: str) -> bool:
         """True when ``path`` is not the trial's own (the host's, or the sandbox's machinery)."""
@@ -401,9 +398,22 @@ class BubblewrapEnvironment(BaseEnvironment):
         self._tree.discard([_TESTS.strip("/")])
         self._tree.mkdir([_TESTS.strip("/")])
         home = f"/osmosis-verifier-home-{secrets.token_hex(6)}"  # a name the agent could not guess
-        # on an image the verifier may run as the image's USER: its HOME must be its to write
-        self._tree.mkdir([home.strip("/")], mode=0o1777 if self._on_image is not None else 0o700)
+        if self._on_image is None:
+            self._tree.mkdir([home.strip("/")], mode=0o700)
+        else:  # the agent's daemons may still run: nothing of theirs in the verifier's logs, a HOME of its own
+            self._tree.discard(_parts("/logs/verifier"))
+            self._own_folder("/logs/verifier")
+            self._own_folder(home, mode=0o700)
         self._verifier_home = home
+
+    def _own_folder(self, folder: str, mode: int = 0o755) -> None:
+        """A folder of the trial on an image, made (or taken over) for the image's ``USER``."""
+        assert self._on_image is not None
+        owner = self._on_image.owner
+        with contextlib.suppress(ValueError):  # (an image without that user: its commands will say so)
+            user = self._on_image.user()
+            owner = (owner[0] + user.uid, owner[1] + user.gid)
+        SafeTree(self._tree.root, owner).mkdir(_parts(folder), mode=mode)  # (what it makes is the user's)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         self._tree.read_file(self._private(source_path, write=False), target_path)
@@ -424,6 +434,14 @@ class BubblewrapEnvironment(BaseEnvironment):
         if self._on_image is None and HostLayout.detect().is_host_path(path):
             return os.path.isfile(path)
         return self._tree.exists(_parts(path)) == "file"
+
+
+def _exec_result(result: CommandResult, memory_mb: int | None) -> ExecResult:
+    """Harbor's result of a sandboxed command (a kill by the memory limit said in its stderr)."""
+    stderr = result.stderr
+    if result.oom_killed:
+        stderr += f"\n[osmosis sandbox: the memory limit ({memory_mb} MB) killed a process]"
+    return ExecResult(stdout=result.stdout, stderr=stderr, return_code=result.return_code)
 
 
 def _count(value: int | str | None) -> int | None:

@@ -116,6 +116,7 @@ def test_a_task_runs_in_its_own_built_image_and_its_verifier_uses_the_images_too
                 {"task": "daemon", "user_prompt": "-"},
                 {"task": "apt", "user_prompt": "-"},
                 {"task": "nonet", "user_prompt": "-"},
+                {"task": "user", "user_prompt": "-"},
             ],
         )
         with ScriptedPolicyServer(_shell_script()) as server:
@@ -123,7 +124,7 @@ def test_a_task_runs_in_its_own_built_image_and_its_verifier_uses_the_images_too
             run = osmosis("run", str(config), "--output", str(tmp_path / "runs/a"), cwd=tmp_path, timeout=800)
     assert run.returncode == 0, run.stdout + run.stderr
     results = _results(tmp_path / "runs/a")
-    tool, nothing, daemon, apt, nonet = (results[i] for i in range(5))
+    tool, nothing, daemon, apt, nonet, user = (results[i] for i in range(6))
     # the image's own tool, in its WORKDIR with its Env; no host tool, no build-context file it did not COPY
     assert (tool["status"], tool["reward"]) == ("success", 1.0), tool
     assert tool["metrics"]["harbor_rewards"] == {
@@ -134,6 +135,7 @@ def test_a_task_runs_in_its_own_built_image_and_its_verifier_uses_the_images_too
     assert (daemon["status"], daemon["reward"]) == ("success", 1.0), daemon  # the agent's daemon outlived its command
     assert (apt["status"], apt["reward"]) == ("success", 1.0), apt  # apt-get in a trial; no mknod, no /proc/sys
     assert (nonet["status"], nonet["reward"]) == ("success", 1.0), nonet  # its policy, and nothing else
+    assert (user["status"], user["reward"]) == ("success", 1.0), user  # the image's USER: the runner, the verifier
     assert not sandbox_processes("print('ready', flush=True)")  # every trial's holder is gone
     assert not _overlays_mounted()
 
@@ -184,7 +186,10 @@ def test_harbors_own_cli_runs_the_oracle_on_a_built_image(tmp_path, cache_dir):
 def test_the_cache_builds_a_key_once_and_again_only_when_the_dockerfile_or_context_changes(tmp_path, cache):
     task = tmp_path / "task"
     shutil.copytree(IMAGE_TASKS / "daemon" / "environment", task)
-    (task / "Dockerfile").write_text("FROM debian:13-slim\nRUN echo one > /one.txt\nCOPY data.txt /data.txt\n")
+    # a key no earlier session built (OSMOSIS_TEST_IMAGE_CACHE keeps a cache across sessions)
+    (task / "Dockerfile").write_text(
+        f"FROM debian:13-slim\nRUN echo {os.urandom(6).hex()} > /one.txt\nCOPY data.txt /data.txt\n"
+    )
     (task / "data.txt").write_text("first\n")
     (task / "ignored.log").write_text("not in the build\n")
     (task / ".dockerignore").write_text("*.log\n")
@@ -281,7 +286,7 @@ def test_fifty_trials_on_one_image_never_see_each_others_writes_nor_change_it(tm
     async def trials() -> list[str]:
         seen = []
         for number in range(50):
-            sandbox = ImageSandbox(image, tmp_path / f"trial-{number}", runtime, expose=python_paths())
+            sandbox = ImageSandbox(image, tmp_path / f"trial-{number}", runtime, runtime_paths=python_paths())
             await sandbox.start()
             try:
                 result = await sandbox.run(
