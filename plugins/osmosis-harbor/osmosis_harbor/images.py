@@ -367,16 +367,22 @@ class ImageCache:
             progress(f"making the base {base.distro}:{base.suite} from {_ARCHIVES[base.distro]} (once)")
         work = self.root / "tmp"
         work.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f"{lock_name}-", dir=work) as temp:
+        with (
+            tempfile.TemporaryDirectory(prefix=f"{lock_name}-", dir=work) as temp,
+            tempfile.TemporaryDirectory(prefix="osmosis-keyring-") as keys,  # (the cache is its owner's alone)
+        ):
+            os.chmod(keys, 0o755)  # apt reads the keyring as its own user, _apt
             tarball = Path(temp) / "base.tar"
             args = [mmdebstrap, "--variant=minbase", "--mode=root", "--format=tar", "--quiet"]
             if base.distro == "ubuntu":
-                args += ["--include=apt,ca-certificates", "--components=main,universe", *_ubuntu_keyring(Path(temp))]
-                suites = f"deb {_ARCHIVES['ubuntu']} {base.suite} main universe\n"
-                suites += f"deb {_ARCHIVES['ubuntu']} {base.suite}-updates main universe\n"
-                suites += f"deb http://security.ubuntu.com/ubuntu {base.suite}-security main universe"
+                args += ["--include=apt,ca-certificates", "--components=main,universe", *_ubuntu_keyring(Path(keys))]
+                suites = [
+                    f"deb {_ARCHIVES['ubuntu']} {base.suite} main universe",
+                    f"deb {_ARCHIVES['ubuntu']} {base.suite}-updates main universe",
+                    f"deb http://security.ubuntu.com/ubuntu {base.suite}-security main universe",
+                ]
                 proc = subprocess.run(
-                    [*args, base.suite, str(tarball), suites], capture_output=True, text=True, check=False
+                    [*args, base.suite, str(tarball), *suites], capture_output=True, text=True, check=False
                 )
             else:
                 proc = subprocess.run(
@@ -423,6 +429,8 @@ class ImageCache:
             raise ImageBuildError(f"{environment_dir}/Dockerfile: building a task's image without Docker needs root")
         if not has_dockerfile(environment_dir):
             raise ImageBuildError(f"{environment_dir} has no Dockerfile to build")
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)  # the images, their storage and builds: root's alone
         key = self.key(environment_dir, progress=progress)
         found = self.get(key)
         if found is not None:

@@ -375,3 +375,30 @@ def test_the_escape_attempts_fail_on_an_image_built_task_too(probe, tmp_path, ca
     from test_isolation import check_escape_attempts
 
     check_escape_attempts(probe, tmp_path, dockerfile=ESCAPE_IMAGE, image="build", image_cache=str(cache_dir))
+
+
+def test_an_ubuntu_base_is_made_from_ubuntus_archive_and_runs_osmosis_own_python(tmp_path, cache):
+    """ubuntu:24.04 (glibc 2.39, newer than a Debian 12 host's): made by mmdebstrap from Ubuntu's archive,
+    and osmosis's interpreter runs in it through its own loader, whatever the image's libraries."""
+    from osmosis_harbor.runtime import RUNTIME_PYTHON, relocated
+
+    task = tmp_path / "noble"
+    task.mkdir()
+    (task / "Dockerfile").write_text("FROM ubuntu:noble\nRUN echo built > /built.txt\nWORKDIR /srv\n")
+    image = cache.build(task)
+    paths = ",".join(repr(relocated(p)) for p in python_paths(import_path=True))
+    probe = f"import sys; sys.path[:0] = [{paths}]; import osmosis_core, ssl; print('python', sys.version_info[:2])"
+
+    async def run() -> list[str]:
+        sandbox = ImageSandbox(image, tmp_path / "trial", runtime_for(cache.root), runtime_paths=python_paths())
+        await sandbox.start()
+        try:
+            release = await sandbox.run(". /etc/os-release; echo $VERSION_ID; cat /built.txt; pwd")
+            python = await sandbox.run(f'{RUNTIME_PYTHON} -I -c "{probe}"')
+            return [release.stdout, python.stdout + python.stderr]
+        finally:
+            await sandbox.close()
+
+    release, python = asyncio.run(run())
+    assert release.split() == ["24.04", "built", "/srv"]
+    assert python.strip() == f"python {sys.version_info[:2]}", python
