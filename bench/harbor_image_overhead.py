@@ -32,8 +32,12 @@ from pathlib import Path
 from osmosis_harbor.bwrap import Sandbox, python_paths, sandbox_id_base
 from osmosis_harbor.image_sandbox import ImageSandbox
 from osmosis_harbor.images import ImageCache
-from osmosis_harbor.runtime import RUNTIME_PYTHON, runtime_for
+from osmosis_harbor.runtime import RUNTIME_PYTHON, relocated, runtime_for
 
+IMPORT = "import sys; sys.path[:0] = [{}]; import osmosis_core".format(
+    ",".join(repr(relocated(p)) for p in python_paths(import_path=True))
+)
+"""What the trial's runner does first: its import path (this Python's, below /.osmosis/py), then osmosis."""
 DOCKERFILE = (
     "FROM debian:bookworm\nRUN apt-get update && apt-get install -y --no-install-recommends units\nWORKDIR /app\n"
 )
@@ -45,7 +49,8 @@ async def host_trial(folder: Path) -> tuple[float, float, float]:
     sandbox.prepare(["/app"])
     await sandbox.run("true", cwd="/app")
     first = time.perf_counter() - started
-    await sandbox.run("python -c 'import osmosis_core'", cwd="/app")
+    done = await sandbox.run("python -c 'import osmosis_core'", cwd="/app")
+    assert done.return_code == 0, done.stderr
     python = time.perf_counter() - started - first
     await sandbox.close()
     shutil.rmtree(folder, ignore_errors=True)
@@ -58,7 +63,8 @@ async def image_trial(image, runtime, folder: Path) -> tuple[float, float, float
     await sandbox.start()
     await sandbox.run("true")
     first = time.perf_counter() - started
-    await sandbox.run(f"{RUNTIME_PYTHON} -c 'import osmosis_core'")
+    done = await sandbox.run(f'{RUNTIME_PYTHON} -I -c "{IMPORT}"')  # as the trial's runner starts
+    assert done.return_code == 0, done.stderr
     python = time.perf_counter() - started - first
     await sandbox.close()
     shutil.rmtree(folder, ignore_errors=True)
