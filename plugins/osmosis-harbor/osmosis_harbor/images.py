@@ -270,13 +270,16 @@ class ImageCache:
 
         :raises ImageBuildError: with buildah's or cp's message.
         """
-        script = (
-            'set -e; c=$("$@" from --quiet --pull=never "$OSMOSIS_IMAGE"); trap \'"$@" rm "$c" >/dev/null\' EXIT; '
+        script = (  # a container named for the export: one a killed export left is removed first
+            '"$@" rm "$OSMOSIS_NAME" >/dev/null 2>&1 || true; set -e; '
+            'c=$("$@" from --quiet --pull=never --name "$OSMOSIS_NAME" "$OSMOSIS_IMAGE"); '
+            'trap \'"$@" rm "$c" >/dev/null\' EXIT; '
             'm=$("$@" mount "$c"); mkdir "$OSMOSIS_TARGET"; cp -a --no-preserve=context "$m/." "$OSMOSIS_TARGET"'
         )
         argv = self._argv()
         command = [*argv[:4], "/bin/sh", "-c", script, "sh", *argv[4:]]
-        env = {**_build_env(), "OSMOSIS_IMAGE": image, "OSMOSIS_TARGET": str(target)}
+        name = "osmosis-export-" + hashlib.sha256(image.encode()).hexdigest()[:16]
+        env = {**_build_env(), "OSMOSIS_IMAGE": image, "OSMOSIS_TARGET": str(target), "OSMOSIS_NAME": name}
         proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
         if proc.returncode != 0:
             raise ImageBuildError(f"cannot export the files of {image}:\n{_tail(proc.stderr)}")
@@ -300,10 +303,12 @@ class ImageCache:
         :param where: the Dockerfile line naming it, for the error.
         :raises BaseUnavailable: it can be neither made nor found among the given ones.
         """
-        found = self._image_id(name)
-        if found is not None:
-            return found
         given = self._given(name)
+        stamp = _stamp(given) if given is not None else None
+        marker = self.root / "bases" / f"{hashlib.sha256(_qualified(name).encode()).hexdigest()[:16]}.given"
+        found = self._image_id(name)
+        if found is not None and (stamp is None or _read(marker) == stamp):
+            return found  # (a given archive that changed since it was imported is imported again)
         base = resolve_base(name)
         if given is None and base is None:
             known = ", ".join(KNOWN_BASES)
@@ -312,10 +317,12 @@ class ImageCache:
         lock = self.root / "locks" / f"base-{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"
         with _locked(lock):
             found = self._image_id(name)
-            if found is not None:
+            if found is not None and (stamp is None or _read(marker) == stamp):
                 return found
             if given is not None:
                 self._import(given, name, progress)
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text(stamp or "")
             else:
                 assert base is not None
                 canonical = self._image_id(base.name) or self._seed(base, progress, lock.stem)
@@ -444,7 +451,7 @@ class ImageCache:
 
     def _build(self, environment_dir: Path, key: str, progress: Progress | None) -> TaskImage:
         started = time.monotonic()
-        task = environment_dir.parent.name
+        task = environment_dir.parent.name if environment_dir.name == "environment" else environment_dir.name
         if progress:
             progress(f"building the image of {task} ({environment_dir}/Dockerfile)")
         work = self.root / "tmp"
@@ -534,6 +541,22 @@ class ImageCache:
         if everything and (self.root / "storage").exists():
             self._buildah("rmi", "--all", "--force", check=False)
         return removed
+
+
+def _stamp(path: Path) -> str:
+    """What identifies a given archive's content well enough to notice a new one: size and modification time."""
+    try:
+        info = path.stat()
+    except OSError:
+        return "missing"
+    return f"{path.absolute()}:{info.st_size}:{info.st_mtime_ns}"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def _qualified(name: str) -> str:

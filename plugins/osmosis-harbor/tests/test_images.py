@@ -247,6 +247,14 @@ def test_a_base_osmosis_cannot_make_fails_naming_the_ways_out_and_runs_when_give
     image = given.build(task)
     assert (image.rootfs / "made.txt").read_text() == "made\n"
     assert image.workdir == "/srv"
+    # or as an OCI archive (what `skopeo copy` or `buildah push ... oci-archive:` write)
+    archive = tmp_path / "node-oci.tar"
+    cache._buildah("push", "--quiet", "docker.io/library/debian:bookworm", f"oci-archive:{archive}")
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "Dockerfile").write_text("FROM node:20-slim\nRUN echo from-oci > /oci.txt\n")
+    from_archive = ImageCache(fresh.root, {"node:20-slim": archive}, cache.id_base).build(node)
+    assert (from_archive.rootfs / "oci.txt").read_text() == "from-oci\n"
 
 
 def test_a_dockerfile_that_fails_reports_its_build_logs_tail_and_the_run_goes_on(tmp_path, cache_dir):
