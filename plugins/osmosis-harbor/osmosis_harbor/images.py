@@ -36,6 +36,8 @@ import functools
 import hashlib
 import json
 import os
+import re
+import resource
 import shutil
 import stat
 import subprocess
@@ -53,6 +55,7 @@ from osmosis_harbor.dockerfile import KNOWN_BASES, Base, DockerfileError, base_n
 __all__ = [
     "CACHE_ENV",
     "FORMAT",
+    "HEREDOC_BUILDAH",
     "BaseUnavailable",
     "ImageBuildError",
     "ImageBuilds",
@@ -61,6 +64,7 @@ __all__ = [
     "default_cache_dir",
     "has_dockerfile",
     "image_build_missing",
+    "uses_heredocs",
 ]
 
 CACHE_ENV = "OSMOSIS_IMAGE_CACHE"
@@ -107,6 +111,20 @@ def image_build_missing() -> str | None:
     if absent:
         return f"{' and '.join(absent)} not installed (apt-get install -y {' '.join(absent)})"
     return None
+
+
+_HEREDOC = re.compile(r"^\s*(?:RUN|COPY|ADD)\b[^\n]*<<-?\s*[\"']?[A-Za-z_][A-Za-z0-9_]*", re.IGNORECASE | re.MULTILINE)
+HEREDOC_BUILDAH = (1, 39)
+"""The first buildah that reads Dockerfile heredocs (``RUN <<EOF``); an older one on this machine builds
+such a Dockerfile with buildah from a Debian trixie tools tree made once in the cache."""
+
+
+def uses_heredocs(dockerfile: Path) -> bool:
+    """True when a Dockerfile has a heredoc (``RUN <<EOF``, ``COPY <<EOF /path``)."""
+    try:
+        return _HEREDOC.search(dockerfile.read_text(encoding="utf-8", errors="replace")) is not None
+    except OSError:
+        return False
 
 
 def has_dockerfile(environment_dir: Path) -> bool:
@@ -250,21 +268,35 @@ class ImageCache:
             "overlay",
         ]
 
-    def _argv(self, *args: str) -> list[str]:
+    def _argv(self, *args: str, tools: Path | None = None, context: Path | None = None) -> list[str]:
         """A buildah command line, run in a mount namespace of its own: whatever it mounts (its storage,
-        a container's layers) is gone when it exits, even killed, so no build leaves a mount behind."""
-        private = [_tool("unshare", "util-linux"), "--mount", "--propagation", "private"]
-        return [*private, _tool("buildah", "buildah"), *self._storage(), *args]
+        a container's layers) is gone when it exits, even killed, so no build leaves a mount behind.
 
-    def _buildah(self, *args: str, log: list[str] | None = None, check: bool = True) -> str:
-        proc = subprocess.run(self._argv(*args), capture_output=True, text=True, check=False, env=_build_env())
+        :param tools: the trixie tools tree: its buildah (>= 1.39) in a bubblewrap sandbox on it, with
+            this machine's devices, the cache and ``context`` (a build's folder) bound, and storage of its own.
+        """
+        if tools is None:
+            private = [_tool("unshare", "util-linux"), "--mount", "--propagation", "private"]
+            return [*private, _tool("buildah", "buildah"), *self._storage(), *args]
+        sandbox = [_tool("bwrap", "bubblewrap"), "--bind", str(tools), "/", "--dev-bind", "/dev", "/dev"]
+        sandbox += ["--proc", "/proc", "--ro-bind", "/sys", "/sys", "--bind", str(self.root), str(self.root)]
+        sandbox += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf", "--die-with-parent"]
+        if context is not None:
+            sandbox += ["--ro-bind", str(context), str(context)]
+        storage = ["--root", str(self.root / "tools-storage"), "--runroot", str(self.root / "tools-run")]
+        return [*sandbox, "--", "/usr/bin/buildah", *storage, "--storage-driver", "overlay", *args]
+
+    def _buildah(self, *args: str, log: list[str] | None = None, check: bool = True, tools: Path | None = None) -> str:
+        proc = subprocess.run(
+            self._argv(*args, tools=tools), capture_output=True, text=True, check=False, env=_build_env()
+        )
         if log is not None:
             log.append(f"$ buildah {' '.join(args)}\n{proc.stdout}{proc.stderr}")
         if check and proc.returncode != 0:
             raise ImageBuildError(f"buildah {args[0]} failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
         return proc.stdout.strip()
 
-    def export(self, image: str, target: Path) -> None:
+    def export(self, image: str, target: Path, *, tools: Path | None = None) -> None:
         """The files of ``image`` (a name or id in the cache's storage), as they are, into the new folder
         ``target``: a container of it mounted, copied and removed in one mount namespace.
 
@@ -276,8 +308,9 @@ class ImageCache:
             'trap \'"$@" rm "$c" >/dev/null\' EXIT; '
             'm=$("$@" mount "$c"); mkdir "$OSMOSIS_TARGET"; cp -a --no-preserve=context "$m/." "$OSMOSIS_TARGET"'
         )
-        argv = self._argv()
-        command = [*argv[:4], "/bin/sh", "-c", script, "sh", *argv[4:]]
+        argv = self._argv(tools=tools)
+        at = argv.index("--") + 1 if tools is not None else 4  # the buildah command, after the sandbox's
+        command = [*argv[:at], "/bin/sh", "-c", script, "sh", *argv[at:]]
         name = "osmosis-export-" + hashlib.sha256(image.encode()).hexdigest()[:16]
         env = {**_build_env(), "OSMOSIS_IMAGE": image, "OSMOSIS_TARGET": str(target), "OSMOSIS_NAME": name}
         proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
@@ -399,6 +432,55 @@ class ImageCache:
                 raise ImageBuildError(f"mmdebstrap could not make {base.name}:\n{_tail(proc.stderr or proc.stdout)}")
             return self._commit_rootfs(tarball, base.name, env={"PATH": _DEFAULT_PATH, **_CA_ENV})
 
+    def tools(self, progress: Progress | None = None) -> Path:
+        """The trixie tools tree (buildah >= 1.39), made once by mmdebstrap (about 15 s) and published by rename."""
+        tree = self.root / "tools" / "trixie"
+        if (tree / "usr/bin/buildah").is_file():
+            return tree
+        with _locked(self.root / "locks" / "tools.lock"):
+            if (tree / "usr/bin/buildah").is_file():
+                return tree
+            if progress:
+                progress("making buildah >= 1.39 (for Dockerfile heredocs) from Debian trixie's archive (once)")
+            work = self.root / "tmp"
+            work.mkdir(parents=True, exist_ok=True)
+            temp = Path(tempfile.mkdtemp(prefix="tools-", dir=work))
+            try:
+                proc = subprocess.run(
+                    [
+                        *(_tool("mmdebstrap", "mmdebstrap"), "--variant=minbase", "--mode=root", "--quiet"),
+                        *("--include=buildah,netavark,ca-certificates", "trixie", str(temp / "trixie")),
+                        _ARCHIVES["debian"],
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                if proc.returncode != 0:
+                    raise ImageBuildError(f"mmdebstrap could not make the trixie tools tree:\n{_tail(proc.stderr)}")
+                tree.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(temp / "trixie", tree)
+            finally:
+                shutil.rmtree(temp, ignore_errors=True)
+        return tree
+
+    def _carry_bases(self, dockerfile: Path, tools: Path, temp: Path) -> None:
+        """The Dockerfile's bases, from this cache's storage into the tools tree's (as OCI archives)."""
+        for name, _ in base_names(dockerfile):
+            archive = temp / "base.oci.tar"
+            self._buildah("push", "--quiet", _qualified(name), f"oci-archive:{archive}")
+            pulled = self._buildah("pull", "--quiet", f"oci-archive:{archive}", tools=tools).splitlines()
+            if not pulled:
+                raise ImageBuildError(f"cannot carry the base {name} to the trixie tools tree's buildah")
+            self._buildah("tag", pulled[-1], _qualified(name), tools=tools)
+            archive.unlink(missing_ok=True)
+
+    def _builder_for(self, dockerfile: Path, progress: Progress | None) -> Path | None:
+        """The tools tree when the Dockerfile needs a newer buildah than this machine's, else None."""
+        if not uses_heredocs(dockerfile) or _version(_builder_version(_tool("buildah", "buildah"))) >= HEREDOC_BUILDAH:
+            return None
+        return self.tools(progress)
+
     # ---------------------------------------------------------------- tasks
 
     def key(self, environment_dir: Path, *, progress: Progress | None = None) -> str:
@@ -412,7 +494,8 @@ class ImageCache:
         except DockerfileError as exc:
             raise ImageBuildError(str(exc)) from None
         digest = hashlib.sha256()
-        builder = _builder_version(_tool("buildah", "buildah"))
+        tools = self._builder_for(dockerfile, progress)
+        builder = _builder_version(_tool("buildah", "buildah")) if tools is None else _tools_version(self, tools)
         digest.update(f"osmosis-image {FORMAT}\0{builder}\0{self.id_base}\0".encode())
         digest.update(context_digest(Path(environment_dir)).encode())
         for name, line in bases:
@@ -459,7 +542,15 @@ class ImageCache:
         temp = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=work))
         tag = f"localhost/osmosis-task:{key}"
         log: list[str] = []
+        tools = self._builder_for(environment_dir / "Dockerfile", progress)
         try:
+            extra: list[str] = []
+            if tools is not None:
+                self._carry_bases(environment_dir / "Dockerfile", tools, temp)
+                extra = [
+                    f"--ulimit=nofile={_limit(resource.RLIMIT_NOFILE)}",
+                    f"--ulimit=nproc={_limit(resource.RLIMIT_NPROC)}",
+                ]
             proc = subprocess.run(
                 self._argv(
                     "build",
@@ -469,11 +560,14 @@ class ImageCache:
                     "--network",
                     "host",
                     "--layers",
+                    *extra,
                     "-t",
                     tag,
                     "-f",
                     str(environment_dir / "Dockerfile"),
                     str(environment_dir),
+                    tools=tools,
+                    context=environment_dir,
                 ),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -487,8 +581,9 @@ class ImageCache:
                     f"the image of {task} failed to build ({environment_dir}/Dockerfile, exit {proc.returncode}); "
                     f"the build log's end:\n{_tail(proc.stdout)}"
                 )
-            config = json.loads(self._buildah("inspect", "--type", "image", tag, log=log))["OCIv1"]["config"]
-            self.export(tag, temp / "rootfs")
+            inspected = self._buildah("inspect", "--type", "image", tag, log=log, tools=tools)
+            config = json.loads(inspected)["OCIv1"]["config"]
+            self.export(tag, temp / "rootfs", tools=tools)
             workdir = config.get("WorkingDir") or "/"
             _make_workdir(temp / "rootfs", workdir)
             if self.id_base is not None:
@@ -541,6 +636,23 @@ class ImageCache:
         if everything and (self.root / "storage").exists():
             self._buildah("rmi", "--all", "--force", check=False)
         return removed
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``buildah version 1.28.2 (...)`` → (1, 28, 2)."""
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g) for g in match.groups() if g is not None) if match else (0,)
+
+
+def _tools_version(cache: ImageCache, tools: Path) -> str:
+    return cache._buildah("--version", tools=tools) + " (trixie tools)"
+
+
+def _limit(which: int) -> str:
+    """``soft:hard`` for buildah's ``--ulimit``: this process's hard limit (a build cannot raise it here)."""
+    hard = resource.getrlimit(which)[1]
+    value = "-1" if hard == resource.RLIM_INFINITY else str(hard)
+    return f"{value}:{value}"
 
 
 def _stamp(path: Path) -> str:

@@ -410,3 +410,36 @@ def test_an_ubuntu_base_is_made_from_ubuntus_archive_and_runs_osmosis_own_python
     release, python = asyncio.run(run())
     assert release.split() == ["24.04", "built", "/srv"]
     assert python.strip() == f"python {sys.version_info[:2]}", python
+
+
+def test_a_dockerfile_with_heredocs_builds_with_a_buildah_that_reads_them(tmp_path, cache):
+    """``RUN <<EOF`` and ``COPY <<EOF``: Debian 12's buildah (1.28) rejects them ("Unknown instruction"),
+    so such a Dockerfile is built by buildah >= 1.39 from a trixie tools tree (made once in the cache)."""
+    from osmosis_harbor.images import HEREDOC_BUILDAH, _builder_version, _version, uses_heredocs
+
+    task = tmp_path / "heredoc"
+    task.mkdir()
+    (task / "Dockerfile").write_text(
+        "FROM debian:bookworm\n"
+        "RUN <<EOT\nset -e\necho 'from a heredoc' > /heredoc.txt\necho second line >> /heredoc.txt\nEOT\n"
+        "COPY <<EOT /etc/greeting\nhello heredoc\nEOT\n"
+        "WORKDIR /app\n"
+    )
+    assert uses_heredocs(task / "Dockerfile")
+    image = cache.build(task)
+    assert (image.rootfs / "heredoc.txt").read_text() == "from a heredoc\nsecond line\n"
+    assert (image.rootfs / "etc" / "greeting").read_text() == "hello heredoc\n"
+    assert image.workdir == "/app"
+    if _version(_builder_version(shutil.which("buildah"))) < HEREDOC_BUILDAH:
+        assert (cache.root / "tools" / "trixie" / "usr" / "bin" / "buildah").is_file()
+    assert not _mounted_under(cache.root)
+
+    async def run() -> str:
+        sandbox = ImageSandbox(image, tmp_path / "trial", runtime_for(cache.root), runtime_paths=python_paths())
+        await sandbox.start()
+        try:
+            return (await sandbox.run("cat /heredoc.txt /etc/greeting; pwd")).stdout
+        finally:
+            await sandbox.close()
+
+    assert asyncio.run(run()).split("\n")[:4] == ["from a heredoc", "second line", "hello heredoc", "/app"]
