@@ -313,9 +313,12 @@ class ImageSandbox:
         self._make_mountpoints([*exposed, *(Path(inside) for _, inside in self.sockets)])
         for path in exposed:
             args += ["--ro-bind", str(path), str(path)]
-        for hidden in sorted(set(self.hide)):
-            if hidden.exists() and any(hidden.is_relative_to(e) for e in exposed):
-                args += ["--tmpfs", str(hidden)] if hidden.is_dir() else ["--ro-bind", "/dev/null", str(hidden)]
+        shown = sorted({p for p in self.runtime_paths if p.exists()})
+        for hidden in sorted(set(self.hide)):  # where a shown folder holds it: the run's, the dataset, the tasks
+            places = [str(hidden)] if any(hidden.is_relative_to(e) for e in exposed) else []
+            places += [relocated(hidden)] if any(hidden.is_relative_to(p) for p in shown) else []
+            for place in places if hidden.exists() else []:
+                args += ["--tmpfs", place] if hidden.is_dir() else ["--ro-bind", "/dev/null", place]
         for host, inside in self.sockets:
             args += ["--ro-bind", str(host), inside]
         # a network namespace of its own (a loopback) that a command enters when it may not use the host's
