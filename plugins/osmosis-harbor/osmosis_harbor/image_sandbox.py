@@ -81,7 +81,6 @@ class ImageUser:
 
     uid: int
     gid: int
-    groups: tuple[int, ...]
     home: str
 
     @classmethod
@@ -103,13 +102,8 @@ class ImageUser:
             if found is None and not group.isdigit():
                 raise ValueError(f"the image has no group {group!r} (its /etc/group)")
             gid = int(found[2]) if found is not None else int(group)
-        user_name = entry[0] if entry is not None else None
-        extra = sorted(
-            {int(g[2]) for g in groups if len(g) > 3 and user_name and user_name in g[3].split(",") and g[2].isdigit()}
-            - {gid}
-        )
         home = entry[5] if entry is not None and len(entry) > 5 and entry[5] else ("/root" if uid == 0 else "/")
-        return cls(uid, gid, (gid, *extra), home)
+        return cls(uid, gid, home)
 
 
 def _check_maskable(rootfs: Path, *, fresh: bool = False) -> None:
@@ -214,7 +208,6 @@ class ImageSandbox:
     limits: Limits = attrs.field(factory=sandbox_limits)
     id_base: int | None = attrs.field(factory=sandbox_id_base)
     _holder: asyncio.subprocess.Process | None = attrs.field(default=None, init=False)
-    _pid: int | None = attrs.field(default=None, init=False)
     _held: dict[str, int] = attrs.field(factory=dict, init=False)
     """Descriptors of the sandbox's namespaces and root, opened once at start: commands enter these,
     never ``/proc/<pid>`` again (a holder the trial killed could have its pid reused by a host process)."""
@@ -239,10 +232,6 @@ class ImageSandbox:
     def upper(self) -> Path:
         """The trial's writes (the overlay's upper layer), kept in its folder."""
         return self.folder / "upper"
-
-    @property
-    def cgroup(self) -> ExecLimits | None:
-        return self._cgroup
 
     def _prepare(self) -> list[str]:
         """The trial's folders and files, and the overlay's mount options."""
@@ -395,8 +384,7 @@ class ImageSandbox:
             await self.close()
             raise SandboxStartError(f"the trial's sandbox on its image did not start: {reason}")
         try:
-            self._pid = int(json.loads(info.decode())["child-pid"])
-            self._hold(self._pid)
+            self._hold(int(json.loads(info.decode())["child-pid"]))
         except (ValueError, KeyError, OSError) as exc:
             await self.close()
             raise SandboxStartError(f"bubblewrap reported no sandbox process ({exc})") from None
@@ -516,7 +504,6 @@ class ImageSandbox:
     async def close(self) -> None:
         """End the trial: its holder (and with it every process and the overlay's mount), its cgroup."""
         holder, self._holder = self._holder, None
-        self._pid = None
         held, self._held = self._held, {}
         for fd in held.values():
             os.close(fd)

@@ -75,6 +75,7 @@ _LOG_TAIL = 40
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CA_FOLDER = Path("/usr/local/share/ca-certificates")
 _HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+_UBUNTU_KEYRING = Path("/usr/share/keyrings/ubuntu-archive-keyring.gpg")
 _ARCHIVES = {
     "debian": "http://deb.debian.org/debian",
     "ubuntu": "http://archive.ubuntu.com/ubuntu",
@@ -199,8 +200,9 @@ def _tool(name: str, package: str) -> str:
 
 
 @functools.cache
-def _builder_version(buildah: str) -> str:
-    out = subprocess.run([buildah, "--version"], capture_output=True, text=True, check=False)
+def _builder_version(argv: tuple[str, ...]) -> str:
+    """What ``argv`` (a buildah command line ending in ``--version``) prints: once a process."""
+    out = subprocess.run(list(argv), capture_output=True, text=True, check=False)
     return out.stdout.strip() or "buildah ?"
 
 
@@ -286,12 +288,10 @@ class ImageCache:
         storage = ["--root", str(self.root / "tools-storage"), "--runroot", str(self.root / "tools-run")]
         return [*sandbox, "--", "/usr/bin/buildah", *storage, "--storage-driver", "overlay", *args]
 
-    def _buildah(self, *args: str, log: list[str] | None = None, check: bool = True, tools: Path | None = None) -> str:
+    def _buildah(self, *args: str, check: bool = True, tools: Path | None = None) -> str:
         proc = subprocess.run(
             self._argv(*args, tools=tools), capture_output=True, text=True, check=False, env=_build_env()
         )
-        if log is not None:
-            log.append(f"$ buildah {' '.join(args)}\n{proc.stdout}{proc.stderr}")
         if check and proc.returncode != 0:
             raise ImageBuildError(f"buildah {args[0]} failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
         return proc.stdout.strip()
@@ -320,15 +320,8 @@ class ImageCache:
     # ---------------------------------------------------------------- bases
 
     def _image_id(self, name: str) -> str | None:
-        inspect = ["inspect", "--type", "image", "--format", "{{.FromImageID}}", name]
-        proc = subprocess.run(
-            self._argv(*inspect),
-            capture_output=True,
-            text=True,
-            check=False,
-            env=_build_env(),
-        )
-        return proc.stdout.strip() or None if proc.returncode == 0 else None
+        """The id of the image ``name`` in the cache's storage, or None (no such image)."""
+        return self._buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}", name, check=False) or None
 
     def ensure_base(self, name: str, *, where: str, progress: Progress | None = None) -> str:
         """Make sure ``name`` resolves in the cache's storage; return its image id.
@@ -477,9 +470,13 @@ class ImageCache:
 
     def _builder_for(self, dockerfile: Path, progress: Progress | None) -> Path | None:
         """The tools tree when the Dockerfile needs a newer buildah than this machine's, else None."""
-        if not uses_heredocs(dockerfile) or _version(_builder_version(_tool("buildah", "buildah"))) >= HEREDOC_BUILDAH:
+        if not uses_heredocs(dockerfile) or _version(self._builder(None)) >= HEREDOC_BUILDAH:
             return None
         return self.tools(progress)
+
+    def _builder(self, tools: Path | None) -> str:
+        """The version line of the buildah that builds (this machine's, or the tools tree's)."""
+        return _builder_version(tuple(self._argv("--version", tools=tools)))
 
     # ---------------------------------------------------------------- tasks
 
@@ -495,7 +492,7 @@ class ImageCache:
             raise ImageBuildError(str(exc)) from None
         digest = hashlib.sha256()
         tools = self._builder_for(dockerfile, progress)
-        builder = _builder_version(_tool("buildah", "buildah")) if tools is None else _tools_version(self, tools)
+        builder = self._builder(tools)
         digest.update(f"osmosis-image {FORMAT}\0{builder}\0{self.id_base}\0".encode())
         digest.update(context_digest(Path(environment_dir)).encode())
         for name, line in bases:
@@ -541,7 +538,6 @@ class ImageCache:
         work.mkdir(parents=True, exist_ok=True)
         temp = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=work))
         tag = f"localhost/osmosis-task:{key}"
-        log: list[str] = []
         tools = self._builder_for(environment_dir / "Dockerfile", progress)
         try:
             extra: list[str] = []
@@ -581,7 +577,7 @@ class ImageCache:
                     f"the image of {task} failed to build ({environment_dir}/Dockerfile, exit {proc.returncode}); "
                     f"the build log's end:\n{_tail(proc.stdout)}"
                 )
-            inspected = self._buildah("inspect", "--type", "image", tag, log=log, tools=tools)
+            inspected = self._buildah("inspect", "--type", "image", tag, tools=tools)
             config = json.loads(inspected)["OCIv1"]["config"]
             self.export(tag, temp / "rootfs", tools=tools)
             workdir = config.get("WorkingDir") or "/"
@@ -642,10 +638,6 @@ def _version(text: str) -> tuple[int, ...]:
     """``buildah version 1.28.2 (...)`` → (1, 28, 2)."""
     match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
     return tuple(int(g) for g in match.groups() if g is not None) if match else (0,)
-
-
-def _tools_version(cache: ImageCache, tools: Path) -> str:
-    return cache._buildah("--version", tools=tools) + " (trixie tools)"
 
 
 def _limit(which: int) -> str:
@@ -714,20 +706,11 @@ def _certificates() -> list[tuple[Path, str]]:
     return found
 
 
-@functools.cache
-def _ubuntu_keyring_args() -> tuple[str, ...]:
-    for path in ("/usr/share/keyrings/ubuntu-archive-keyring.gpg",):
-        if os.path.isfile(path):
-            return (f"--keyring={path}",)
-    return ()
-
-
 def _ubuntu_keyring(temp: Path) -> list[str]:
     """mmdebstrap's ``--keyring`` for Ubuntu's archive: the host's, or ``ubuntu-keyring`` fetched
     through apt from Debian's (signed) bookworm-backports."""
-    found = _ubuntu_keyring_args()
-    if found:
-        return list(found)
+    if _UBUNTU_KEYRING.is_file():
+        return [f"--keyring={_UBUNTU_KEYRING}"]
     sources = temp / "sources.list"
     sources.write_text("deb http://deb.debian.org/debian bookworm-backports main\n")
     lists = temp / "lists"
@@ -747,8 +730,7 @@ def _ubuntu_keyring(temp: Path) -> list[str]:
         why = _tail(update.stderr + download.stderr)
         raise ImageBuildError(f"cannot get Ubuntu's archive keyring (ubuntu-keyring):\n{why}")
     subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(temp / "keyring")], check=True)
-    keyring = temp / "keyring/usr/share/keyrings/ubuntu-archive-keyring.gpg"
-    return [f"--keyring={keyring}"]
+    return [f"--keyring={temp / 'keyring' / _UBUNTU_KEYRING.relative_to('/')}"]
 
 
 def _build_env() -> dict[str, str]:
@@ -776,7 +758,7 @@ def _shift_owner(rootfs: Path, base: int) -> None:
         for name in [*dirs, *files, None]:
             path = folder if name is None else os.path.join(folder, name)
             info = os.lstat(path)
-            if info.st_uid >= base:  # already shifted (a folder seen twice)
+            if info.st_uid >= base:  # already shifted: a folder is met as its parent's entry and as itself
                 continue
             os.lchown(path, info.st_uid + base, info.st_gid + base)
             if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_ISUID | stat.S_ISGID):

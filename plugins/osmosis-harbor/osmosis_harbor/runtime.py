@@ -63,13 +63,15 @@ class Runtime:
 
     def python(self) -> list[str]:
         """The command line that runs this Python inside a trial, through the runtime's loader."""
-        lib = f"{RUNTIME_DIR}/lib"
-        return [f"{lib}/{self.loader}", "--library-path", lib, _interpreter()]
+        return self._through_loader(_interpreter())
 
     def command(self, tool: str) -> list[str]:
         """The command line that runs one of the runtime's tools inside a trial."""
+        return self._through_loader(f"{RUNTIME_DIR}/bin/{tool}")
+
+    def _through_loader(self, program: str) -> list[str]:
         lib = f"{RUNTIME_DIR}/lib"
-        return [f"{lib}/{self.loader}", "--library-path", lib, f"{RUNTIME_DIR}/bin/{tool}"]
+        return [f"{lib}/{self.loader}", "--library-path", lib, program]
 
 
 def _ldd(paths: Iterable[Path]) -> dict[str, Path]:
@@ -106,8 +108,8 @@ def runtime_for(cache_root: Path) -> Runtime:
     absent = [name for name in _TOOLS if shutil.which(name) is None]
     if absent:
         raise RuntimeError(
-            f"{', '.join(absent)} not found: a trial on a task image enters its sandbox with them "
-            "(`apt-get install -y util-linux coreutils`)"
+            f"{', '.join(absent)} not found: a trial on a task image sets each command's folder and "
+            "loader variables with it (`apt-get install -y coreutils`)"
         )
     tools = [Path(found) for name in _TOOLS if (found := shutil.which(name))]
     stamp = hashlib.sha256()

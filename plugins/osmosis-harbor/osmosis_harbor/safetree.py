@@ -52,8 +52,8 @@ class SafeTree:
     @contextlib.contextmanager
     def _dir(self, parts: Sequence[str], *, create: bool) -> Iterator[int]:
         """An open descriptor of the folder ``root/parts``; symlinks are replaced (create) or refused."""
-        # the root is the host's own path (it may be /proc/<pid>/root: a trial's tree seen through
-        # its sandbox's process), so it is followed; nothing below it is
+        # the root is the host's own path (it may be /proc/self/fd/N: a trial's tree on a task image,
+        # held open since its start), so it is followed; nothing below it is
         fd = os.open(self.root, _DIR_FLAGS & ~os.O_NOFOLLOW)
         try:
             for part in parts:

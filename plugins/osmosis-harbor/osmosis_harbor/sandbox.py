@@ -41,7 +41,8 @@ then on: ``/tests`` holds only what was uploaded (anything the agent left there 
 every command gets a fresh, empty ``HOME`` the agent never saw, and ``PYTHONNOUSERSITE=1``,
 ``PYTHONSAFEPATH=1`` and ``PYTHONDONTWRITEBYTECODE=1``, so no interpreter the verifier starts
 (``/usr/bin/python3`` included) runs a ``.pth``, ``usercustomize`` or module the agent planted in a
-user site folder or in the working folder; and commands run from ``/tests`` unless told otherwise.
+user site folder or in the working folder; and commands run from ``/tests`` unless told otherwise
+(on a task image: from its ``WORKDIR``, as Docker's).
 A verifier that means to import the agent's code says so (``PYTHONPATH=/app`` in its
 ``tests/test.sh``). On the host's tools the agent's processes are gone by then (each command is its own
 sandbox); on a task image they may still run, as in a container (see below).
@@ -80,6 +81,7 @@ from osmosis_harbor.bwrap import (  # noqa: E402
     check_bwrap,
     find_bwrap,
     python_paths,
+    sandbox_id_base,
 )
 from osmosis_harbor.config import DEFAULT_MAX_PROCESSES, DEFAULT_MEMORY_MB  # noqa: E402
 from osmosis_harbor.image_sandbox import ImageSandbox  # noqa: E402
@@ -198,11 +200,6 @@ class BubblewrapEnvironment(BaseEnvironment):
             return self._image.workdir or "/"
         return "/app"
 
-    @property
-    def image(self) -> TaskImage | None:
-        """The task image the trial runs on (None: the host's tools)."""
-        return self._image
-
     def _load_image(self) -> TaskImage:
         setting = self._image_setting
         assert setting is not None
@@ -210,8 +207,6 @@ class BubblewrapEnvironment(BaseEnvironment):
             return TaskImage.load(Path(setting))
         if not has_dockerfile(Path(self.environment_dir)):
             raise SandboxStartError(f"{self.environment_dir} has no Dockerfile, and image='build' asks to build it")
-        from osmosis_harbor.bwrap import sandbox_id_base
-
         root = Path(self._image_cache) if self._image_cache else default_cache_dir()
         return ImageCache(root, self._bases, sandbox_id_base()).build(Path(self.environment_dir))
 
