@@ -35,6 +35,9 @@ Sessions (`nox -l` lists them):
                             archive), trials on their overlays through osmosis run and Harbor's own CLI
   bench                     the benchmarks in bench/ (not run by default)
 
+Coverage, per distribution: tests-3.12, each plugin session and trainer-3.12 run their tests under coverage
+and print `coverage of <distribution>: N% of its lines (in-process)`.
+
 Test dependencies come from the `test` dependency group of the core's pyproject.toml and of each
 plugin's, by name; their versions from test-constraints.txt (UV_CONSTRAINT, for every install).
 Every session compiles what it installs to bytecode, as pip does for users (uv does not by
@@ -116,12 +119,28 @@ def _compile_sources(session: nox.Session, *paths: str) -> None:
     session.run("python", "-m", "compileall", "-q", "-j", "0", *paths, silent=True)
 
 
+def _pytest_with_coverage(session: nox.Session, package: str, *args: str) -> None:
+    """``pytest *args``, measured by coverage (in this process; sys.monitoring where the Python has it), then
+    one line with the share of ``package``'s lines the tests ran: the figure CI prints per distribution."""
+    data = Path(session.create_tmp()) / f".coverage.{package}"
+    session.env["COVERAGE_FILE"] = str(data)
+    session.env["COVERAGE_CORE"] = "sysmon"  # coverage >= 7.4 on Python >= 3.12: a fraction of the tracer's cost
+    session.run("coverage", "run", f"--source={package}", "-m", "pytest", *args)
+    total = session.run("coverage", "report", "--format=total", silent=True)
+    session.log(f"coverage of {package.replace('_', '-')}: {str(total).strip()}% of its lines (in-process)")
+
+
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The core's tests on its own (no plugin installed); the slow fault tests run in `faults`."""
+    """The core's tests on its own (no plugin installed); the slow fault tests run in `faults`.
+    Coverage is measured on the first Python (``coverage of osmosis-core: N%``)."""
     session.install("-e", ".", *_group("test"))
     _compile_sources(session, "osmosis_core")
-    session.run("pytest", "tests", "-m", "not slow and not install", *session.posargs)
+    args = ("tests", "-m", "not slow and not install", *session.posargs)
+    if session.python == PYTHONS[0]:
+        _pytest_with_coverage(session, "osmosis_core", *args)
+    else:
+        session.run("pytest", *args)
 
 
 @nox.session(python=PYTHONS[0])
@@ -190,7 +209,8 @@ def plugin(session: nox.Session, plugin: str | None) -> None:
     if plugin == "osmosis-server":
         _reference_sdk(session)
     # the tests marked `together` need other plugins beside this one (plugins_all runs them); `images`: its own session
-    session.run("pytest", f"plugins/{plugin}/tests", "-m", "not together and not images", *session.posargs)
+    tests_of = (f"plugins/{plugin}/tests", "-m", "not together and not images", *session.posargs)
+    _pytest_with_coverage(session, _package(plugin), *tests_of)
 
 
 @nox.session(python=PYTHONS[0])
@@ -222,7 +242,10 @@ def trainer(session: nox.Session) -> None:
         session.run("mypy", "--strict", "--python-version", "3.10", "osmosis_trainer")  # (the oldest supported)
     session.env["OSMOSIS_TRAINER_ALONE"] = "1"
     session.env["OSMOSIS_SERVE_PYTHON"] = serve_python
-    session.run("pytest", "tests", "-m", "not together and not torch", *session.posargs)
+    if session.python == "3.12":
+        _pytest_with_coverage(session, "osmosis_trainer", "tests", "-m", "not together and not torch", *session.posargs)
+    else:
+        session.run("pytest", "tests", "-m", "not together and not torch", *session.posargs)
 
 
 TORCH_PYTHON = "3.11"

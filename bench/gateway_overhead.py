@@ -86,7 +86,7 @@ async def serve_gateway(upstream: str, ids: int) -> None:
     import gc
 
     from osmosis_core import PolicyEndpoint
-    from osmosis_core.plugin import aclose_http
+    from osmosis_core.http import aclose_http
     from osmosis_gateway import PolicyGateway
 
     gateway = PolicyGateway(PolicyEndpoint(upstream, "osmosis-stub"), adapter="vllm")

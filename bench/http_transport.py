@@ -181,7 +181,7 @@ async def bench(url: str, total: int, concurrency: int, latency: float) -> None:
         await run("aiohttp ClientSession", aiohttp_post)
 
     from osmosis_core import PolicyEndpoint, RolloutContext, chat_completion
-    from osmosis_core._engine.http_session import http_scope
+    from osmosis_core.http.client import http_scope
 
     policy = PolicyEndpoint(url.removesuffix("/chat/completions"), "bench-model")
     async with http_scope():

@@ -57,7 +57,7 @@ def rss_mb(pid: int) -> float:
 
 
 async def drive(url: str, token: str, n: int, concurrency: int, policy_url: str, tag: str) -> float:
-    from osmosis_core.plugin import http_scope
+    from osmosis_core.http import http_scope
     from osmosis_trainer import RolloutClient, RolloutRequest
 
     client = RolloutClient(url, token=token)

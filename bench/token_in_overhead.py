@@ -35,7 +35,7 @@ from gateway_overhead import TOOLS, cpu_seconds, phase, stop_child
 async def serve(adapter: str, upstream: str, ids: int, tokenizer: str) -> None:
     """The gateway child: ``adapter`` in front of ``upstream``, ``ids`` rollouts open."""
     from osmosis_core import PolicyEndpoint
-    from osmosis_core.plugin import aclose_http
+    from osmosis_core.http import aclose_http
     from osmosis_gateway import PolicyGateway
     from osmosis_gateway.token_in import TokenIn
 

@@ -52,7 +52,7 @@ def token_advantages(advantage: float, mask: list[int]) -> list[float]:
 
 async def train(args: argparse.Namespace, policy_url: str, noisy: dict[str, float] | None) -> None:
     from osmosis_core import ExecutionRequest, LocalBackend, PolicyEndpoint
-    from osmosis_core.plugin import http_scope
+    from osmosis_core.http import http_scope
     from osmosis_gateway import PolicyGateway, trainer_view
 
     example = load_example()

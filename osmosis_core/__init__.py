@@ -15,19 +15,12 @@ import lazy_loader
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
-    from osmosis_core._engine.config import structure_table as structure_table
-    from osmosis_core._engine.workers import WorkerPool as WorkerPool
-    from osmosis_core.backend import BackendSetup as BackendSetup
-    from osmosis_core.backend import BackendSpec as BackendSpec
-    from osmosis_core.backend import ExecutionBackend as ExecutionBackend
-    from osmosis_core.backend import ResultCallback as ResultCallback
-    from osmosis_core.backend import RunLimits as RunLimits
     from osmosis_core.context import ROLLOUT_ID_HEADER as ROLLOUT_ID_HEADER
     from osmosis_core.context import RolloutContext as RolloutContext
     from osmosis_core.context import SampleSource as SampleSource
     from osmosis_core.context import current_rollout_context as current_rollout_context
     from osmosis_core.context import get_rollout_context as get_rollout_context
-    from osmosis_core.errors import BackendUnavailable as BackendUnavailable
+    from osmosis_core.deprecation import OsmosisDeprecationWarning as OsmosisDeprecationWarning
     from osmosis_core.errors import ConfigError as ConfigError
     from osmosis_core.errors import DatasetError as DatasetError
     from osmosis_core.errors import InfraError as InfraError
@@ -36,7 +29,6 @@ if TYPE_CHECKING:
     from osmosis_core.errors import PolicyError as PolicyError
     from osmosis_core.errors import RolloutLoadError as RolloutLoadError
     from osmosis_core.errors import classify_exception as classify_exception
-    from osmosis_core.hookspecs import hookimpl as hookimpl
     from osmosis_core.local import LocalBackend as LocalBackend
     from osmosis_core.policy import chat_completion as chat_completion
     from osmosis_core.policy import chat_completion_response as chat_completion_response
@@ -50,8 +42,6 @@ if TYPE_CHECKING:
     from osmosis_core.records import PolicyEndpoint as PolicyEndpoint
     from osmosis_core.records import RolloutSample as RolloutSample
     from osmosis_core.records import message_text as message_text
-    from osmosis_core.templates import GraderSpec as GraderSpec
-    from osmosis_core.templates import TemplateSpec as TemplateSpec
     from osmosis_core.workflow import AgentWorkflow as AgentWorkflow
     from osmosis_core.workflow import AgentWorkflowConfig as AgentWorkflowConfig
     from osmosis_core.workflow import AgentWorkflowContext as AgentWorkflowContext
@@ -64,9 +54,6 @@ if TYPE_CHECKING:
 _getattr, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "_engine.config": ["structure_table"],
-        "_engine.workers": ["WorkerPool"],
-        "backend": ["BackendSetup", "BackendSpec", "ExecutionBackend", "ResultCallback", "RunLimits"],
         "context": [
             "ROLLOUT_ID_HEADER",
             "RolloutContext",
@@ -74,8 +61,8 @@ _getattr, __dir__, __all__ = lazy_loader.attach(
             "current_rollout_context",
             "get_rollout_context",
         ],
+        "deprecation": ["OsmosisDeprecationWarning"],
         "errors": [
-            "BackendUnavailable",
             "ConfigError",
             "DatasetError",
             "InfraError",
@@ -85,7 +72,6 @@ _getattr, __dir__, __all__ = lazy_loader.attach(
             "RolloutLoadError",
             "classify_exception",
         ],
-        "hookspecs": ["hookimpl"],
         "local": ["LocalBackend"],
         "policy": ["chat_completion", "chat_completion_response"],
         "records": [
@@ -100,7 +86,6 @@ _getattr, __dir__, __all__ = lazy_loader.attach(
             "RolloutSample",
             "message_text",
         ],
-        "templates": ["GraderSpec", "TemplateSpec"],
         "workflow": [
             "AgentWorkflow",
             "AgentWorkflowConfig",
@@ -115,11 +100,37 @@ _getattr, __dir__, __all__ = lazy_loader.attach(
 )
 
 
+# a plugin author's names, on osmosis_core.plugin only since 0.2.0 (CHANGELOG): each warns and still works
+_TO_PLUGIN = (
+    "BackendSetup",
+    "BackendSpec",
+    "BackendUnavailable",
+    "ExecutionBackend",
+    "GraderSpec",
+    "ResultCallback",
+    "RunLimits",
+    "TemplateSpec",
+    "hookimpl",
+    "structure_table",
+)
+
+
 def __getattr__(name: str) -> Any:
     if name == "LocalBackendConfig":  # deprecated (CHANGELOG 0.2.0); it warns when built
         from osmosis_core.local import LocalBackendConfig
 
         return LocalBackendConfig
+    if name in _TO_PLUGIN or name == "WorkerPool":
+        import importlib
+
+        from osmosis_core.deprecation import warn_deprecated
+
+        if name == "WorkerPool":  # an engine class: [run] workers (or BackendSetup.workers) chooses it
+            instead = "[run] workers = N (osmosis_core.plugin.local_backend with BackendSetup(workers=N))"
+            warn_deprecated("osmosis_core.WorkerPool", instead, "0.2.0")
+            return importlib.import_module("osmosis_core._engine.workers").WorkerPool
+        warn_deprecated(f"osmosis_core.{name}", f"osmosis_core.plugin.{name}", "0.2.0")
+        return getattr(importlib.import_module("osmosis_core.plugin"), name)
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return _getattr(name)

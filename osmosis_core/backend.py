@@ -14,7 +14,7 @@ A whole backend plugin (``osmosis_core/testing/example_backend.py``, the README'
         BackendSpec,
         ExecutionBackend,
         ResultCallback,
-        Rollout,
+        RolloutReporter,
         hookimpl,
         run_grader,
         run_workflow,
@@ -43,8 +43,8 @@ A whole backend plugin (``osmosis_core/testing/example_backend.py``, the README'
             on_grader_complete: ResultCallback | None = None,
         ) -> None:
             s = self.setup
-            grades = s.grader_class is not None and request.grade and (request.label is not None or s.require_labels)
-            async with Rollout(request, on_workflow_complete, on_grader_complete, grades=grades) as rollout:
+            grades = s.grades(request)  # a grader, asked for, and a labelled row (or require_labels)
+            async with RolloutReporter(request, on_workflow_complete, on_grader_complete, grades=grades) as rollout:
                 async with self.slots:
                     result = await run_workflow(s.workflow_class, s.workflow_config, request)
                 await rollout.report(result)
@@ -65,10 +65,12 @@ import abc
 import importlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypedDict
 
 import attrs
 
+from osmosis_core.errors import RolloutLoadError
 from osmosis_core.records import ExecutionRequest, ExecutionResult, ExecutionStage
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
@@ -80,6 +82,8 @@ __all__ = [
     "RunLimits",
     "load_object",
     "report_cancelled",
+    "resolve_config_object",
+    "resolve_object",
 ]
 
 ResultCallback = Callable[[ExecutionResult], Awaitable[None]]
@@ -132,7 +136,7 @@ async def report_cancelled(
             await report_cancelled(request.rollout_id, stage, on_workflow_complete, on_grader_complete)
             raise
 
-    :class:`~osmosis_core.lifecycle.Rollout` does this (and knows the stage) for you.
+    :class:`~osmosis_core.lifecycle.RolloutReporter` does this (and knows the stage) for you.
 
     :param detail: appended to the message, e.g. ``" (trial kept: /runs/x/trials/y)"``.
     """
@@ -222,6 +226,62 @@ class BackendSetup:
     limits: RunLimits = RunLimits()
     """The run's concurrency limits (``[run] concurrency``); an unset one is the author's config's."""
 
+    def __attrs_post_init__(self) -> None:
+        # a config left out is its class's default: every reader of a setup sees the same objects
+        if self.workflow_config is None:
+            object.__setattr__(self, "workflow_config", self.workflow_class.config_type())
+        if self.grader_config is None and self.grader_class is not None:
+            object.__setattr__(self, "grader_config", self.grader_class.config_type())
+
+    @classmethod
+    def resolve(
+        cls,
+        workflow: type[AgentWorkflow[Any]] | str,
+        workflow_config: AgentWorkflowConfig | str | None = None,
+        grader: type[Grader[Any]] | str | None = None,
+        grader_config: GraderConfig | str | None = None,
+        *,
+        backend_config: Any = None,
+        require_labels: bool = False,
+        limits: RunLimits | None = None,
+        **paths: Any,
+    ) -> BackendSetup:
+        """A setup from a backend constructor's arguments, each class given as a class or an import
+        path and each config as an object, an import path, or None (its class's default): what
+        :class:`~osmosis_core.LocalBackend` and the other backends' constructors do with theirs.
+
+        >>> setup = BackendSetup.resolve("osmosis_core.testing.contract:ContractWorkflow")
+        >>> setup.workflow_class.__name__, type(setup.workflow_config).__name__, setup.grader_class
+        ('ContractWorkflow', 'AgentWorkflowConfig', None)
+
+        :raises TypeError: a class or config that cannot be imported or is not of its kind.
+        """
+        try:
+            workflow_class = resolve_object(workflow, AgentWorkflow, what="workflow")
+            grader_class = None if grader is None else resolve_object(grader, Grader, what="grader")
+            if workflow_config is not None:
+                workflow_config = resolve_config_object(workflow_config, AgentWorkflowConfig, what="workflow_config")
+            if grader_config is not None:
+                grader_config = resolve_config_object(grader_config, GraderConfig, what="grader_config")
+        except RolloutLoadError as exc:
+            raise TypeError(str(exc)) from None
+        return cls(
+            workflow_class,
+            workflow_config,  # type: ignore[arg-type]  # None: the class's default (__attrs_post_init__)
+            grader_class,
+            grader_config,  # type: ignore[arg-type]
+            backend_config,
+            require_labels=require_labels,
+            limits=limits or RunLimits(),
+            **paths,
+        )
+
+    def grades(self, request: ExecutionRequest) -> bool:
+        """Whether ``request`` gets a grader stage: a grader is configured, the request asks for one
+        (``grade``, true by default) and the row has a label, or ``require_labels`` makes a row
+        without one fail there (``validation_error``). The one grading rule of every backend."""
+        return self.grader_class is not None and request.grade and (request.label is not None or self.require_labels)
+
     def rollout_args(
         self,
     ) -> tuple[type[AgentWorkflow[Any]], AgentWorkflowConfig, type[Grader[Any]] | None, GraderConfig | None]:
@@ -249,6 +309,56 @@ def load_object(path: str) -> Any:
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
+    return obj
+
+
+def resolve_object(spec: Any, base: type[Any], *, module: ModuleType | None = None, what: str | None = None) -> Any:
+    """The class ``spec`` names, checked to be a ``base`` subclass: the one place a string becomes a class.
+
+    ``spec`` is a class, an import path (``"pkg.mod:Class"`` or ``"pkg.mod.Class"``), or the name
+    of a class in ``module`` (a rollout's entrypoint). What ``[rollout] workflow = ...``,
+    ``LocalBackend(workflow="rollouts.my_rollout.main:MyWorkflow")`` and the other backends'
+    constructors accept.
+
+    >>> from osmosis_core import AgentWorkflow
+    >>> resolve_object("osmosis_core.testing.contract:ContractWorkflow", AgentWorkflow).__name__
+    'ContractWorkflow'
+
+    :raises RolloutLoadError: it cannot be imported, or is not a ``base`` subclass.
+    """
+    label = what or base.__name__
+    obj = spec
+    if isinstance(spec, str):
+        try:
+            if ":" in spec or (module is None and "." in spec):
+                obj = load_object(spec)
+            elif module is not None and hasattr(module, spec):
+                obj = getattr(module, spec)
+            else:
+                where = (
+                    f"the entrypoint {module.__file__}" if module is not None else "an import path like 'pkg.mod:Class'"
+                )
+                raise RolloutLoadError(f"{label} {spec!r} is not defined in {where}")
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise RolloutLoadError(f"cannot import the {label} {spec!r}: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        raise RolloutLoadError(f"the {label} must be a {base.__name__} subclass or an import path to one, got {spec!r}")
+    return obj
+
+
+def resolve_config_object(spec: Any, base: type[Any], *, what: str) -> Any:
+    """A config object: an instance of ``base``, or an import path to one (``"pkg.mod:CONFIG"``).
+
+    :raises RolloutLoadError: it cannot be imported, or is not a ``base`` instance.
+    """
+    obj = spec
+    if isinstance(spec, str):
+        try:
+            obj = load_object(spec)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise RolloutLoadError(f"cannot import the {what} {spec!r}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(obj, base):
+        raise RolloutLoadError(f"the {what} must be a {base.__name__} (or an import path to one), got {spec!r}")
     return obj
 
 

@@ -89,7 +89,15 @@ def moved_names(
     return __getattr__
 
 
-PUBLIC_MODULES = ("osmosis_core", "osmosis_core.plugin", "osmosis_core.frontend")
+PUBLIC_MODULES = (
+    "osmosis_core",
+    "osmosis_core.plugin",
+    "osmosis_core.http",
+    "osmosis_core.wire",
+    "osmosis_core.sampling",
+    "osmosis_core.templates",
+    "osmosis_core.frontend",
+)
 
 
 def moved_module(module: str, new: str, since: str, public: tuple[str, ...] = PUBLIC_MODULES) -> Callable[[str], Any]:

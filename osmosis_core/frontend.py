@@ -17,7 +17,8 @@ does (``url``: an OpenAI-compatible endpoint, e.g. ``osmosis_core.testing.Script
     import anyio
 
     from osmosis_core import ExecutionRequest, PolicyEndpoint
-    from osmosis_core.frontend import RunFiles, http_scope, load_run, resolve_config
+    from osmosis_core.frontend import RunFiles, load_run, resolve_config
+    from osmosis_core.http import http_scope
 
     config = resolve_config(Path("configs/eval/multiply-plain.toml"), {"policy_url": url})
     run = load_run(config)
@@ -55,23 +56,24 @@ from osmosis_core import _reexport
 
 if TYPE_CHECKING:
     from osmosis_core._engine.config import RunConfig as RunConfig
+    from osmosis_core._engine.config import config_from_dict as config_from_dict
     from osmosis_core._engine.config import policy_endpoint as policy_endpoint
     from osmosis_core._engine.dataset import DatasetRow as DatasetRow
     from osmosis_core._engine.dataset import fingerprint as fingerprint
     from osmosis_core._engine.dataset import read_dataset as read_dataset
-    from osmosis_core._engine.http_session import http_scope as http_scope
     from osmosis_core._engine.loader import LoadedRollout as LoadedRollout
+    from osmosis_core._engine.loader import load_rollout as load_rollout
     from osmosis_core._engine.results import ResultStats as ResultStats
     from osmosis_core._engine.results import Summary as Summary
     from osmosis_core._engine.results import latest_records as latest_records
     from osmosis_core._engine.results import percentile as percentile
     from osmosis_core._engine.results import scan_results as scan_results
     from osmosis_core._engine.results import summary_fields as summary_fields
+    from osmosis_core._engine.traces import make_trace_gateway as make_trace_gateway
     from osmosis_core.cli.common import config_options as config_options
     from osmosis_core.cli.common import make_console as make_console
     from osmosis_core.cli.common import resolve_config as resolve_config
     from osmosis_core.traces import TRACES as TRACES
-    from osmosis_core.traces import make_trace_gateway as make_trace_gateway
     from osmosis_core.traces import trace_from_line as trace_from_line
     from osmosis_core.traces import traces_enabled as traces_enabled
     from osmosis_core.wire import NONFINITE as NONFINITE
@@ -86,13 +88,12 @@ if TYPE_CHECKING:  # for the annotations below
     from osmosis_core.records import ExecutionResult
 
 # imported on first use, so a command module that imports this one keeps `osmosis --help` fast
-__getattr__, _dir, _lazy = _reexport.attach(
+_lazy_getattr, _dir, _lazy = _reexport.attach(
     "osmosis_core",
     submod_attrs={
-        "_engine.config": ["RunConfig", "policy_endpoint"],
+        "_engine.config": ["RunConfig", "config_from_dict", "policy_endpoint"],
         "_engine.dataset": ["DatasetRow", "fingerprint", "read_dataset"],
-        "_engine.http_session": ["http_scope"],
-        "_engine.loader": ["LoadedRollout"],
+        "_engine.loader": ["LoadedRollout", "load_rollout"],
         "_engine.results": [
             "ResultStats",
             "Summary",
@@ -102,12 +103,23 @@ __getattr__, _dir, _lazy = _reexport.attach(
             "summary_fields",
         ],
         "cli.common": ["config_options", "make_console", "resolve_config"],
-        "traces": ["TRACES", "make_trace_gateway", "trace_from_line", "traces_enabled"],
+        "_engine.traces": ["make_trace_gateway"],
+        "traces": ["TRACES", "trace_from_line", "traces_enabled"],
         "wire": ["NONFINITE", "finite_json", "nonfinite_paths", "result_line"],
     },
     into=__name__,
 )
 __all__ = sorted([*_lazy, "LoadedRun", "RunFiles", "load_run"])
+
+
+def __getattr__(name: str) -> Any:
+    if name == "http_scope":  # moved to the HTTP helpers' module (CHANGELOG 0.2.0)
+        from osmosis_core.deprecation import warn_deprecated
+        from osmosis_core.http import http_scope
+
+        warn_deprecated("osmosis_core.frontend.http_scope", "osmosis_core.http.http_scope", "0.2.0")
+        return http_scope
+    return _lazy_getattr(name)
 
 
 def __dir__() -> list[str]:
@@ -223,7 +235,8 @@ class RunFiles:
         """Append a rollout's trace to ``traces.jsonl`` (``osmosis run --traces``'s form; a NaN as
         ``"NaN"``, and a trace that cannot be JSON as an incomplete line saying so: never an error)."""
         from osmosis_core._engine.results import ResultWriter
-        from osmosis_core.traces import TRACES, trace_line, write_trace_line
+        from osmosis_core._engine.traces import write_trace_line
+        from osmosis_core.traces import TRACES, trace_line
 
         if self._traces is None:
             if self._results is None:

@@ -1,9 +1,9 @@
-"""The rollout lifecycle, written once: what every backend keeps, wherever it runs a rollout.
+"""The rollout lifecycle, written once on each side of the seam.
 
 A backend decides *where* a rollout runs (this event loop, a worker process, a Harbor trial, a
-Ray actor); what happens around it is the same everywhere and lives here:
+Ray actor); what happens around it is the same everywhere and lives here. The backend's side:
 
-* :class:`Rollout` reports one rollout through the seam's callbacks: each callback at most once,
+* :class:`RolloutReporter` reports one rollout through the seam's callbacks: each callback at most once,
   the workflow's before the grader's; it knows the stage a failure or a cancellation belongs to,
   delivers the ``cancelled`` report exactly once (shielded from the cancellation under way), and
   turns an exception escaping a backend's own machinery into an ``infra_error`` result.
@@ -13,20 +13,30 @@ Ray actor); what happens around it is the same everywhere and lives here:
 
 A whole backend built on them is the example in :mod:`osmosis_core.backend` (the README's, and
 ``osmosis_core.testing.example_backend``, which the contract suite runs).
+
+The caller's side (``osmosis run``'s runner, ``osmosis serve``, the Ray actor, a trainer's harness):
+
+* :func:`run_one` runs one request on a backend and returns its one final result: the last stage
+  reported, or a failure that says what went wrong around the backend (it returned without
+  reporting, raised, raised ``CancelledError`` that nobody asked for, or is unavailable).
+  :class:`RolloutReports` holds what was reported on the way, for a caller that streams the
+  workflow's result or builds its own ``cancelled`` result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
 
 from osmosis_core.context import RolloutContext
-from osmosis_core.errors import BackendUnavailable, error_info
+from osmosis_core.errors import BackendUnavailable, clip, error_info
 from osmosis_core.records import (
     ErrorCategory,
     ErrorInfo,
@@ -46,7 +56,18 @@ from osmosis_core.workflow import (
     copy_config,
 )
 
-__all__ = ["Rollout", "cancelled_result", "run_grader", "run_workflow"]
+if TYPE_CHECKING:
+    from osmosis_core.backend import ExecutionBackend
+
+__all__ = [
+    "RolloutReporter",
+    "RolloutReports",
+    "cancelled_result",
+    "report_problem",
+    "run_grader",
+    "run_one",
+    "run_workflow",
+]
 
 ResultCallback = Callable[[ExecutionResult], Awaitable[None]]
 
@@ -69,7 +90,7 @@ def cancelled_result(
     )
 
 
-class Rollout:
+class RolloutReporter:
     """One rollout's reports through the seam's callbacks; an async context manager around its run.
 
     :param grades: whether a successful workflow is followed by a grader stage (when False, the
@@ -85,7 +106,7 @@ class Rollout:
       cancellation is passed on;
     * by an exception of the backend's machinery: the current stage is reported as an
       ``infra_error`` with the exception's message (secrets redacted) and the exception is not
-      passed on; :class:`~osmosis_core.BackendUnavailable` (the rollout never started) and an
+      passed on; :class:`~osmosis_core.plugin.BackendUnavailable` (the rollout never started) and an
       exception raised by a callback are passed on.
     """
 
@@ -165,7 +186,7 @@ class Rollout:
         with anyio.CancelScope(shield=True):
             await self.report(result)
 
-    async def __aenter__(self) -> Rollout:
+    async def __aenter__(self) -> RolloutReporter:
         return self
 
     async def __aexit__(
@@ -180,6 +201,186 @@ class Rollout:
             return False
         await self.fail(exc)
         return True
+
+
+# -- the caller's side ---------------------------------------------------------------------------------
+
+
+def report_problem(result: object) -> str | None:
+    """What is wrong with a backend's report, None when it is a well-formed :class:`ExecutionResult`."""
+    if not isinstance(result, ExecutionResult):
+        return f"the backend reported {type(result).__name__}, not an ExecutionResult"
+    if not isinstance(result.stage, ExecutionStage) or not isinstance(result.status, ExecutionStatus):
+        return f"the backend reported a result whose stage or status is not one ({result.stage!r}, {result.status!r})"
+    if result.sample is not None and not isinstance(result.sample, RolloutSample):
+        return f"the backend reported a sample that is not a RolloutSample: {type(result.sample).__name__}"
+    if result.error is not None and not isinstance(result.error, ErrorInfo):
+        return f"the backend reported an error that is not an ErrorInfo: {type(result.error).__name__}"
+    timings = result.timings
+    if not isinstance(timings, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in timings.values()
+    ):
+        return f"the backend reported timings that are not numbers of seconds: {str(timings)[:200]}"
+    return None
+
+
+@attrs.define(eq=False)
+class RolloutReports:
+    """What a backend has reported for one rollout so far: the caller's side of :class:`RolloutReporter`.
+
+    :func:`run_one` fills it (each stage at most once, the first report wins); a caller that is
+    cancelled reads it to build its own ``cancelled`` result (:meth:`cancelled`).
+    """
+
+    request: ExecutionRequest
+    workflow: ExecutionResult | None = None
+    """The workflow stage's result, as reported."""
+    grader: ExecutionResult | None = None
+    """The grader stage's result, as reported."""
+    workflow_metrics: dict[str, Any] | None = None
+    """A copy of the workflow's sample metrics when it was reported (a grader may add to the same dict)."""
+    unavailable: str | None = None
+    """Why the backend cannot run rollouts, when it raised :class:`~osmosis_core.plugin.BackendUnavailable`
+    (the rollout never started; the message clipped, secrets redacted)."""
+
+    problem = staticmethod(report_problem)
+
+    @property
+    def last(self) -> ExecutionResult | None:
+        """The last result reported."""
+        return self.grader or self.workflow
+
+    @property
+    def stage(self) -> ExecutionStage:
+        """The stage a failure or a cancellation now belongs to (the grader's after a workflow success)."""
+        return _GR if self.workflow is not None and self.workflow.ok else _WF
+
+    def results(self) -> list[ExecutionResult]:
+        """The results reported, in stage order."""
+        return [result for result in (self.workflow, self.grader) if result is not None]
+
+    def failure(self, category: ErrorCategory, message: str) -> ExecutionResult:
+        """A failed result of the current stage, carrying the sample and timings reported so far."""
+        sample, timings = self._carried(self.last)
+        return ExecutionResult(
+            self.request.rollout_id,
+            self.stage,
+            _FAILURE,
+            sample=sample,
+            error=ErrorInfo(category, message),
+            timings=timings,
+        )
+
+    def cancelled(self, message: str) -> ExecutionResult:
+        """The ``cancelled`` result of the current stage (``message`` says why), with what it reported."""
+        stage = self.stage
+        sample, timings = self._carried(self.grader if stage is _GR else self.workflow)
+        info = ErrorInfo(ErrorCategory.CANCELLED, message)
+        return ExecutionResult(
+            self.request.rollout_id, stage, ExecutionStatus.CANCELLED, sample=sample, error=info, timings=timings
+        )
+
+    @staticmethod
+    def _carried(result: ExecutionResult | None) -> tuple[RolloutSample | None, dict[str, float]]:
+        if result is None or report_problem(result) is not None:
+            return None, {}
+        return result.sample, dict(result.timings)
+
+    async def keep(self, result: ExecutionResult) -> bool:
+        """Keep a reported result; False when its stage was reported already (the report is ignored)."""
+        if not isinstance(result, ExecutionResult):
+            raise TypeError(f"a backend reports an ExecutionResult, got {type(result).__name__}")
+        if result.stage is _WF:
+            if self.workflow is not None:
+                return False
+            if result.sample is not None and isinstance(result.sample, RolloutSample):
+                self.workflow_metrics = dict(result.sample.metrics)
+            self.workflow = result
+            return True
+        if self.grader is not None:
+            return False
+        self.grader = result
+        return True
+
+
+def _cancel_requested() -> bool:
+    """True when the running task was asked to cancel (by its caller), not hit by a stray CancelledError."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        return True
+    return task is None or task.cancelling() > 0
+
+
+async def run_one(
+    backend: ExecutionBackend,
+    request: ExecutionRequest,
+    reports: RolloutReports | None = None,
+    *,
+    on_workflow_complete: ResultCallback | None = None,
+    secrets: Sequence[str | None] = (),
+) -> ExecutionResult:
+    """Run ``request`` on ``backend``; its one final result (never raised, except a cancellation).
+
+    The final result is the last stage the backend reported: the grader's, or the workflow's when
+    the rollout is not graded or its workflow failed. What goes wrong around the backend becomes an
+    ``infra_error`` failure of the stage under way, carrying the sample reported so far:
+
+    * it returned without reporting a result;
+    * it raised (the message's secrets redacted: ``secrets`` and the request's policy's);
+    * it raised ``CancelledError`` while nobody cancelled the calling task;
+    * it raised :class:`~osmosis_core.plugin.BackendUnavailable`: ``reports.unavailable`` says why (a run
+      stops there, a server answers 503), and the failure says the backend is unavailable.
+
+    A cancellation of the calling task is passed on: ``reports`` (give your own to read it) holds
+    what was reported, for :meth:`RolloutReports.cancelled`. ``on_workflow_complete`` hears the
+    workflow's result as soon as it is reported (once), before the grader runs.
+
+    >>> import asyncio
+    >>> from osmosis_core import ExecutionRequest, PolicyEndpoint, RolloutSample
+    >>> class Echo:  # a backend that reports a workflow stage and nothing more
+    ...     async def execute(self, request, on_workflow_complete, on_grader_complete):
+    ...         sample = RolloutSample(messages=[*request.prompt, {"role": "assistant", "content": "hi"}])
+    ...         await on_workflow_complete(ExecutionResult(request.rollout_id, _WF, _SUCCESS, sample=sample))
+    >>> request = ExecutionRequest("r-1", [{"role": "user", "content": "hello"}], PolicyEndpoint("http://x/v1", "m"))
+    >>> result = asyncio.run(run_one(Echo(), request))
+    >>> result.status.value, result.sample.messages[-1]["content"]
+    ('success', 'hi')
+    >>> class Silent:
+    ...     async def execute(self, request, on_workflow_complete, on_grader_complete):
+    ...         return None
+    >>> asyncio.run(run_one(Silent(), request)).error.message
+    'the backend (Silent) returned without reporting a result'
+    """
+    reports = reports if reports is not None else RolloutReports(request)
+
+    async def on_workflow(result: ExecutionResult) -> None:
+        if await reports.keep(result) and on_workflow_complete is not None:
+            await on_workflow_complete(result)
+
+    async def on_grader(result: ExecutionResult) -> None:
+        await reports.keep(result)
+
+    try:
+        await backend.execute(request, on_workflow, on_grader)
+    except anyio.get_cancelled_exc_class():
+        if _cancel_requested():
+            raise
+        return reports.failure(
+            ErrorCategory.INFRA_ERROR, "the backend raised CancelledError while nobody cancelled the rollout"
+        )
+    except BackendUnavailable as exc:
+        reports.unavailable = clip(str(exc), [*secrets, *request.policy.secrets()], 1000)
+        return reports.failure(ErrorCategory.INFRA_ERROR, f"the backend is unavailable: {reports.unavailable}")
+    except Exception as exc:
+        info = error_info(exc, secrets=[*secrets, *request.policy.secrets()], category=ErrorCategory.INFRA_ERROR)
+        return reports.failure(info.category, info.message)
+    last = reports.last
+    if last is None:  # a result must not vanish
+        return reports.failure(
+            ErrorCategory.INFRA_ERROR, f"the backend ({type(backend).__name__}) returned without reporting a result"
+        )
+    return last
 
 
 # -- the stages, as the local backend runs them -------------------------------------------------------
@@ -365,3 +566,12 @@ async def _source_sample(rollout: RolloutContext) -> RolloutSample:
     if not isinstance(sample, RolloutSample):
         raise TypeError(f"the sample source returned {type(sample).__name__}, not a RolloutSample")
     return sample
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Rollout":  # renamed for its role (CHANGELOG 0.2.0)
+        from osmosis_core.deprecation import warn_deprecated
+
+        warn_deprecated("osmosis_core.lifecycle.Rollout", "osmosis_core.lifecycle.RolloutReporter", "0.2.0")
+        return RolloutReporter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,8 +28,7 @@ import attrs
 
 from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback, RunLimits, load_object
 from osmosis_core.context import RolloutContext
-from osmosis_core.errors import RolloutLoadError
-from osmosis_core.lifecycle import Rollout, run_grader, run_workflow
+from osmosis_core.lifecycle import RolloutReporter, run_grader, run_workflow
 from osmosis_core.records import ExecutionRequest
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
@@ -58,7 +57,7 @@ class LocalBackend(ExecutionBackend):
     :param grader: the :class:`Grader` subclass, or None for no grading.
     :param grader_config: its config (copied per rollout).
     :param max_concurrent: overrides ``workflow_config.concurrency.max_concurrent`` (default 4).
-    :param limits: the run's limits (:class:`~osmosis_core.RunLimits`, what ``osmosis run`` passes);
+    :param limits: the run's limits (:class:`~osmosis_core.plugin.RunLimits`, what ``osmosis run`` passes);
         ``max_concurrent`` overrides its ``concurrency``.
     :param require_labels: fail a rollout whose row has no label (``validation_error``) instead of
         running it ungraded (``[run] require_labels``).
@@ -84,32 +83,27 @@ class LocalBackend(ExecutionBackend):
         require_labels: bool = False,
         limits: RunLimits | None = None,
     ) -> None:
-        from osmosis_core._engine.loader import resolve_config_object, resolve_object
+        self._start(
+            BackendSetup.resolve(workflow, workflow_config, grader, grader_config, require_labels=require_labels),
+            limits if max_concurrent is None else attrs.evolve(limits or RunLimits(), concurrency=max_concurrent),
+        )
 
-        try:
-            workflow_class = resolve_object(workflow, AgentWorkflow, what="workflow")
-            grader_class = None if grader is None else resolve_object(grader, Grader, what="grader")
-            if workflow_config is not None:
-                workflow_config = resolve_config_object(workflow_config, AgentWorkflowConfig, what="workflow_config")
-            if grader_config is not None:
-                grader_config = resolve_config_object(grader_config, GraderConfig, what="grader_config")
-        except RolloutLoadError as exc:
-            raise TypeError(str(exc)) from None
-        self.workflow_class: type[AgentWorkflow[Any]] = workflow_class
-        self.workflow_config: AgentWorkflowConfig = (
-            workflow_config if isinstance(workflow_config, AgentWorkflowConfig) else workflow_class.config_type()
-        )
-        self.grader_class: type[Grader[Any]] | None = grader_class
-        self.grader_config: GraderConfig | None = (
-            grader_config
-            if isinstance(grader_config, GraderConfig)
-            else (grader_class.config_type() if grader_class else None)
-        )
-        self.require_labels = require_labels
-        limits = limits or RunLimits()
-        if max_concurrent is not None:
-            limits = attrs.evolve(limits, concurrency=max_concurrent)
-        self.limits: RunLimits = limits.resolve(self.workflow_config, self.grader_config)
+    @classmethod
+    def _of(cls, setup: BackendSetup) -> LocalBackend:
+        """The backend of a run's setup, its classes and configs taken as resolved (``setup.limits``)."""
+        backend = cls.__new__(cls)
+        backend._start(setup, setup.limits)
+        return backend
+
+    def _start(self, setup: BackendSetup, limits: RunLimits | None) -> None:
+        self.setup = setup
+        """The workflow and grader, their configs and the grading rule (:meth:`BackendSetup.grades`)."""
+        self.workflow_class: type[AgentWorkflow[Any]] = setup.workflow_class
+        self.workflow_config: AgentWorkflowConfig = setup.workflow_config
+        self.grader_class: type[Grader[Any]] | None = setup.grader_class
+        self.grader_config: GraderConfig | None = setup.grader_config
+        self.require_labels = setup.require_labels
+        self.limits: RunLimits = (limits or RunLimits()).resolve(self.workflow_config, self.grader_config)
         """The limits this backend keeps, resolved (both numbers)."""
         self._limit: int = self.limits.concurrency or 0
         self._workflow_slots = anyio.Semaphore(self._limit, fast_acquire=True)
@@ -151,12 +145,12 @@ class LocalBackend(ExecutionBackend):
         }
 
     def grades(self, request: ExecutionRequest) -> bool:
-        """Whether ``request`` gets a grader stage (see the class docstring)."""
-        return self.grader_class is not None and request.grade and (request.label is not None or self.require_labels)
+        """Whether ``request`` gets a grader stage (see the class docstring; :meth:`BackendSetup.grades`)."""
+        return self.setup.grades(request)
 
     async def aclose(self) -> None:
         """Close the running loop's HTTP clients (the rollouts' connections to their policies)."""
-        from osmosis_core._engine.http_session import aclose_http
+        from osmosis_core.http import aclose_http
 
         await aclose_http()
 
@@ -167,7 +161,7 @@ class LocalBackend(ExecutionBackend):
         on_grader_complete: ResultCallback | None = None,
     ) -> None:
         submitted = time.perf_counter()
-        report = Rollout(request, on_workflow_complete, on_grader_complete, grades=self.grades(request))
+        report = RolloutReporter(request, on_workflow_complete, on_grader_complete, grades=self.grades(request))
         timings = report.timings
         # a rollout's own copy of the row's metadata: the n samples of a row must not see each other's edits
         rollout = RolloutContext(request.rollout_id, request.policy, dict(request.metadata))

@@ -5,7 +5,7 @@
 ...     return [*ctx.prompt, reply]
 
 It posts to the active rollout's endpoint with the rollout id header and the bearer key, over
-the running loop's shared aiohttp session (:func:`osmosis_core.plugin.http_request`),
+the running loop's shared aiohttp session (:func:`osmosis_core.http.http_request`),
 never more than once per call, with a trainer's sampling settings (``policy.sampling``, when it
 gave some) set over the ones the call names. Any failure (unreachable, 4xx/5xx, a malformed
 answer, a body over the endpoint's ``max_response_bytes``) raises :class:`PolicyError`, which the
@@ -31,7 +31,7 @@ async def chat_completion_response(
     """Send one chat-completions request for the active rollout; return the whole response JSON."""
     import aiohttp
 
-    from osmosis_core._engine.http_session import ResponseTooLarge, http_request, read_limited
+    from osmosis_core.http.client import ResponseTooLarge, http_request, read_limited
 
     rollout = get_rollout_context()
     policy = rollout.policy

@@ -38,7 +38,6 @@ import attrs
 __all__ = [
     "DISTRIBUTION_PARAMS",
     "SAMPLING_PARAMS",
-    "SamplingParam",
     "agent_distribution",
     "apply_sampling",
     "check_sampling",

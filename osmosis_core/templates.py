@@ -31,8 +31,6 @@ __all__ = [
     "GraderSpec",
     "TemplateError",
     "TemplateSpec",
-    "apply_template",
-    "examples_root",
     "multiply_template",
 ]
 

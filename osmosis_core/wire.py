@@ -10,6 +10,10 @@ predictions) is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"
 JSON spelling; ``float()`` reads each back), so it neither fails its rollout nor breaks a reader;
 a non-finite number anywhere else in a sample is an error that :func:`nonfinite_paths` names.
 
+Also here, for a plugin that reads or checks these formats: :func:`structure_problems` (the one
+formatter of structuring errors) and ``chat_completion_problem`` (what makes a JSON body not a chat
+completion; documented in :mod:`osmosis_core.policy`).
+
 >>> from osmosis_core import ExecutionResult, ExecutionStage, ExecutionStatus, RolloutSample
 >>> r = ExecutionResult("r1", ExecutionStage.WORKFLOW, ExecutionStatus.SUCCESS,
 ...                     sample=RolloutSample(messages=[{"role": "user", "content": "hi"}], reward=1))
@@ -26,13 +30,15 @@ from __future__ import annotations
 import enum
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import cattrs
 import cattrs.gen
-from cattrs.errors import ClassValidationError
+from cattrs.errors import BaseValidationError, ClassValidationError, ForbiddenExtraKeysError
 
+from osmosis_core.policy import chat_completion_problem
 from osmosis_core.records import (
     ErrorCategory,
     ErrorInfo,
@@ -47,18 +53,19 @@ from osmosis_core.records import (
 
 __all__ = [
     "NONFINITE",
+    "chat_completion_problem",
     "converter",
     "finite_json",
     "grader_metrics",
     "nonfinite_paths",
     "policy_from_json",
     "policy_to_json",
-    "register_strict_scalars",
     "result_from_json",
     "result_line",
     "result_to_json",
     "sample_from_json",
     "sample_to_json",
+    "structure_problems",
 ]
 
 
@@ -199,23 +206,57 @@ def _sample(sample: RolloutSample) -> dict[str, Any]:
 converter.register_unstructure_hook(RolloutSample, _sample)
 
 
-def _problem(exc: BaseException, type_: Any) -> str:
-    if isinstance(exc, KeyError):
-        return "required key missing"
-    if isinstance(exc, ValueError) and str(exc):
-        return str(exc)
-    name = getattr(type_, "__name__", None) or str(type_)
-    return f"expected {name}"
+def structure_problems(
+    exc: BaseException,
+    path: str = "$",
+    *,
+    missing: str = "required key missing",
+    mapping: str = "object",
+    unknown: Callable[[ForbiddenExtraKeysError], str] | None = None,
+    expected: Any = None,
+) -> list[str]:
+    """Every problem cattrs found structuring data, each as ``what @ where`` (``path`` names the root).
+
+    The one formatter of osmosis's structuring errors (the wire, the run config, the rollout
+    server's bodies): a missing key says ``missing``; a value that is not a mapping where one is
+    wanted says ``expected a <mapping>``; keys a class forbids say ``unknown key(s): ...`` (or what
+    ``unknown`` says of them); any other error says its own message, or ``expected <type>`` without one.
+    Given ``expected`` (the type that was being structured), an error cattrs did not wrap (a
+    converter without detailed validation) is one problem without a place.
+
+    >>> import attrs
+    >>> @attrs.define
+    ... class Point:
+    ...     x: int
+    ...     y: int
+    >>> try:
+    ...     converter.structure({"x": "a"}, Point)
+    ... except Exception as exc:
+    ...     structure_problems(exc)
+    ["expected a whole number, got 'a' @ $.x", 'required key missing @ $.y']
+    """
+
+    def one(error: BaseException, type_: Any) -> str:
+        if isinstance(error, ForbiddenExtraKeysError):
+            return unknown(error) if unknown is not None else f"unknown key(s): {', '.join(sorted(error.extra_fields))}"
+        if isinstance(error, KeyError):
+            return missing
+        if isinstance(error, TypeError) and (type_ is dict or "Mapping" in str(type_) or "dict" in str(type_)):
+            return f"expected {'an' if mapping[0] in 'aeiou' else 'a'} {mapping}, got {error}"
+        if isinstance(error, (ValueError, TypeError)) and str(error):
+            return str(error)
+        return f"expected {getattr(type_, '__name__', None) or type_}"
+
+    if expected is not None and not isinstance(exc, BaseValidationError):
+        return [one(exc, expected)]
+    return list(cattrs.transform_error(exc, path=path, format_exception=one))
 
 
 def _structure[T](data: Any, type_: type[T], what: str) -> T:
     try:
         return converter.structure(data, type_)
-    except ClassValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path="$", format_exception=_problem))
-        raise ValueError(f"not {what}: {problems}") from None
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"not {what}: {_problem(exc, type_)}") from None
+    except (ClassValidationError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"not {what}: {'; '.join(structure_problems(exc, expected=type_))}") from None
 
 
 def sample_to_json(sample: RolloutSample) -> dict[str, Any]:
@@ -303,25 +344,26 @@ def result_line(
     ``grader_metrics`` lists the metrics the grader set (see :func:`grader_metrics`), so a report
     can show the two apart; a line without it does not say which stage set which.
     """
-    data = result_to_json(result)
-    sample = data.pop("sample")
+    sample = result.sample  # each part unstructured once, straight into the line
     line = {
         "row": row,
         "sample_index": sample_index,
-        "rollout_id": data["rollout_id"],
-        "status": data["status"],
-        "stage": data["stage"],
-        "error": data["error"],
-        "reward": sample["reward"] if sample is not None else None,
-        "metrics": sample["metrics"] if sample is not None else {},
+        "rollout_id": result.rollout_id,
+        "status": result.status.value,
+        "stage": result.stage.value,
+        "error": None
+        if result.error is None
+        else {"category": result.error.category.value, "message": result.error.message},
+        "reward": None if sample is None else sample.reward,
+        "metrics": {} if sample is None else finite_json(sample.metrics),
         "timings": {k: round(v, 6) for k, v in result.timings.items()},
         "finished_at": round(time.time(), 3),
         "sample": None
         if sample is None
         else {
-            "messages": sample["messages"],
-            "system_prompt": sample["system_prompt"],
-            "chat_messages": sample["chat_messages"],
+            "messages": sample.messages,
+            "system_prompt": sample.system_prompt,
+            "chat_messages": sample.chat_messages,
         },
     }
     graders = grader_metrics(result, workflow_metrics)

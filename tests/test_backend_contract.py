@@ -6,15 +6,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from osmosis_core import (
-    BackendSetup,
-    BackendSpec,
-    ExecutionBackend,
-    ExecutionRequest,
-    LocalBackend,
-    ResultCallback,
-    hookimpl,
-)
+from osmosis_core import ExecutionRequest, LocalBackend
+from osmosis_core.plugin import BackendSetup, BackendSpec, ExecutionBackend, ResultCallback, hookimpl
 from osmosis_core.testing import BackendContract, example_backend
 
 

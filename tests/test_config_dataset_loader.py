@@ -13,20 +13,19 @@ import pytest
 from osmosis_core import (
     AgentWorkflow,
     AgentWorkflowConfig,
-    BackendSpec,
     ConcurrencyConfig,
     ConfigError,
     DatasetError,
     ExecutionRequest,
     PolicyEndpoint,
     RolloutLoadError,
-    hookimpl,
 )
 from osmosis_core._engine.config import load_config, workspace_root
 from osmosis_core._engine.dataset import read_dataset
 from osmosis_core._engine.loader import MissingDependency, load_rollout
 from osmosis_core._engine.registry import PluginRegistry
 from osmosis_core._engine.runner import build_backend, prepare_run
+from osmosis_core.plugin import BackendSpec, hookimpl
 
 
 def write(path: Path, text: str) -> Path:

@@ -72,7 +72,7 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
         ("osmosis_core.results", "result_line", "osmosis_core.wire"),
         ("osmosis_core.lazy", "lazy_exports", None),
         ("osmosis_core.runner", "build_backend", "osmosis_core._engine.runner"),
-        ("osmosis_core.workers", "WorkerPool", "osmosis_core"),
+        ("osmosis_core.workers", "WorkerPool", "osmosis_core._engine.workers"),
         ("osmosis_core.plugins", "hookimpl", "osmosis_core.hookspecs"),
         ("osmosis_core.plugins.registry", "get_registry", "osmosis_core.plugin"),
         ("osmosis_core.plugins.builtin", "local_backend", "osmosis_core.plugin"),
@@ -81,6 +81,17 @@ def test_a_plugin_registering_local_backend_from_setup_still_runs(workspace, osm
         ("osmosis_core.plugin", "build_backend", "osmosis_core._engine.runner"),
         ("osmosis_core.plugin", "config_options", "osmosis_core.frontend"),
         ("osmosis_core.plugin", "latest_records", "osmosis_core.frontend"),
+        ("osmosis_core.plugin", "http_request", "osmosis_core.http"),
+        ("osmosis_core.plugin", "start_http_server", "osmosis_core.http"),
+        ("osmosis_core.plugin", "result_to_json", "osmosis_core.wire"),
+        ("osmosis_core.plugin", "chat_completion_problem", "osmosis_core.wire"),
+        ("osmosis_core.plugin", "SAMPLING_PARAMS", "osmosis_core.sampling"),
+        ("osmosis_core.plugin", "multiply_template", "osmosis_core.templates"),
+        ("osmosis_core.plugin", "load_rollout", "osmosis_core.frontend"),
+        ("osmosis_core.plugin", "current_rollout_context", "osmosis_core"),
+        ("osmosis_core", "ExecutionBackend", "osmosis_core.plugin"),
+        ("osmosis_core", "hookimpl", "osmosis_core.plugin"),
+        ("osmosis_core.frontend", "http_scope", "osmosis_core.http"),
     ],
 )
 def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
@@ -99,6 +110,27 @@ def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
     assert "deprecated since osmosis 0.2.0" in str(caught[0].message)
     if new_home is not None:
         assert value is getattr(importlib.import_module(new_home), name)
+
+
+@pytest.mark.parametrize(
+    ("module", "old", "new"),
+    [
+        ("osmosis_core.plugin", "Rollout", "RolloutReporter"),
+        ("osmosis_core.lifecycle", "Rollout", "RolloutReporter"),
+        ("osmosis_report.load", "Rollout", "RolloutRecord"),
+    ],
+)
+def test_renamed_names_warn_naming_the_new_one_and_are_the_same_object(module, old, new):
+    import importlib
+
+    imported = importlib.import_module(module)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(imported, old)
+    assert value is getattr(imported, new)
+    assert [w.category for w in caught] == [OsmosisDeprecationWarning], caught
+    assert f"{module}.{new}" in str(caught[0].message)
+    assert f"`{old}`" in (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
 
 
 STUB_PACKAGE = """\
@@ -169,6 +201,7 @@ def test_every_deprecation_is_in_the_changelog():
     names = ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire")
     names += ("osmosis_core.plugin.attach_stub", "osmosis_core.lazy.stub_exports")
     moved = ("osmosis_core.runner", "osmosis_core.plugins", "config_options", "build_backend", "RunLock")
+    moved += ("osmosis_core.http", "osmosis_core.wire", "osmosis_core.sampling", "`osmosis_core.WorkerPool`")
     for name in (*names, *moved, "osmosis_core.plugin.rollout_openai_client", "osmosis_core.plugin.policy_error"):
         assert name in changelog, name
 

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core._engine.http_server import start_http_server
-from osmosis_core._engine.http_session import http_scope
 from osmosis_core._engine.policy_check import PolicyCheck, check_policy, check_policy_sync
+from osmosis_core.http.client import http_scope
+from osmosis_core.http.server import start_http_server
 from osmosis_core.testing import ScriptedPolicyServer
 
 KEY = "sk-KEYSECRET-0123456789abcdef"

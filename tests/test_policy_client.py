@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 
 from osmosis_core import PolicyEndpoint, RolloutContext, chat_completion
-from osmosis_core._engine.http_session import aclose_http, client_session, http_scope
 from osmosis_core.errors import PolicyError
+from osmosis_core.http.client import aclose_http, client_session, http_scope
 from osmosis_core.testing import Fault, ScriptedPolicyServer
 
 KEY = "sk-KEYSECRET-0123456789abcdef"
@@ -231,7 +231,7 @@ def _no_proxy_from_the_machine(monkeypatch):
 def test_the_openai_extra_is_not_needed_by_the_core():
     """The core's client is aiohttp alone: `import osmosis_core.policy` pulls in neither httpx nor openai."""
     code = (
-        "import sys, osmosis_core.policy, osmosis_core._engine.http_session; "
+        "import sys, osmosis_core.policy, osmosis_core.http.client; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('httpx', 'httpx2', 'openai')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -242,7 +242,7 @@ LOOP_END_SCRIPT = r"""
 import asyncio, gc, sys
 import anyio
 from osmosis_core import ExecutionRequest, LocalBackend, PolicyEndpoint
-from osmosis_core.plugin import client_session, http_request, on_close
+from osmosis_core.http import client_session, http_request, on_close
 from osmosis_core.testing import ScriptedPolicyServer
 
 sys.path.insert(0, sys.argv[1])

@@ -211,11 +211,11 @@ def test_a_backend_that_gives_out_stops_the_run_resumably(workspace, osmosis_reg
     stops (what is in flight is cancelled, not recorded) and `--resume` finishes exactly the rest."""
     import anyio
 
-    from osmosis_core import BackendSpec, ExecutionBackend, hookimpl
     from osmosis_core._engine.builtin import local_backend
     from osmosis_core._engine.config import load_config
     from osmosis_core._engine.runner import execute_run, prepare_run
     from osmosis_core.errors import BackendUnavailable
+    from osmosis_core.plugin import BackendSpec, ExecutionBackend, hookimpl
     from osmosis_core.testing import StubPolicyProcess
 
     class GivesOut(ExecutionBackend):
@@ -265,9 +265,10 @@ def test_a_backend_that_gives_out_stops_the_run_resumably(workspace, osmosis_reg
 def test_a_backend_that_returns_without_reporting_fails_the_rollout_instead_of_losing_it(workspace, osmosis_registry):
     import anyio
 
-    from osmosis_core import BackendSpec, ExecutionBackend, PolicyEndpoint, hookimpl
+    from osmosis_core import PolicyEndpoint
     from osmosis_core._engine.config import load_config
     from osmosis_core._engine.runner import execute_run, prepare_run
+    from osmosis_core.plugin import BackendSpec, ExecutionBackend, hookimpl
 
     class SaysNothing(ExecutionBackend):
         def __init__(self, setup):

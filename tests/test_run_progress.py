@@ -10,9 +10,10 @@ import threading
 
 import anyio
 
-from osmosis_core import PolicyEndpoint, hookimpl
+from osmosis_core import PolicyEndpoint
 from osmosis_core._engine.config import load_config
 from osmosis_core._engine.runner import execute_run, prepare_run
+from osmosis_core.plugin import hookimpl
 from osmosis_core.testing import ScriptedPolicyServer
 
 

@@ -13,16 +13,10 @@ from osmosis_core import AgentWorkflow, ExecutionRequest, ExecutionResult, Polic
 from osmosis_core._engine.registry import PluginRegistry
 from osmosis_core._engine.workers import WorkerPool
 from osmosis_core.hookspecs import hookimpl
-from osmosis_core.plugin import (
-    SAMPLING_PARAMS,
-    SharedGateways,
-    apply_sampling,
-    check_sampling,
-    policy_from_json,
-    policy_to_json,
-    sampling_schema,
-)
+from osmosis_core.plugin import SharedGateways
+from osmosis_core.sampling import SAMPLING_PARAMS, apply_sampling, check_sampling, sampling_schema
 from osmosis_core.testing import ScriptedPolicyServer, run_rollout
+from osmosis_core.wire import policy_from_json, policy_to_json
 
 TRAINER = {"temperature": 1.0, "top_p": 0.9, "max_tokens": 64}
 

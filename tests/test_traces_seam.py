@@ -7,8 +7,9 @@ import pytest
 from osmosis_core import PolicyEndpoint
 from osmosis_core._engine.config import config_from_dict
 from osmosis_core._engine.registry import PluginRegistry
+from osmosis_core._engine.traces import make_trace_gateway
 from osmosis_core.errors import ConfigError
-from osmosis_core.traces import make_trace_gateway, traces_enabled
+from osmosis_core.traces import traces_enabled
 
 BASE = {"rollout": {"path": "rollouts/x"}}
 
@@ -62,7 +63,7 @@ def test_shared_gateways_share_by_upstream_keep_idle_ones_up_to_the_limit_and_cl
     import anyio
 
     from osmosis_core.hookspecs import hookimpl
-    from osmosis_core.traces import SharedGateways
+    from osmosis_core.plugin import SharedGateways
 
     events: list[tuple[str, str]] = []
 

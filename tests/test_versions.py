@@ -60,7 +60,11 @@ def _requirement_files() -> list[Path]:
     return found
 
 
-def test_every_pin_on_a_first_party_distribution_is_its_current_minor():
+def test_every_pin_on_a_first_party_distribution_is_its_compatible_series():
+    """A distribution pins ``~=0.2.0``: this minor series (under 0.x a minor release may break a
+    plugin), as sqlfluff pins its in-repo plugins. A rollout project (the examples, the templates)
+    states a floor, ``>=0.2``, as ``osmosis migrate`` writes it: its author moves it."""
+    distributions = {folder / "pyproject.toml" for folder in DISTRIBUTIONS}
     pins = []
     for path in _requirement_files():
         for line in tomllib.loads(path.read_text(encoding="utf-8")).get("project", {}).get("dependencies", []):
@@ -70,9 +74,11 @@ def test_every_pin_on_a_first_party_distribution_is_its_current_minor():
     assert {r.name for _, r in pins} >= {"osmosis-core", "osmosis-openai"}, pins  # the check sees the pins
     for where, requirement in pins:
         current = Version(VERSIONS[requirement.name])
-        expected = f">={current.major}.{current.minor}"
+        plugin = ROOT / where in distributions
+        expected = f"~={current.major}.{current.minor}.0" if plugin else f">={current.major}.{current.minor}"
         assert str(requirement.specifier) == expected, f"{where}: {requirement} (expected {requirement.name}{expected})"
         assert current in requirement.specifier
+        assert (Version(f"{current.major}.{current.minor + 1}.0") in requirement.specifier) is not plugin
 
 
 @pytest.mark.parametrize("name", sorted(VERSIONS))

@@ -21,12 +21,10 @@ def local_backend(setup: BackendSetup) -> ExecutionBackend:
     if setup.workers > 1:
         from osmosis_core._engine.workers import WorkerPool
 
-        return WorkerPool(
-            *setup.rollout_args(), workers=setup.workers, require_labels=setup.require_labels, limits=setup.limits
-        )
+        return WorkerPool._of(setup)
     from osmosis_core.local import LocalBackend
 
-    return LocalBackend(*setup.rollout_args(), require_labels=setup.require_labels, limits=setup.limits)
+    return LocalBackend._of(setup)
 
 
 @hookimpl

@@ -20,7 +20,7 @@ from cattrs.errors import BaseValidationError, CattrsError, ForbiddenExtraKeysEr
 from osmosis_core._engine.spelling import closest, did_you_mean
 from osmosis_core.errors import ConfigError
 from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES, PolicyEndpoint
-from osmosis_core.wire import register_strict_scalars
+from osmosis_core.wire import register_strict_scalars, structure_problems
 
 __all__ = [
     "DatasetSection",
@@ -172,20 +172,11 @@ def _refusing_strings(type_: Any) -> Any:
 _converter.register_structure_hook_factory(_list_like, _refusing_strings)
 
 
-def _format_error(exc: BaseException, type_: Any) -> str:
-    if isinstance(exc, ForbiddenExtraKeysError):
-        keys = ", ".join(sorted(exc.extra_fields))
-        hint = ""
-        if "api_key" in exc.extra_fields:
-            hint = " (put the key in an environment variable and name it with api_key_env)"
-        else:
-            hint = _typo_hint(sorted(exc.extra_fields), exc.cl)
-        return f"unknown key(s): {keys}{hint}"
-    if isinstance(exc, KeyError):
-        return "required key missing"
-    if (isinstance(exc, TypeError) and type_ is dict) or "Mapping" in str(type_) or "dict" in str(type_):
-        return f"expected a table, got {exc}"
-    return str(exc)
+def _unknown_keys(exc: ForbiddenExtraKeysError) -> str:
+    keys = ", ".join(sorted(exc.extra_fields))
+    if "api_key" in exc.extra_fields:
+        return f"unknown key(s): {keys} (put the key in an environment variable and name it with api_key_env)"
+    return f"unknown key(s): {keys}{_typo_hint(sorted(exc.extra_fields), exc.cl)}"
 
 
 def _typo_hint(keys: list[str], type_: Any) -> str:
@@ -198,7 +189,7 @@ def _typo_hint(keys: list[str], type_: Any) -> str:
 
 
 def _problems(exc: BaseException, path: str) -> list[str]:
-    return list(cattrs.transform_error(exc, path=path, format_exception=_format_error))
+    return structure_problems(exc, path, mapping="table", unknown=_unknown_keys)
 
 
 def structure_table[T](data: Any, type_: type[T], path: str, source: str) -> T:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from osmosis_core._engine.config import RunConfig, structure_table
-from osmosis_core.backend import load_object
+from osmosis_core.backend import resolve_object
 from osmosis_core.errors import ConfigError, PluginError, RolloutLoadError
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
@@ -41,8 +41,6 @@ __all__ = [
     "MissingDependency",
     "apply_config_table",
     "load_rollout",
-    "resolve_config_object",
-    "resolve_object",
 ]
 
 
@@ -152,56 +150,6 @@ def _concrete_subclasses(module: ModuleType, base: type[Any]) -> list[type[Any]]
     ]
     own = [c for c in found if c.__module__ == module.__name__]
     return own or found
-
-
-def resolve_object(spec: Any, base: type[Any], *, module: ModuleType | None = None, what: str | None = None) -> Any:
-    """The class ``spec`` names, checked to be a ``base`` subclass: the one place a string becomes a class.
-
-    ``spec`` is a class, an import path (``"pkg.mod:Class"`` or ``"pkg.mod.Class"``), or the name
-    of a class in ``module`` (a rollout's entrypoint). What ``[rollout] workflow = ...``,
-    ``LocalBackend(workflow="rollouts.my_rollout.main:MyWorkflow")`` and the other backends'
-    constructors accept.
-
-    >>> from osmosis_core import AgentWorkflow
-    >>> resolve_object("osmosis_core.testing.contract:EchoWorkflow", AgentWorkflow).__name__
-    'EchoWorkflow'
-
-    :raises RolloutLoadError: it cannot be imported, or is not a ``base`` subclass.
-    """
-    label = what or base.__name__
-    obj = spec
-    if isinstance(spec, str):
-        try:
-            if ":" in spec or (module is None and "." in spec):
-                obj = load_object(spec)
-            elif module is not None and hasattr(module, spec):
-                obj = getattr(module, spec)
-            else:
-                where = (
-                    f"the entrypoint {module.__file__}" if module is not None else "an import path like 'pkg.mod:Class'"
-                )
-                raise RolloutLoadError(f"{label} {spec!r} is not defined in {where}")
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise RolloutLoadError(f"cannot import the {label} {spec!r}: {type(exc).__name__}: {exc}") from None
-    if not (isinstance(obj, type) and issubclass(obj, base)):
-        raise RolloutLoadError(f"the {label} must be a {base.__name__} subclass or an import path to one, got {spec!r}")
-    return obj
-
-
-def resolve_config_object(spec: Any, base: type[Any], *, what: str) -> Any:
-    """A config object: an instance of ``base``, or an import path to one (``"pkg.mod:CONFIG"``).
-
-    :raises RolloutLoadError: it cannot be imported, or is not a ``base`` instance.
-    """
-    obj = spec
-    if isinstance(spec, str):
-        try:
-            obj = load_object(spec)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise RolloutLoadError(f"cannot import the {what} {spec!r}: {type(exc).__name__}: {exc}") from None
-    if not isinstance(obj, base):
-        raise RolloutLoadError(f"the {what} must be a {base.__name__} (or an import path to one), got {spec!r}")
-    return obj
 
 
 def _resolve_class(spec: str, module: ModuleType | None, base: type[Any], key: str, source: str) -> type[Any]:

@@ -133,7 +133,7 @@ async def check_policy(
 
     import aiohttp
 
-    from osmosis_core._engine.http_session import ResponseTooLarge, http_request, read_limited
+    from osmosis_core.http.client import ResponseTooLarge, http_request, read_limited
 
     url = policy.base_url.rstrip("/") + "/models"
     secrets = policy.secrets()
@@ -183,7 +183,7 @@ def check_policy_sync(policy: PolicyEndpoint, *, key_source: str | None = None, 
     """:func:`check_policy` from synchronous code (its own event loop, HTTP clients closed after)."""
     import anyio
 
-    from osmosis_core._engine.http_session import http_scope
+    from osmosis_core.http.client import http_scope
 
     async def ask() -> PolicyCheck:
         async with http_scope():

@@ -4,11 +4,42 @@
 dataset, backend, rollout import, run folder); :func:`execute_run` then feeds every missing
 (row, sample) pair to the backend with a bounded number in flight, writes each result the moment
 it is known, and stops cleanly on Ctrl-C or SIGTERM, keeping every finished result.
+
+One rollout, from ``osmosis run configs/eval/x.toml`` to its line in ``results.jsonl``, file by file
+(paths below ``osmosis_core/``):
+
+1. ``cli/run_cmd.py``: the command reads its flags; ``cli/common.py`` (``resolve_config``) reads
+   the config with ``_engine/config.py`` (``load_config``: a :class:`RunConfig`, every problem named
+   with its key path) and applies the flags over it.
+2. ``_engine/runner.py`` (here), :func:`prepare_run`: ``_engine/dataset.py`` reads the rows
+   (``read_dataset``); ``_engine/loader.py`` imports the rollout's entrypoint (``load_rollout``: the
+   workflow and grader classes, each checked by ``backend.py``'s ``resolve_object``, and their
+   configs); ``_engine/run_lock.py`` locks the run folder; on ``--resume``, ``_engine/results.py``
+   (``latest_records``) says which pairs are done; ``build_backend`` puts the classes, configs,
+   limits and paths in one ``backend.py`` :class:`BackendSetup` (resolved once; its ``grades``
+   is the grading rule) and calls the backend's factory from ``_engine/registry.py``
+   (``local``: ``_engine/builtin.py``'s ``local_backend``, a ``local.py`` :class:`LocalBackend`, or
+   ``_engine/workers.py``'s pool of them with ``[run] workers``). With traces,
+   ``_engine/traces.py`` starts the gateway a plugin provides.
+3. :func:`execute_run`, ``_Execution.rollout``: the pair becomes a ``records.py``
+   :class:`ExecutionRequest` (with its own policy route when traced), and ``lifecycle.py``'s
+   :func:`run_one` runs it on the backend and returns its one final result (the caller's side of
+   the seam: what goes wrong around the backend becomes a failure there, not here).
+4. The backend's side, ``local.py`` ``LocalBackend.execute``: ``lifecycle.py``'s
+   :class:`RolloutReporter` reports each stage once; ``run_workflow`` runs the author's
+   ``workflow.py`` :class:`AgentWorkflow` in a ``context.py`` :class:`RolloutContext`, whose model
+   calls (``policy.py`` ``chat_completion``, ``sampling.py``'s settings applied) go out through
+   ``http/client.py``; ``run_grader`` runs the :class:`Grader` on the sample; each result goes
+   back through the callbacks into ``lifecycle.py``'s :class:`RolloutReports`.
+5. ``_Execution.record``: ``wire.py``'s ``result_line`` turns the final result into the line,
+   ``_engine/results.py``'s ``ResultWriter`` redacts every secret (``errors.py``) and appends it to
+   ``results.jsonl`` (the trace line to ``traces.jsonl`` first), ``ResultStats`` counts it and
+   ``cli/display.py`` shows the progress. At the end, ``summary.json`` and the plugins'
+   ``osmosis_run_progress`` hooks.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as _dt
 import json
@@ -35,18 +66,19 @@ from osmosis_core._engine.registry import PluginRegistry, get_registry
 from osmosis_core._engine.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
 from osmosis_core._engine.run_lock import RunLock
 from osmosis_core._engine.spelling import did_you_mean
+from osmosis_core._engine.traces import RunTraces, make_trace_gateway
 from osmosis_core.backend import BackendSetup, BackendSpec, ExecutionBackend, RunLimits
-from osmosis_core.errors import BackendUnavailable, ConfigError, OsmosisError, PluginError, clip, error_info
+from osmosis_core.errors import ConfigError, OsmosisError, PluginError, error_info
+from osmosis_core.lifecycle import RolloutReports, run_one
 from osmosis_core.records import (
     ErrorCategory,
-    ErrorInfo,
     ExecutionRequest,
     ExecutionResult,
     ExecutionStage,
     ExecutionStatus,
     PolicyEndpoint,
 )
-from osmosis_core.traces import TRACES, RunTraces, make_trace_gateway, traces_enabled
+from osmosis_core.traces import TRACES, traces_enabled
 from osmosis_core.wire import finite_json, nonfinite_paths, result_line
 from osmosis_core.workflow import ConcurrencyConfig
 
@@ -496,41 +528,18 @@ class _Execution:
             agent_timeout_sec=run.agent_timeout_sec,
             grader_timeout_sec=run.grader_timeout_sec,
         )
-        final: list[ExecutionResult] = []
-        workflow_metrics: list[dict[str, Any]] = []
-
-        async def keep(result: ExecutionResult) -> None:
-            if result.stage is ExecutionStage.WORKFLOW and result.sample is not None:
-                workflow_metrics.append(dict(result.sample.metrics))  # the grader may add to the same dict
-            final.append(result)
-
-        try:
-            await plan.backend.execute(request, keep, keep)
-        except anyio.get_cancelled_exc_class():
-            if _cancel_requested():
-                raise
-            # a backend (or what it runs) raised CancelledError while the run did not cancel it
-            message = "the backend raised CancelledError while the run did not cancel the rollout"
-            info = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
-            final.append(ExecutionResult(rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
-        except BackendUnavailable as exc:
+        reports = RolloutReports(request)
+        last = await run_one(plan.backend, request, reports, secrets=self.secrets)
+        if reports.unavailable is not None:
             if self.stopped is None:
-                self.stopped = clip(str(exc), self.secrets, 1000)
+                self.stopped = reports.unavailable
             scope.cancel()  # the rollout never started: nothing is recorded, the run stops, resumable
             return
-        except Exception as exc:
-            info = error_info(exc, secrets=self.secrets, category=ErrorCategory.INFRA_ERROR)
-            final.append(ExecutionResult(rollout_id, _stage_of(final), ExecutionStatus.FAILURE, error=info))
-        if not final:  # the backend returned without reporting: a result must not vanish
-            message = f"the backend ({type(plan.backend).__name__}) returned without reporting a result"
-            info = ErrorInfo(ErrorCategory.INFRA_ERROR, message)
-            final.append(ExecutionResult(rollout_id, ExecutionStage.WORKFLOW, ExecutionStatus.FAILURE, error=info))
-        last = final[-1]
         if traces is not None:  # the trace line first: a result in the file always has its trace
             traces.finish(rollout_id, row_index, sample_index, write=last.status is not ExecutionStatus.CANCELLED)
         if last.status is ExecutionStatus.CANCELLED:
             return
-        self.record(row_index, sample_index, last, workflow_metrics[0] if workflow_metrics else None)
+        self.record(row_index, sample_index, last, reports.workflow_metrics)
 
     async def worker(self, scope: anyio.CancelScope) -> None:
         """Take pending pairs one at a time until none is left (``in_flight`` workers share them)."""
@@ -665,7 +674,7 @@ class _Execution:
 
     async def run(self, *, handle_signals: bool) -> RunOutcome:
         """Run the workers, then wind down: summary first, then the backend, traces, HTTP clients, lock."""
-        from osmosis_core._engine.http_session import preload
+        from osmosis_core.http.client import preload
 
         plan = self.plan
         listening = self.registry.hears_progress()
@@ -707,7 +716,7 @@ class _Execution:
 
     async def close_all(self) -> None:
         """Close the backend, the traces, the HTTP clients and the lock, shielded from cancellation."""
-        from osmosis_core._engine.http_session import aclose_http
+        from osmosis_core.http.client import aclose_http
 
         with anyio.CancelScope(shield=True):
             try:
@@ -738,20 +747,6 @@ def _signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
-def _cancel_requested() -> bool:
-    """True when the running task was asked to cancel (by the run), not hit by a stray CancelledError."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # not on asyncio
-        return True
-    return task is None or task.cancelling() > 0
-
-
-def _stage_of(results: list[ExecutionResult]) -> ExecutionStage:
-    """The stage a rollout was in, given the results it reported so far."""
-    return ExecutionStage.GRADER if results and results[-1].ok else ExecutionStage.WORKFLOW
 
 
 def _failing(summary: Summary, max_failure_rate: float | None) -> str | None:

@@ -58,12 +58,12 @@ from typing import Any
 import anyio
 import attrs
 
-from osmosis_core._engine.http_session import preload
 from osmosis_core._engine.lifeline import parent_gone, set_parent_death_signal
 from osmosis_core._engine.waiters import Waiters
-from osmosis_core.backend import ExecutionBackend, ResultCallback, RunLimits
+from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback, RunLimits
 from osmosis_core.errors import BackendUnavailable, clip
-from osmosis_core.lifecycle import Rollout
+from osmosis_core.http.client import preload
+from osmosis_core.lifecycle import RolloutReporter
 from osmosis_core.local import LocalBackend
 from osmosis_core.records import (
     ErrorCategory,
@@ -184,7 +184,7 @@ def _worker_main(sock: socket.socket, lifeline: int, backend: LocalBackend) -> N
 
 
 async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None:
-    from osmosis_core._engine.http_session import aclose_http
+    from osmosis_core.http.client import aclose_http
 
     loop = asyncio.get_running_loop()
     tasks: dict[str, asyncio.Task[None]] = {}
@@ -303,7 +303,7 @@ class WorkerPool(ExecutionBackend):
 
     :param max_concurrent: rollouts at once over all workers (split evenly between them, as is the
         grader limit); overrides ``limits.concurrency``.
-    :param limits: the run's limits (:class:`~osmosis_core.RunLimits`), for all workers together.
+    :param limits: the run's limits (:class:`~osmosis_core.plugin.RunLimits`), for all workers together.
     :param max_restarts: how many dead workers are replaced over the pool's life (default
         ``4 * workers``); past it the pool shrinks, and stops when no worker is left.
 
@@ -323,30 +323,27 @@ class WorkerPool(ExecutionBackend):
         require_labels: bool = False,
         limits: RunLimits | None = None,
     ) -> None:
+        setup = BackendSetup.resolve(workflow, workflow_config, grader, grader_config, require_labels=require_labels)
+        limits = limits if max_concurrent is None else attrs.evolve(limits or RunLimits(), concurrency=max_concurrent)
+        self._start(setup, limits or RunLimits(), workers, max_restarts)
+
+    @classmethod
+    def _of(cls, setup: BackendSetup) -> WorkerPool:
+        """The pool of a run's setup (``setup.workers`` processes), its classes taken as resolved."""
+        pool = cls.__new__(cls)
+        pool._start(setup, setup.limits, setup.workers, None)
+        return pool
+
+    def _start(self, setup: BackendSetup, limits: RunLimits, workers: int, max_restarts: int | None) -> None:
         if workers < 2:
             raise ValueError(f"a worker pool needs 2 or more workers, got {workers}")
         if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
             raise RuntimeError("workers > 1 needs a platform that can fork (Linux)")
-        template = LocalBackend(
-            workflow,
-            workflow_config,
-            grader,
-            grader_config,
-            max_concurrent=max_concurrent,
-            require_labels=require_labels,
-            limits=limits,
-        )
-        self._limit = template.max_concurrency
-        share = template.limits.split(workers)  # each worker keeps its share of both limits
+        resolved = limits.resolve(setup.workflow_config, setup.grader_config)
+        self._limit = resolved.concurrency or 0
+        share = resolved.split(workers)  # each worker keeps its share of both limits
         self._share = share.concurrency or 1
-        backend = self._local = LocalBackend(
-            template.workflow_class,
-            template.workflow_config,
-            template.grader_class,
-            template.grader_config,
-            require_labels=require_labels,
-            limits=share,
-        )
+        backend = self._local = LocalBackend._of(attrs.evolve(setup, limits=share))
         self._size = workers
         self._restarts_left = 4 * workers if max_restarts is None else max_restarts
         self._restarts = 0
@@ -555,7 +552,9 @@ class WorkerPool(ExecutionBackend):
         on_grader_complete: ResultCallback | None = None,
     ) -> None:
         self._attach()
-        report = Rollout(request, on_workflow_complete, on_grader_complete, grades=self._local.grades(request))
+        report = RolloutReporter(
+            request, on_workflow_complete, on_grader_complete, grades=self._local.setup.grades(request)
+        )
         async with report:
             worker = await self._slot()
             pending = self._pending[request.rollout_id] = _Pending(worker, report.grades)

@@ -1,9 +1,9 @@
-"""The backend contract: what every :class:`~osmosis_core.ExecutionBackend` must do, as a test suite.
+"""The backend contract: what every :class:`~osmosis_core.plugin.ExecutionBackend` must do, as a test suite.
 
 A backend author runs it against their backend in a few lines: subclass :class:`BackendContract`
 in a test module and name the backend; the suite builds it the way ``osmosis run`` does, through
-the factory of its registered :class:`~osmosis_core.BackendSpec`, from a
-:class:`~osmosis_core.BackendSetup` (the example backend of the README,
+the factory of its registered :class:`~osmosis_core.plugin.BackendSpec`, from a
+:class:`~osmosis_core.plugin.BackendSetup` (the example backend of the README,
 :mod:`osmosis_core.testing.example_backend`)::
 
     from osmosis_core.testing import BackendContract
@@ -215,9 +215,14 @@ class BackendContract:
         requests: list[ExecutionRequest],
         *,
         cancel_after: float | None = None,
+        finals: dict[str, ExecutionResult] | None = None,
     ) -> dict[str, list[ExecutionResult]]:
-        """Execute ``requests`` concurrently on a fresh backend; each rollout's results in callback order."""
-        from osmosis_core._engine.http_session import aclose_http
+        """Execute ``requests`` concurrently on a fresh backend; each rollout's results in callback order.
+
+        With ``finals``, each runs through :func:`~osmosis_core.lifecycle.run_one`, as a caller
+        does, and ``finals`` gets its final result."""
+        from osmosis_core.http.client import aclose_http
+        from osmosis_core.lifecycle import RolloutReports, run_one
         from osmosis_core.testing.scripts import echo
 
         seen: dict[str, list[ExecutionResult]] = defaultdict(list)
@@ -234,7 +239,14 @@ class BackendContract:
                 seen[request.rollout_id].append(result)
 
             try:
-                await backend.execute(request, on_workflow, on_grader)
+                if finals is None:
+                    await backend.execute(request, on_workflow, on_grader)
+                    return
+                reports = RolloutReports(request)
+                final = await run_one(backend, request, reports, on_workflow_complete=on_workflow)
+                if reports.grader is not None:
+                    await on_grader(reports.grader)
+                finals[request.rollout_id] = final
             except anyio.get_cancelled_exc_class():
                 raised.append(request.rollout_id)
                 raise
@@ -330,6 +342,26 @@ class BackendContract:
             assert results[0].error is not None
             assert results[0].error.category is ErrorCategory.CANCELLED
         assert sorted(r.rollout_id for r in seen["__raised__"]) == sorted(r.rollout_id for r in requests)
+
+    def test_run_one_gives_each_rollout_its_last_stage_and_passes_a_cancellation_on(self) -> None:
+        finals: dict[str, ExecutionResult] = {}
+        requests = [
+            self._request("", "ok"),
+            self._request("", "failed", do="raise:RuntimeError"),
+            self._request("", "grader", grade="raise:RuntimeError"),
+            self._request("", "ungraded", grade_stage=False),
+        ]
+        seen = self._run({"workflow": ContractWorkflow, "grader": ContractGrader}, requests, finals=finals)
+        for request in requests:
+            assert finals[request.rollout_id] is seen[request.rollout_id][-1], (finals, seen[request.rollout_id])
+        assert finals["ok"].reward == 1.0
+        assert (finals["grader"].stage, finals["grader"].status) == (ExecutionStage.GRADER, ExecutionStatus.FAILURE)
+        hanging = [self._request("", "hang", do="sleep:60")]
+        cancelled: dict[str, ExecutionResult] = {}
+        seen = self._run({"workflow": ContractWorkflow}, hanging, cancel_after=1.0, finals=cancelled)
+        assert cancelled == {}, cancelled  # passed on, not returned
+        assert [r.status for r in seen["hang"]] == [ExecutionStatus.CANCELLED], seen["hang"]
+        assert [r.rollout_id for r in seen["__raised__"]] == ["hang"]
 
     def test_max_concurrency_is_honoured(self) -> None:
         requests = [self._request("", f"slot-{i}", do="sleep:0.4") for i in range(6)]

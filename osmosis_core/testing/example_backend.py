@@ -4,7 +4,7 @@
 (stages, timeouts, error categories, the partial sample, each callback once and in order, the
 cancellation report). A backend that runs rollouts elsewhere (a process, a sandbox, a cluster)
 calls :func:`run_workflow` and :func:`run_grader` there and reports what comes back through the
-same :class:`Rollout`. The backend contract suite checks it (``tests/test_backend_contract.py``).
+same :class:`RolloutReporter`. The backend contract suite checks it (``tests/test_backend_contract.py``).
 """
 
 import anyio
@@ -16,7 +16,7 @@ from osmosis_core.plugin import (
     BackendSpec,
     ExecutionBackend,
     ResultCallback,
-    Rollout,
+    RolloutReporter,
     hookimpl,
     run_grader,
     run_workflow,
@@ -45,8 +45,8 @@ class InlineBackend(ExecutionBackend):  # each rollout on this event loop, max_c
         on_grader_complete: ResultCallback | None = None,
     ) -> None:
         s = self.setup
-        grades = s.grader_class is not None and request.grade and (request.label is not None or s.require_labels)
-        async with Rollout(request, on_workflow_complete, on_grader_complete, grades=grades) as rollout:
+        grades = s.grades(request)  # a grader, asked for, and a labelled row (or require_labels)
+        async with RolloutReporter(request, on_workflow_complete, on_grader_complete, grades=grades) as rollout:
             async with self.slots:
                 result = await run_workflow(s.workflow_class, s.workflow_config, request)
             await rollout.report(result)

@@ -70,7 +70,8 @@ def _lazy_tables(module_name: str) -> tuple[dict[str, str], dict[str, str]]:
 def check_lazy_exports(module_name: str, *, own: Iterable[str] = ()) -> None:
     """Fail (AssertionError) unless ``module_name``'s ``TYPE_CHECKING`` re-exports and its
     ``lazy_loader.attach`` table name the same objects, and ``__all__`` is exactly those names
-    plus ``own`` (names the module defines itself).
+    plus ``own`` (names the module defines itself), each once, in any order (``osmosis_core.plugin``
+    lists its names in the order its docstring teaches them).
 
     Every name is imported, so this is also "every public name resolves".
 
@@ -84,7 +85,7 @@ def check_lazy_exports(module_name: str, *, own: Iterable[str] = ()) -> None:
         f"only in lazy_loader.attach: {sorted(lazy.keys() - typed.keys())}, "
         f"in different modules: {sorted(n for n in typed.keys() & lazy.keys() if typed[n] != lazy[n])}"
     )
-    assert list(module.__all__) == sorted({*typed, *own}), f"{module_name}.__all__ is not the lazy names"
+    assert sorted(module.__all__) == sorted({*typed, *own}), f"{module_name}.__all__ is not the lazy names"
     assert set(module.__all__) <= set(dir(module)), f"dir({module_name}) misses public names"
     for name, home in typed.items():
         value = getattr(module, name)

@@ -48,8 +48,8 @@ from urllib.parse import unquote
 
 import attrs
 
-from osmosis_core._engine.http_server import cut_response as _abort
-from osmosis_core._engine.http_server import drop_connection as _drop
+from osmosis_core.http.server import cut_response as _abort
+from osmosis_core.http.server import drop_connection as _drop
 from osmosis_core.testing.stub_tokens import FLAVORS, THINK_BLOCK, Flavor, TokenAnswer, token_answer
 
 if TYPE_CHECKING:
@@ -658,7 +658,7 @@ class ScriptedPolicyServer:
 
     async def start_async(self) -> None:
         """Start listening inside the running event loop."""
-        from osmosis_core._engine.http_server import start_http_server
+        from osmosis_core.http.server import start_http_server
 
         if self._runner is not None:
             raise RuntimeError("ScriptedPolicyServer is already running")

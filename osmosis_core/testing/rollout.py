@@ -123,7 +123,7 @@ def run_rollout_sync(*args: Any, **kwargs: Any) -> RolloutOutcome:
         try:
             return await run_rollout(*args, **kwargs)
         finally:
-            from osmosis_core._engine.http_session import aclose_http
+            from osmosis_core.http.client import aclose_http
 
             await aclose_http()
 

@@ -243,7 +243,7 @@ class ScriptedTokenEngine:
 
     async def start_async(self) -> ScriptedTokenEngine:
         """Listen inside the running event loop."""
-        from osmosis_core._engine.http_server import start_http_server
+        from osmosis_core.http.server import start_http_server
 
         self._runner, self._port = await start_http_server(self._handle, "127.0.0.1", 0, max_body=64 * 1024 * 1024)
         return self

@@ -13,7 +13,7 @@ So the model must learn two things, through the tool turn: to call the tool in i
 (one token, ``<tool_call>``, in :mod:`osmosis_trainer.tiny_model`'s chat template) and to answer
 with the letters after the tool's message. It is the task of osmosis's CPU training test (a random
 1M-parameter model, one token per character, trained with TRL's GRPO): the mean reward goes from
-about 0.02 to above 0.5 in 10 to 20 steps, and the share of rollouts that call the tool from about
+about 0.02 to above 0.5 in 10 to 35 steps, and the share of rollouts that call the tool from about
 0.15 to most of them.
 
 Train on it (``examples/train_trl.py`` runs all of this)::

@@ -50,18 +50,9 @@ from aiohttp import (
 )
 
 from osmosis_core.frontend import finite_json
-from osmosis_core.plugin import (
-    SAMPLING_PARAMS,
-    ResponseTooLarge,
-    agent_distribution,
-    apply_sampling,
-    clip,
-    cut_response,
-    drop_connection,
-    read_limited,
-    redact,
-    redact_data,
-)
+from osmosis_core.http import ResponseTooLarge, cut_response, drop_connection, read_limited
+from osmosis_core.plugin import clip, redact, redact_data
+from osmosis_core.sampling import SAMPLING_PARAMS, agent_distribution, apply_sampling
 from osmosis_gateway.adapters import (
     CallCapture,
     completion_events,

@@ -134,7 +134,7 @@ def gateway(
         )
 
     async def serve() -> None:
-        from osmosis_core.plugin import aclose_http
+        from osmosis_core.http import aclose_http
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

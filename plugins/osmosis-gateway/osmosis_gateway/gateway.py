@@ -58,14 +58,9 @@ import aiohttp
 from aiohttp import web
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import (
-    KEEPALIVE_SEC,
-    check_sampling,
-    drop_connection,
-    proxy_options,
-    redact_data,
-    start_http_server,
-)
+from osmosis_core.http import KEEPALIVE_SEC, drop_connection, proxy_options, start_http_server
+from osmosis_core.plugin import redact_data
+from osmosis_core.sampling import check_sampling
 from osmosis_gateway.adapters import ADAPTERS, TOKEN_IN_ADAPTERS, AdapterName, json_bytes
 from osmosis_gateway.call import POLICY_VERSION_FIELD, POLICY_VERSION_HEADER, ModelCall, error_response
 from osmosis_gateway.settings import READ_TIMEOUT_SEC

@@ -14,15 +14,17 @@ if TYPE_CHECKING:
     import click
 
     from osmosis_core import PolicyEndpoint
+    from osmosis_core.plugin import TraceGateway
 
 __all__ = ["osmosis_policy_gateway", "osmosis_register_commands"]
 
 
 @hookimpl
-def osmosis_policy_gateway(upstream: PolicyEndpoint, settings: dict[str, Any], source: str) -> Any:
+def osmosis_policy_gateway(upstream: PolicyEndpoint, settings: dict[str, Any], source: str) -> TraceGateway:
     from osmosis_gateway.settings import gateway_from_settings
 
-    return gateway_from_settings(upstream, settings, source)
+    gateway: TraceGateway = gateway_from_settings(upstream, settings, source)
+    return gateway
 
 
 @hookimpl

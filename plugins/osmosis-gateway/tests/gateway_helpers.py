@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import aclose_http
+from osmosis_core.http import aclose_http
 from osmosis_core.testing import ScriptedPolicyServer, calculator
 from osmosis_gateway import PolicyGateway
 

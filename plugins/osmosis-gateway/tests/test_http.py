@@ -17,7 +17,7 @@ import uvloop
 from gateway_helpers import MULTIPLY_TOOL, QUESTION, UPSTREAM_KEY, stack
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import aclose_http
+from osmosis_core.http import aclose_http
 from osmosis_core.testing import Fault, ScriptedPolicyServer
 from osmosis_gateway import PolicyGateway
 from osmosis_gateway import gateway as gateway_module

@@ -60,7 +60,8 @@ from urllib.parse import urlsplit, urlunsplit
 import attrs
 
 from osmosis_core import GraderConfig, GraderContext, PolicyError, RolloutSample, message_text
-from osmosis_core.plugin import clip, http_request, read_limited
+from osmosis_core.http import http_request, read_limited
+from osmosis_core.plugin import clip
 from osmosis_graders.base import (
     AnswerConfig,
     AnswerGrader,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from osmosis_core.plugin import MULTIPLY_DATASET, GraderSpec, TemplateSpec, hookimpl, multiply_template
+from osmosis_core.plugin import GraderSpec, TemplateSpec, hookimpl
+from osmosis_core.templates import MULTIPLY_DATASET, multiply_template
 
 __all__ = ["GRADERS", "TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_graders", "osmosis_register_templates"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from osmosis_core import Grader, GraderContext, RolloutSample
-from osmosis_core.plugin import http_scope
+from osmosis_core.http import http_scope
 
 OSMOSIS = Path(sys.executable).parent / "osmosis"
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from osmosis_core import AgentWorkflow, ConfigError, GraderContext, PolicyError, RolloutSample, chat_completion
-from osmosis_core.plugin import apply_config_table, http_scope
+from osmosis_core.http import http_scope
+from osmosis_core.plugin import apply_config_table
 from osmosis_core.testing import Fault, Reply, ScriptedPolicyServer, run_rollout_sync
 from osmosis_graders import JudgeConfig, LLMJudgeGrader, parse_judgement
 

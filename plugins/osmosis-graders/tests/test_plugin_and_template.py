@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from osmosis_core import Grader, GraderConfig
-from osmosis_core.plugin import MULTIPLY_DATASET, get_registry
+from osmosis_core.plugin import get_registry
+from osmosis_core.templates import MULTIPLY_DATASET
 from osmosis_core.testing import check_lazy_exports, run_guide_commands
 from osmosis_graders.plugin import GRADERS
 

@@ -24,7 +24,8 @@ from harbor.environments.base import BaseEnvironment  # noqa: E402
 from harbor.models.agent.context import AgentContext  # noqa: E402
 
 from osmosis_core import InfraError  # noqa: E402
-from osmosis_core.plugin import clip, policy_to_json, result_from_json  # noqa: E402
+from osmosis_core.plugin import clip  # noqa: E402
+from osmosis_core.wire import policy_to_json, result_from_json  # noqa: E402
 from osmosis_harbor.in_trial import REQUEST_FILE, RESULT_FILE, bootstrap  # noqa: E402
 from osmosis_harbor.tickets import get_ticket  # noqa: E402
 from osmosis_harbor.wire import secret_env  # noqa: E402

@@ -72,21 +72,23 @@ from harbor.trial.queue import TrialQueue  # noqa: E402
 from osmosis_core import (  # noqa: E402
     AgentWorkflow,
     AgentWorkflowConfig,
-    BackendSetup,
     ConfigError,
     ErrorCategory,
-    ExecutionBackend,
     ExecutionRequest,
     ExecutionResult,
     ExecutionStage,
     ExecutionStatus,
     Grader,
     GraderConfig,
-    ResultCallback,
     RolloutSample,
     message_text,
 )
-from osmosis_core.plugin import Rollout  # noqa: E402
+from osmosis_core.plugin import (  # noqa: E402
+    BackendSetup,
+    ExecutionBackend,
+    ResultCallback,
+    RolloutReporter,
+)
 from osmosis_harbor.agent import AGENT_IMPORT_PATH  # noqa: E402
 from osmosis_harbor.bwrap import check_bwrap, find_bwrap, python_paths, sandbox_id_base  # noqa: E402
 from osmosis_harbor.config import HarborBackendConfig  # noqa: E402
@@ -293,8 +295,6 @@ class HarborBackend(ExecutionBackend):
         cleanup_successful_trials: bool | None = None,
         prebuild_local_image: bool | None = None,
     ) -> None:
-        from osmosis_core import LocalBackend
-
         config = config if config is not None else HarborBackendConfig()
         self.config = config = _with_reference_names(
             config,
@@ -305,13 +305,14 @@ class HarborBackend(ExecutionBackend):
             environment_config=environment_config,
         )
         self._dataset_path = dataset_path  # holds the labels: hidden from every trial
-        # which workflow and grader run, and their configs: decided once, the local backend's way
-        local = LocalBackend(workflow, workflow_config, grader, grader_config, require_labels=require_labels)
-        self.workflow_class: type[AgentWorkflow[Any]] = local.workflow_class
-        self.workflow_config: AgentWorkflowConfig = local.workflow_config
-        self.grader_class: type[Grader[Any]] | None = local.grader_class
-        self.grader_config: GraderConfig | None = local.grader_config
-        self._local = local
+        # which workflow and grader run, their configs and the grading rule: decided once
+        setup = self.setup = BackendSetup.resolve(
+            workflow, workflow_config, grader, grader_config, require_labels=require_labels
+        )
+        self.workflow_class: type[AgentWorkflow[Any]] = setup.workflow_class
+        self.workflow_config: AgentWorkflowConfig = setup.workflow_config
+        self.grader_class: type[Grader[Any]] | None = setup.grader_class
+        self.grader_config: GraderConfig | None = setup.grader_config
 
         anchors = ([config_root] if config_root is not None else []) + _anchors(rollout_dir)
         self.mode = config.mode
@@ -424,7 +425,7 @@ class HarborBackend(ExecutionBackend):
         grader on the same terms as the local backend (template mode: asked for, and a labelled row)."""
         if self.mode == "dataset":
             return request.grade
-        return self._local.grades(request)
+        return self.setup.grades(request)
 
     def health(self) -> dict[str, Any]:
         from osmosis_harbor.bwrap import sandbox_limits
@@ -560,7 +561,9 @@ class HarborBackend(ExecutionBackend):
         on_grader_complete: ResultCallback | None = None,
     ) -> None:
         submitted = time.perf_counter()
-        rollout = Rollout(request, on_workflow_complete, on_grader_complete, grades=self.grades_request(request))
+        rollout = RolloutReporter(
+            request, on_workflow_complete, on_grader_complete, grades=self.grades_request(request)
+        )
         ticket: Ticket | None = None
         trial_task: asyncio.Future[Any] | None = None
         gateway_opened = False
@@ -633,7 +636,7 @@ class HarborBackend(ExecutionBackend):
             self._done += 1
 
     async def _run_trial(
-        self, rollout: Rollout, ticket: Ticket, trial_task: asyncio.Future[Any], submitted: float
+        self, rollout: RolloutReporter, ticket: Ticket, trial_task: asyncio.Future[Any], submitted: float
     ) -> None:
         """Report the trial's stages as they end: the workflow's when the agent phase is done, then the grader's."""
         timings = rollout.timings

@@ -105,14 +105,15 @@ def _infra(rollout_id: str, stage: str, message: str) -> dict[str, Any]:
 
 
 async def _close_http() -> None:
-    from osmosis_core.plugin import aclose_http
+    from osmosis_core.http import aclose_http
 
     await aclose_http()
 
 
 async def _run(request: dict[str, Any], policy: PolicyEndpoint) -> dict[str, Any]:
     from osmosis_core import ExecutionRequest
-    from osmosis_core.plugin import result_to_json, run_workflow
+    from osmosis_core.plugin import run_workflow
+    from osmosis_core.wire import result_to_json
     from osmosis_harbor.wire import load_object_blob
 
     rollout_id = str(request["rollout_id"])
@@ -144,7 +145,7 @@ async def _run(request: dict[str, Any], policy: PolicyEndpoint) -> dict[str, Any
 
 async def _grade(request: dict[str, Any], sample_file: str, policy: PolicyEndpoint) -> dict[str, Any]:
     from osmosis_core import ExecutionRequest
-    from osmosis_core.plugin import result_from_json, result_to_json
+    from osmosis_core.wire import result_from_json, result_to_json
     from osmosis_harbor.grading import grade_sample
     from osmosis_harbor.wire import load_object_blob
 

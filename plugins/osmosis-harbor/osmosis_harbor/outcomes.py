@@ -68,7 +68,7 @@ def failure(
 
 def grader_file_result(verifier_dir: Path, nonce: str) -> ExecutionResult | None:
     """The grader's own result (``osmosis-grader.json``), if the grader runner of this trial wrote it."""
-    from osmosis_core.plugin import result_from_json
+    from osmosis_core.wire import result_from_json
 
     path = verifier_dir / "osmosis-grader.json"
     try:

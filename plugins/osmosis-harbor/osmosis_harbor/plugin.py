@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from osmosis_core import BackendSpec, TemplateSpec, hookimpl
-from osmosis_core.plugin import multiply_template
+from osmosis_core.plugin import BackendSpec, TemplateSpec, hookimpl
+from osmosis_core.templates import multiply_template
 
 if TYPE_CHECKING:
     import click

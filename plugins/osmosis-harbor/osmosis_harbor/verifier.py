@@ -29,7 +29,7 @@ from harbor.models.verifier.result import VerifierResult  # noqa: E402
 from harbor.verifier.base import BaseVerifier  # noqa: E402
 from harbor.verifier.verifier import Verifier  # noqa: E402
 
-from osmosis_core.plugin import policy_to_json  # noqa: E402
+from osmosis_core.wire import policy_to_json  # noqa: E402
 from osmosis_harbor.grading import grade_sample  # noqa: E402
 from osmosis_harbor.in_trial import GRADE_REQUEST_FILE, GRADE_SCRIPT_FILE, RESULT_FILE, bootstrap  # noqa: E402
 from osmosis_harbor.tickets import get_ticket  # noqa: E402

@@ -1,7 +1,7 @@
 """What crosses a trial's boundary besides the records: the policy's secrets and the configs.
 
 Records (requests' policy endpoints, results, samples) cross as JSON files in the trial's ``/logs``,
-written and read by the core's one converter (``osmosis_core.plugin.result_to_json`` and friends),
+written and read by the core's one converter (``osmosis_core.wire.result_to_json`` and friends),
 so a result with an invalid reward or an unknown category is refused, not taken in quietly.
 
 Secrets never go into a file: the policy's API key and extra header *values* travel in the
@@ -29,7 +29,8 @@ from types import ModuleType
 from typing import Any
 
 from osmosis_core import PolicyEndpoint
-from osmosis_core.plugin import moved_names, policy_from_json
+from osmosis_core.plugin import moved_names
+from osmosis_core.wire import policy_from_json
 
 __all__ = ["API_KEY_ENV", "HEADERS_ENV", "dump_object", "load_object_blob", "policy_from_request", "secret_env"]
 
@@ -37,7 +38,7 @@ __all__ = ["API_KEY_ENV", "HEADERS_ENV", "dump_object", "load_object_blob", "pol
 __getattr__ = moved_names(
     __name__,
     {
-        name: (f"osmosis_core.plugin:{name}", "0.2.0")
+        name: (f"osmosis_core.wire:{name}", "0.2.0")
         for name in ("policy_to_json", "result_from_json", "result_to_json", "sample_from_json", "sample_to_json")
     },
 )

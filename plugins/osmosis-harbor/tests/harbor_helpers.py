@@ -27,7 +27,7 @@ OSMOSIS = str(Path(sys.executable).parent / "osmosis")
 
 def load(rollout_dir: Path, entrypoint: str) -> Any:
     """Load a rollout the way ``osmosis run`` does (its folder on sys.path, its entrypoint imported)."""
-    from osmosis_core.plugin import config_from_dict, load_rollout
+    from osmosis_core.frontend import config_from_dict, load_rollout
 
     config = config_from_dict({"rollout": {"path": str(rollout_dir), "entrypoint": entrypoint}}, root=rollout_dir)
     return load_rollout(config)
@@ -65,7 +65,7 @@ def run_all(backend: Any, requests: list[Any]) -> list[Outcome]:
                     tg.start_soon(one, i)
         finally:
             await backend.aclose()
-            from osmosis_core.plugin import aclose_http
+            from osmosis_core.http import aclose_http
 
             await aclose_http()
 

@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 
-import osmosis_core.plugin
+import osmosis_core
+import osmosis_core.wire
 import osmosis_harbor.wire
 
 
@@ -17,6 +18,6 @@ def test_moved_codecs_warn_and_are_the_core_ones(name: str) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         value = getattr(osmosis_harbor.wire, name)
-    assert value is getattr(osmosis_core.plugin, name)
-    assert [w.category for w in caught] == [osmosis_core.plugin.OsmosisDeprecationWarning]
+    assert value is getattr(osmosis_core.wire, name)
+    assert [w.category for w in caught] == [osmosis_core.OsmosisDeprecationWarning]
     assert f"osmosis_harbor.wire.{name} is deprecated" in str(caught[0].message)

@@ -204,7 +204,9 @@ class OnlyUploaded:
 sys.meta_path.insert(0, OnlyUploaded())
 sys.path[:0] = [lib]
 from osmosis_core import ExecutionRequest, PolicyEndpoint
-from osmosis_core.plugin import aclose_http, result_from_json, result_to_json, run_grader, run_workflow
+from osmosis_core.plugin import run_grader, run_workflow
+from osmosis_core.http import aclose_http
+from osmosis_core.wire import result_from_json, result_to_json
 import osmosis_harbor.grading, osmosis_harbor.in_trial, osmosis_harbor.relay, osmosis_harbor.wire
 print("imported")
 """

@@ -91,7 +91,7 @@ def test_a_no_network_trial_reaches_the_gateway_and_writes_only_its_own_trace(pr
     import anyio
 
     from osmosis_core import ExecutionRequest
-    from osmosis_core.plugin import aclose_http
+    from osmosis_core.http import aclose_http
     from osmosis_core.testing import ScriptedPolicyServer
     from osmosis_harbor import HarborBackend, HarborBackendConfig
 

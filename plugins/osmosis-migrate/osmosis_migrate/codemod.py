@@ -44,8 +44,7 @@ from osmosis_migrate.names import (
     module_target,
     resolve_name,
 )
-from osmosis_migrate.python_source import LEFTOVER_MARK, BackendCall, PythonAnalysis, PythonMigration
-from osmosis_migrate.records import Finding
+from osmosis_migrate.records import LEFTOVER_MARK, BackendCall, Finding, PythonAnalysis, PythonMigration
 
 __all__ = ["migrate_module"]
 

@@ -107,6 +107,9 @@ _CORE_RENAMES: dict[str, str] = {
     "get_rollout_context": "get_rollout_context",
 }
 
+_PLUGIN_AUTHORS = frozenset({"ExecutionBackend", "ResultCallback"})
+"""The names of :data:`_CORE_RENAMES` a backend author uses: ``osmosis_core.plugin``'s, not ``osmosis_core``'s."""
+
 _WIRE = (
     "a body of the reference server's HTTP protocol; osmosis has no model class for it (osmosis-server is "
     "wire-compatible with POST /rollout and GET /rollout/{id}/result: send and read the JSON)"
@@ -264,7 +267,8 @@ def resolve_name(module: str, name: str) -> Target | NotOffered:
     prefix, target, table = family
     if table is None:  # the rollout core and its submodules
         if name in _CORE_RENAMES:
-            return Target("osmosis_core", _CORE_RENAMES[name], CORE_DISTRIBUTION)
+            home = "osmosis_core.plugin" if name in _PLUGIN_AUTHORS else "osmosis_core"
+            return Target(home, _CORE_RENAMES[name], CORE_DISTRIBUTION)
         if name in _CORE_NOT_OFFERED:
             return NotOffered(_CORE_NOT_OFFERED[name])
         if any(name in table for table in (_STRANDS, _OPENAI_AGENTS, _HARBOR, _SERVER, _CLIENT)):

@@ -29,53 +29,9 @@ x = RolloutSample
 
 from __future__ import annotations
 
-from typing import Any
-
-import attrs
-
-from osmosis_migrate.records import Finding
+from osmosis_migrate.records import LEFTOVER_MARK, BackendCall, PythonAnalysis, PythonMigration
 
 __all__ = ["LEFTOVER_MARK", "BackendCall", "PythonAnalysis", "PythonMigration", "migrate_python"]
-
-LEFTOVER_MARK = "# osmosis migrate: not offered by osmosis (see its MIGRATING.md)"
-"""The comment on an import osmosis has no counterpart for (kept so the file fails loudly, not silently)."""
-
-
-@attrs.frozen
-class BackendCall:
-    """What an entrypoint's ``LocalBackend(...)`` / ``HarborBackend(...)`` call tells a run config."""
-
-    kind: str
-    """``local`` or ``harbor``."""
-    line: int
-    workflow: str | None = None
-    grader: str | None = None
-    """A class name or import path; ``"none"`` when the backend was built without a grader."""
-    harbor: dict[str, Any] = attrs.field(factory=dict)
-    """``[backend.harbor]`` keys read from the call (``task_dir`` relative to the rollout folder)."""
-
-
-@attrs.frozen
-class PythonAnalysis:
-    """Facts about a file that the config and dependency migrations use."""
-
-    workflow_config_fields: frozenset[str] = frozenset()
-    """Fields of the workflow config classes the file defines (for ``[sampling]``)."""
-    backend: BackendCall | None = None
-    distributions: frozenset[str] = frozenset()
-    """osmosis distributions the migrated imports need."""
-
-
-@attrs.define
-class PythonMigration:
-    """The migrated text and what to tell the user about it."""
-
-    new_text: str
-    notes: list[Finding]
-    unmapped: list[Finding]
-    analysis: PythonAnalysis
-    references: bool
-    """The file imports osmosis-ai."""
 
 
 def migrate_python(rel: str, text: str, *, entrypoint: bool = False, decorate_configs: bool = True) -> PythonMigration:

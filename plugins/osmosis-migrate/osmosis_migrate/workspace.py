@@ -325,7 +325,7 @@ class _Planner:
             return
         self.change(path, text, new)
         from osmosis_core import ConfigError
-        from osmosis_core.plugin import config_from_dict
+        from osmosis_core.frontend import config_from_dict
 
         try:
             config_from_dict(tomllib.loads(new), source=path)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from osmosis_core import TemplateSpec, hookimpl
-from osmosis_core.plugin import multiply_template
+from osmosis_core.plugin import TemplateSpec, hookimpl
+from osmosis_core.templates import multiply_template
 
 __all__ = ["TEMPLATE_NAME", "TEMPLATE_ROOT", "osmosis_register_templates"]
 

@@ -30,7 +30,7 @@ httpx transport slows to a crawl at a hundred concurrent requests, so:
   both frameworks then see a well-formed completion or chunk, or that error, on every turn.
 
 The loop's client is closed with the loop's other HTTP clients
-(:func:`osmosis_core.plugin.aclose_http`). It needs ``openai[aiohttp]``, a dependency of this
+(:func:`osmosis_core.http.aclose_http`). It needs ``openai[aiohttp]``, a dependency of this
 distribution (osmosis-openai), which both integrations depend on; the core does not.
 
 >>> client = rollout_openai_client()          # doctest: +SKIP  (inside a rollout)
@@ -49,15 +49,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from osmosis_core import ROLLOUT_ID_HEADER, PolicyError, current_rollout_context, get_rollout_context
-from osmosis_core.plugin import (
-    DEFAULT_MAX_RESPONSE_BYTES,
-    KEEPALIVE_SEC,
-    agent_distribution,
-    chat_completion_problem,
-    clip,
-    on_close,
-    sampling_overrides,
-)
+from osmosis_core.http import DEFAULT_MAX_RESPONSE_BYTES, KEEPALIVE_SEC, on_close
+from osmosis_core.plugin import clip
+from osmosis_core.sampling import agent_distribution, sampling_overrides
+from osmosis_core.wire import chat_completion_problem
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -92,7 +87,7 @@ async def _check_response(response: Any) -> None:
     * a successful answer that is neither JSON nor an event stream (an HTML page from a proxy);
     * a JSON answer that does not parse (cut short by a broken server), or that is not a chat
       completion (no ``choices``, a choice without a ``message``, an ``error`` object; see
-      ``osmosis_core.plugin.chat_completion_problem``), or that answers a request for a stream;
+      ``osmosis_core.wire.chat_completion_problem``), or that answers a request for a stream;
     * an event stream whose event does not parse or is not a chat completion chunk, or that ends
       without a ``finish_reason`` (cut mid-answer), which the SDKs would otherwise take for a
       short, complete answer; or that answers a request that did not ask for one.
@@ -334,8 +329,8 @@ def _with_sampling(params: dict[str, Any], body: dict[str, Any], sampling: Mappi
     """``create``'s keywords with a trainer's ``sampling`` set over the request's fields: in
     ``extra_body``, which openai merges over the body last (so the settings win over the typed
     keywords and over an ``extra_body`` of the framework's), by the name(s) the request gave its cap
-    (:func:`osmosis_core.plugin.sampling_overrides`); the framework's distribution settings the
-    trainer did not set (:func:`osmosis_core.plugin.agent_distribution`) sent as null, which servers
+    (:func:`osmosis_core.sampling.sampling_overrides`); the framework's distribution settings the
+    trainer did not set (:func:`osmosis_core.sampling.agent_distribution`) sent as null, which servers
     read as unset (their default, which the trainer's loss assumes)."""
     extra = params.get("extra_body")
     extra = dict(extra) if isinstance(extra, Mapping) else {}

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osmosis_core import PolicyEndpoint, RolloutContext
-from osmosis_core.plugin import http_scope, start_http_server
+from osmosis_core.http import http_scope, start_http_server
 from osmosis_core.testing import ScriptedPolicyServer
 from osmosis_openai import fast_client_class, policy_error, rollout_openai_client
 

@@ -33,18 +33,18 @@ from typing import Any
 import attrs
 import ray
 
-from osmosis_core import (
+from osmosis_core import ErrorCategory, ErrorInfo, ExecutionRequest, ExecutionResult, ExecutionStatus
+from osmosis_core.plugin import (
     BackendSetup,
-    BackendUnavailable,
-    ErrorCategory,
     ExecutionBackend,
-    ExecutionRequest,
-    ExecutionResult,
-    ExecutionStage,
-    ExecutionStatus,
+    RolloutReports,
+    RunLimits,
+    clip,
+    error_info,
+    get_registry,
+    run_one,
 )
-from osmosis_core.plugin import RunLimits, error_info, get_registry
-from osmosis_ray.failures import cancelled_result, failure_result
+from osmosis_ray.failures import failure_result
 from osmosis_ray.shipping import CodeLoadError, RolloutCode
 
 __all__ = ["ActorSpec", "Outcome", "RolloutActor"]
@@ -193,35 +193,35 @@ class RolloutActor:
             yield items
 
     async def _run(self, request: ExecutionRequest, task: asyncio.Task[Outcome]) -> Outcome:
-        results: list[ExecutionResult] = []
         if self._backend is None:
             message = self._broken or f"{self.where}: the actor has no backend"
             return request.rollout_id, [failure_result(request, ErrorCategory.INFRA_ERROR, message)]
-
-        async def keep(result: ExecutionResult) -> None:
-            results.append(result)
-
+        reports = RolloutReports(request)
         self._tasks[request.rollout_id] = task
         self._started += 1
         try:
-            await self._backend.execute(request, keep, keep)
+            final = await run_one(self._backend, request, reports)
+            if final is not reports.last and final.error is not None:  # what went wrong around the inner backend
+                inner = f"{self.where}: the {self._spec.inner!r} backend"
+                message = (
+                    f"{inner} is unavailable: {reports.unavailable}"
+                    if reports.unavailable is not None
+                    else f"{inner}: {final.error.message}"
+                )
+                error = ErrorInfo(final.error.category, clip(message, request.policy.secrets(), limit=1000))
+                final = attrs.evolve(final, error=error)  # the sample and timings reported so far kept
         except asyncio.CancelledError:
             # cancelled through cancel() or shutdown(): the inner backend reported the cancelled stage
-            if not results or results[-1].status is not ExecutionStatus.CANCELLED:
-                results.append(cancelled_result(request, _stage_after(results), f"{self.where}: rollout cancelled"))
+            last = reports.last
+            cancelled = last is not None and last.status is ExecutionStatus.CANCELLED
+            final = last if last is not None and cancelled else reports.cancelled(f"{self.where}: rollout cancelled")
             task.uncancel()
-        except BackendUnavailable as exc:
-            message = f"{self.where}: the {self._spec.inner!r} backend is unavailable: {exc}"
-            results.append(failure_result(request, ErrorCategory.INFRA_ERROR, message, _stage_after(results)))
-        except Exception as exc:
-            info = error_info(exc, secrets=request.policy.secrets())
-            message = f"{self.where}: the {self._spec.inner!r} backend raised {info.message}"
-            results.append(failure_result(request, ErrorCategory.INFRA_ERROR, message, _stage_after(results)))
         finally:
             self._finished += 1
             if self._tasks.get(request.rollout_id) is task:
                 del self._tasks[request.rollout_id]
-        return request.rollout_id, results
+        results = reports.results()
+        return request.rollout_id, results if results and results[-1] is final else [*results, final]
 
     async def shutdown(self) -> int:
         """Cancel every rollout here, wait for them, close the inner backend; how many were cancelled."""
@@ -267,7 +267,3 @@ class RolloutActor:
                 loop.call_soon_threadsafe(task.cancel)
                 found += 1
         return found
-
-
-def _stage_after(results: list[ExecutionResult]) -> ExecutionStage:
-    return ExecutionStage.GRADER if results and results[-1].ok else ExecutionStage.WORKFLOW

@@ -24,7 +24,7 @@ The driver (this process) keeps every decision; the actors only run rollouts::
   on the actors, lets the inner backends close, then ends the actors (and the local cluster, if
   this backend started it).
 * **Unavailable.** When no actor has been usable for ``unavailable_after_sec`` (or the cluster is
-  gone), a rollout that never started raises :class:`~osmosis_core.BackendUnavailable`, which
+  gone), a rollout that never started raises :class:`~osmosis_core.plugin.BackendUnavailable`, which
   ``osmosis run`` turns into a clean, resumable stop.
 
 In code, as ``osmosis run --backend ray`` builds it::
@@ -56,19 +56,24 @@ import stamina
 from osmosis_core import (
     AgentWorkflow,
     AgentWorkflowConfig,
-    BackendSetup,
-    BackendUnavailable,
     ConfigError,
     ErrorCategory,
-    ExecutionBackend,
     ExecutionRequest,
     ExecutionResult,
     Grader,
     GraderConfig,
     InfraError,
-    LocalBackend,
 )
-from osmosis_core.plugin import ResultCallback, Rollout, RunLimits, get_registry, structure_table
+from osmosis_core.plugin import (
+    BackendSetup,
+    BackendUnavailable,
+    ExecutionBackend,
+    ResultCallback,
+    RolloutReporter,
+    RunLimits,
+    get_registry,
+    structure_table,
+)
 from osmosis_ray.cluster import ClusterLink, connect, is_loopback_url, ray_api
 from osmosis_ray.config import RayBackendConfig
 from osmosis_ray.dispatch import BROKEN, HEALTHY, ActorFailure, ActorSlot, Dispatcher
@@ -102,7 +107,7 @@ class RayBackend(ExecutionBackend):
         declared dependencies installed where a node lacks them (``config.dependencies``).
     :param run_dir: :param config_root: :param dataset_path: the run's paths, handed to the inner backend.
     :param workers: ``[run] workers``: the number of actors when ``config.actors`` is unset.
-    :param limits: the run's limits (:class:`~osmosis_core.RunLimits`) over the whole cluster;
+    :param limits: the run's limits (:class:`~osmosis_core.plugin.RunLimits`) over the whole cluster;
         ``max_concurrent`` overrides its ``concurrency``.
 
     Building it attaches to (or starts) the cluster, starts the actors and waits until they are
@@ -127,18 +132,14 @@ class RayBackend(ExecutionBackend):
         workers: int = 1,
         limits: RunLimits | None = None,
     ) -> None:
-        # LocalBackend resolves import paths and configs exactly as every backend does, and decides
-        # which requests get a grader stage (for the watchdog's deadline)
-        self._local = LocalBackend(
-            workflow,
-            workflow_config,
-            grader,
-            grader_config,
-            max_concurrent=max_concurrent,
-            require_labels=require_labels,
-            limits=limits,
-        )
+        # the workflow and grader, their configs and which requests get a grader stage (for the
+        # watchdog's deadline): resolved once
         self._given_limits = limits or RunLimits()
+        if max_concurrent is not None:
+            self._given_limits = attrs.evolve(self._given_limits, concurrency=max_concurrent)
+        self.setup = BackendSetup.resolve(
+            workflow, workflow_config, grader, grader_config, require_labels=require_labels, limits=self._given_limits
+        )
         self.config = config if config is not None else RayBackendConfig()
         self.rollout_dir = Path(rollout_dir).resolve() if rollout_dir is not None else None
         self._config_root = Path(config_root) if config_root is not None else None
@@ -211,18 +212,19 @@ class RayBackend(ExecutionBackend):
         if not n_actors:
             free = float(ray.available_resources().get("CPU", 0.0))
             n_actors = max(1, math.floor(free / cfg.cpus_per_actor)) if cfg.cpus_per_actor > 0 else self._node_count
-        limits = self._local.limits
+        setup = self.setup
+        limits = self._given_limits
         if cfg.concurrency_per_actor is not None:
-            limits = attrs.evolve(self._given_limits, concurrency=cfg.concurrency_per_actor * n_actors)
-            limits = limits.resolve(self._local.workflow_config, self._local.grader_config)
+            limits = attrs.evolve(limits, concurrency=cfg.concurrency_per_actor * n_actors)
+        limits = limits.resolve(setup.workflow_config, setup.grader_config)
         self._limit = limits.concurrency or 0
         share = limits.split(n_actors)  # each actor's inner backend keeps its share of both limits
         runtime_env = self._runtime_env()
         objects = {
-            "workflow": self._local.workflow_class,
-            "workflow_config": self._local.workflow_config,
-            "grader": self._local.grader_class,
-            "grader_config": self._local.grader_config,
+            "workflow": setup.workflow_class,
+            "workflow_config": setup.workflow_config,
+            "grader": setup.grader_class,
+            "grader_config": setup.grader_config,
             "inner_config": self._inner_config,
         }
         code = pack_rollout_code(
@@ -381,7 +383,7 @@ class RayBackend(ExecutionBackend):
 
     def grades(self, request: ExecutionRequest) -> bool:
         """Whether ``request`` gets a grader stage (as on the local backend)."""
-        return self._local.grades(request)
+        return self.setup.grades(request)
 
     def _attach(self) -> None:
         loop = asyncio.get_running_loop()
@@ -407,7 +409,9 @@ class RayBackend(ExecutionBackend):
     ) -> None:
         self._attach()
         self._check_policy(request)
-        async with Rollout(request, on_workflow_complete, on_grader_complete, grades=self.grades(request)) as rollout:
+        async with RolloutReporter(
+            request, on_workflow_complete, on_grader_complete, grades=self.grades(request)
+        ) as rollout:
             for result in await self._run(request):
                 await rollout.report(result)
 

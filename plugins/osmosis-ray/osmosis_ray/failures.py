@@ -16,7 +16,7 @@ from __future__ import annotations
 from osmosis_core import ErrorCategory, ErrorInfo, ExecutionRequest, ExecutionResult, ExecutionStage, ExecutionStatus
 from osmosis_core.plugin import clip
 
-__all__ = ["cancelled_result", "describe", "failure_result", "is_retriable", "prompt_excerpt"]
+__all__ = ["describe", "failure_result", "is_retriable", "prompt_excerpt"]
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -52,12 +52,6 @@ def failure_result(
     """A failed result the backend itself reports (the rollout's own results never arrived)."""
     info = ErrorInfo(category, clip(message, request.policy.secrets(), limit=1000))
     return ExecutionResult(request.rollout_id, stage, ExecutionStatus.FAILURE, error=info)
-
-
-def cancelled_result(request: ExecutionRequest, stage: ExecutionStage, message: str) -> ExecutionResult:
-    """A ``cancelled`` result for ``stage``."""
-    info = ErrorInfo(ErrorCategory.CANCELLED, message)
-    return ExecutionResult(request.rollout_id, stage, ExecutionStatus.CANCELLED, error=info)
 
 
 def prompt_excerpt(request: ExecutionRequest, limit: int = 80) -> str:

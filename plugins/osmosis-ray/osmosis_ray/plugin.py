@@ -9,7 +9,7 @@ and ``osmosis plugins`` stay fast; Ray is imported when the backend is built.
 
 from __future__ import annotations
 
-from osmosis_core import BackendSpec, hookimpl
+from osmosis_core.plugin import BackendSpec, hookimpl
 
 __all__ = ["osmosis_register_backends"]
 

@@ -23,7 +23,7 @@ OSMOSIS = str(Path(sys.executable).parent / "osmosis")
 
 def load(rollout_dir: Path, entrypoint: str = "main.py") -> Any:
     """Load a rollout the way ``osmosis run`` does (its folder on sys.path, its entrypoint imported as ``main``)."""
-    from osmosis_core.plugin import config_from_dict, load_rollout
+    from osmosis_core.frontend import config_from_dict, load_rollout
 
     config = config_from_dict({"rollout": {"path": str(rollout_dir), "entrypoint": entrypoint}}, root=rollout_dir)
     return load_rollout(config)
@@ -99,7 +99,7 @@ def run_all(backend: Any, requests: list[Any], *, close: bool = True, during: An
             if close:
                 with anyio.CancelScope(shield=True):
                     await backend.aclose()
-                    from osmosis_core.plugin import aclose_http
+                    from osmosis_core.http import aclose_http
 
                     await aclose_http()
 

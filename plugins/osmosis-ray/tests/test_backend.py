@@ -19,7 +19,8 @@ import anyio
 import pytest
 from ray_helpers import DRIVER_ONLY, DRIVER_ONLY_PATH, FAULTS, REPO, backend, load, request, run_all
 
-from osmosis_core import BackendUnavailable, ErrorCategory, ExecutionStage, ExecutionStatus
+from osmosis_core import ErrorCategory, ExecutionStage, ExecutionStatus
+from osmosis_core.plugin import BackendUnavailable
 
 pytestmark = pytest.mark.usefixtures("cluster")
 

@@ -191,7 +191,7 @@ def test_osmosis_serve_runs_rollouts_on_ray_and_a_cancel_from_the_server_reaches
 
     import anyio
 
-    from osmosis_core.plugin import http_scope
+    from osmosis_core.http import http_scope
     from osmosis_trainer import RolloutClient, RolloutRequest
 
     token = "ray-test-token-0123456789abcdef"

@@ -51,7 +51,7 @@ from osmosis_core.frontend import (
 )
 from osmosis_report.steps import training_order
 
-__all__ = ["Rollout", "Row", "RunData", "Tokens", "load_run", "prompt_hash", "prompt_text"]
+__all__ = ["RolloutRecord", "Row", "RunData", "Tokens", "load_run", "prompt_hash", "prompt_text"]
 
 _NO_CALLS: tuple[str | None, ...] = ()
 
@@ -75,7 +75,7 @@ class Tokens:
 
 
 @attrs.define(slots=True)
-class Rollout:
+class RolloutRecord:
     """The latest record of one (row, sample) pair, without its sample (kept compact in ``trajectory``)."""
 
     row: int
@@ -143,7 +143,7 @@ class Row:
     index: int
     prompt: list[dict[str, Any]] | None
     label: Any
-    rollouts: list[Rollout] = attrs.field(factory=list)
+    rollouts: list[RolloutRecord] = attrs.field(factory=list)
     version: str | None = None
     """The policy version of its rollouts, when the run has versions (one row per version and row)."""
     source_row: int | None = None
@@ -201,7 +201,7 @@ class RunData:
         return self.path.name
 
     @property
-    def rollouts(self) -> list[Rollout]:
+    def rollouts(self) -> list[RolloutRecord]:
         return [r for row in self.rows.values() for r in row.rollouts]
 
     @property
@@ -445,7 +445,7 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
     by_id = meta.get("kind") == "serve"  # a server records each rollout id once; its rows repeat (see the module)
     attempts: Counter[Hashable] = Counter()
     total = _count_lines(results)
-    latest: dict[Hashable, tuple[Rollout, dict[str, Any]]] = {}
+    latest: dict[Hashable, tuple[RolloutRecord, dict[str, Any]]] = {}
     odd: dict[Hashable, tuple[int, list[str]]] = {}
     """(line number, its NaN and infinite numbers) of each rollout whose latest line holds some."""
     first_seen: dict[str, int] = {}
@@ -606,8 +606,8 @@ def _finite(line: dict[str, Any], where: str, problems: list[str]) -> dict[str, 
     return line
 
 
-def _rollout(line: dict[str, Any], where: str = "", problems: list[str] | None = None) -> Rollout:
-    """The :class:`Rollout` of one (finite, see :func:`_finite`) line; a NaN or infinite number in its
+def _rollout(line: dict[str, Any], where: str = "", problems: list[str] | None = None) -> RolloutRecord:
+    """The :class:`RolloutRecord` of one (finite, see :func:`_finite`) line; a NaN or infinite number in its
     sample is listed in ``problems`` and kept in the trajectory, spelled as a string."""
     error = line.get("error") if isinstance(line.get("error"), dict) else None
     sample = line.get("sample") if isinstance(line.get("sample"), dict) else None
@@ -641,7 +641,7 @@ def _rollout(line: dict[str, Any], where: str = "", problems: list[str] | None =
         if len(trajectory) > MAX_STRING:  # (else no string in it can be longer than the limit)
             clipped = clip_strings(body, where=where)
             trajectory = json.dumps(clipped, ensure_ascii=False, separators=(",", ":"), default=str)
-    return Rollout(
+    return RolloutRecord(
         row=line["row"],
         sample=line["sample_index"],
         rollout_id=str(line.get("rollout_id", "")),
@@ -659,3 +659,12 @@ def _rollout(line: dict[str, Any], where: str = "", problems: list[str] | None =
         first_messages=first,
         version=_version(line.get("policy_version")),
     )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Rollout":  # renamed for its role (CHANGELOG 0.2.0)
+        from osmosis_core.plugin import warn_deprecated
+
+        warn_deprecated("osmosis_report.load.Rollout", "osmosis_report.load.RolloutRecord", "0.2.0")
+        return RolloutRecord
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,7 @@ import markupsafe
 from osmosis_core.frontend import NONFINITE, percentile
 from osmosis_report import charts
 from osmosis_report.compare import Comparison, Mismatch, compare, row_passes
-from osmosis_report.load import Rollout, RunData, load_run
+from osmosis_report.load import RolloutRecord, RunData, load_run
 from osmosis_report.stats import Interval, mean_interval, pass_at_k_curve
 from osmosis_report.steps import MAX_POINTS, StepFigures, bucketed, step_figures
 from osmosis_report.units import duration_unit, format_duration, format_durations
@@ -262,7 +262,7 @@ def _scores(run: RunData, rewarded: bool) -> list[float]:
     return [v for row in run.rows.values() for v in row.scores()] if rewarded else []
 
 
-def _metric_charts(rollouts: Sequence[Rollout], slug: str) -> list[charts.Chart]:
+def _metric_charts(rollouts: Sequence[RolloutRecord], slug: str) -> list[charts.Chart]:
     """A histogram per numeric metric and the commonest values of each short text metric (``reason``)."""
     numbers: dict[str, list[float]] = {}
     odd: Counter[str] = Counter()
@@ -302,7 +302,7 @@ def _metric_charts(rollouts: Sequence[Rollout], slug: str) -> list[charts.Chart]
     return out
 
 
-def _rollout_json(r: Rollout, t0: float | None) -> dict[str, Any]:
+def _rollout_json(r: RolloutRecord, t0: float | None) -> dict[str, Any]:
     item: dict[str, Any] = {"w": r.row, "s": r.sample, "st": STATUS.get(r.status, 1), "id": r.rollout_id}
     if r.reward is not None:
         item["rw"] = round(r.reward, 6)

@@ -182,7 +182,7 @@ def test_osmosis_serve_writes_its_report_when_it_stops(workspace, while_running)
 def _drive_the_server(serve, policy, folder, while_running):
     import asyncio
 
-    from osmosis_core.plugin import http_scope
+    from osmosis_core.http import http_scope
     from osmosis_trainer import RolloutClient, RolloutRequest
 
     url = ""

@@ -1,7 +1,7 @@
 """osmosis-server: serve osmosis rollouts to a trainer over HTTP (the trainer's side is osmosis-trainer).
 
 * :func:`create_app`: the rollout server as an ASGI app (Starlette, served by uvicorn), for any
-  :class:`~osmosis_core.ExecutionBackend`; wire-compatible with osmosis-ai 0.3.8's rollout server;
+  :class:`~osmosis_core.plugin.ExecutionBackend`; wire-compatible with osmosis-ai 0.3.8's rollout server;
 * ``osmosis serve CONFIG``: the same app built from a run config, as ``osmosis run`` builds a run;
 * the async client a trainer submits, polls and cancels rollouts with is
   :class:`osmosis_trainer.RolloutClient` (the osmosis-trainer distribution, which this one depends

@@ -8,7 +8,7 @@ A rollout's ``main.py`` can end with::
     app = create_app(LocalBackend(MyWorkflow, grader=MyGrader))
 
 and be served with ``uvicorn main:app --port 8000``; ``osmosis serve CONFIG`` builds the same app
-from a run config. Any :class:`~osmosis_core.ExecutionBackend` works (local, with workers,
+from a run config. Any :class:`~osmosis_core.plugin.ExecutionBackend` works (local, with workers,
 harbor, a third-party one); the app closes it when it shuts down.
 
 What happens at startup: the run folder is opened (``runs/serve-<timestamp>-<pid>/`` unless
@@ -49,7 +49,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
 
-from osmosis_core import ExecutionBackend, PolicyEndpoint
+from osmosis_core import PolicyEndpoint
+from osmosis_core.plugin import ExecutionBackend
 from osmosis_server.auth import LIVEZ, BearerAuth, generate_token
 from osmosis_server.protocol import LEASE_HEADER, BadRequest, dumps, parse_cancel, parse_submit
 from osmosis_server.run_folder import RunFolder

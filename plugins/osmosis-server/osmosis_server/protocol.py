@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Final, NewType
 import attrs
 
 from osmosis_core import ErrorCategory, ExecutionResult, ExecutionStatus
-from osmosis_core.plugin import SAMPLING_PARAMS, sampling_problems, sampling_schema
+from osmosis_core.sampling import SAMPLING_PARAMS, sampling_problems, sampling_schema
 from osmosis_trainer.wire import LEASE_HEADER, RolloutStatus, retry_after_seconds  # shared with the client
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ RolloutIds = NewType("RolloutIds", list[str])
 Prefix = NewType("Prefix", str)
 """A non-empty rollout-id prefix."""
 SamplingParams = NewType("SamplingParams", dict[str, Any])
-"""A trainer's sampling settings (:data:`osmosis_core.plugin.SAMPLING_PARAMS`): an object of known keys."""
+"""A trainer's sampling settings (:data:`osmosis_core.sampling.SAMPLING_PARAMS`): an object of known keys."""
 Version = NewType("Version", str)
 """A policy version: a non-empty string of at most :data:`MAX_VERSION_CHARS` characters."""
 
@@ -490,12 +490,6 @@ class CancelBody:
 attrs.resolve_types(CancelBody)
 
 
-def _problem(exc: BaseException, _type: Any) -> str:
-    if isinstance(exc, KeyError):
-        return "required field missing"
-    return str(exc)
-
-
 def _structure[T](raw: bytes, type_: type[T]) -> T:
     data = loads(raw)
     if type(data) is not dict:
@@ -507,10 +501,12 @@ def _structure[T](raw: bytes, type_: type[T]) -> T:
         pass
     import cattrs
 
+    from osmosis_core.wire import structure_problems  # with cattrs: only for a bad body
+
     try:
         return detailed.structure(data, type_)
     except cattrs.ClassValidationError as exc:
-        raise BadRequest("; ".join(cattrs.transform_error(exc, path="$", format_exception=_problem))) from None
+        raise BadRequest("; ".join(structure_problems(exc, missing="required field missing"))) from None
 
 
 def parse_submit(raw: bytes) -> SubmitBody:
@@ -634,7 +630,7 @@ def result_from_line(line: Mapping[str, Any]) -> ExecutionResult:
 
     :raises ValueError, KeyError: not a result line.
     """
-    from osmosis_core.plugin import result_from_json
+    from osmosis_core.wire import result_from_json
 
     sample = line.get("sample")
     return result_from_json(

@@ -94,7 +94,7 @@ class Pusher:
     async def _attempts(self, rollout_id: str, url: str, api_key: str | None, body: bytes) -> bool:
         import aiohttp
 
-        from osmosis_core.plugin import http_request
+        from osmosis_core.http import http_request
 
         headers = {"Content-Type": "application/json", "X-Osmosis-Rollout-Id": rollout_id}
         if api_key:

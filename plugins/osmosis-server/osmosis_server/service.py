@@ -30,7 +30,6 @@ import enum
 import hashlib
 import hmac
 import logging
-import math
 import os
 import secrets
 import time
@@ -41,18 +40,25 @@ from typing import Any, Final
 import attrs
 
 from osmosis_core import (
-    BackendUnavailable,
     ErrorCategory,
     ErrorInfo,
-    ExecutionBackend,
     ExecutionRequest,
     ExecutionResult,
     ExecutionStage,
     ExecutionStatus,
     PolicyEndpoint,
-    RolloutSample,
 )
-from osmosis_core.plugin import SharedGateways, clip, error_info, redact, redact_data, warn_deprecated
+from osmosis_core.plugin import (
+    ExecutionBackend,
+    RolloutReports,
+    SharedGateways,
+    clip,
+    error_info,
+    redact,
+    redact_data,
+    run_one,
+    warn_deprecated,
+)
 from osmosis_server.ledger import Known
 from osmosis_server.protocol import (
     CancelBody,
@@ -151,7 +157,7 @@ class _Why(enum.Enum):
     SHUTDOWN = "the server shut down"
 
 
-class Rollout:
+class AdmittedRollout:
     """One admitted rollout's record (kept until its retention ends)."""
 
     __slots__ = (
@@ -162,7 +168,6 @@ class Rollout:
         "digest",
         "disposition",
         "finished_at",
-        "grader_result",
         "holds_slot",
         "id",
         "label",
@@ -170,6 +175,7 @@ class Rollout:
         "policy_version",
         "push_task",
         "read",
+        "reports",
         "request",
         "result_body",
         "row",
@@ -181,7 +187,6 @@ class Rollout:
         "trace",
         "trace_policy",
         "why",
-        "workflow_result",
     )
 
     def __init__(self, rollout_id: str, digest: bytes) -> None:
@@ -193,8 +198,8 @@ class Rollout:
         self.task: asyncio.Task[None] | None = None
         self.changed: asyncio.Event | None = None
         self.result_body: bytes | None = None
-        self.workflow_result: ExecutionResult | None = None
-        self.grader_result: ExecutionResult | None = None
+        self.reports: RolloutReports | None = None
+        """What the backend reported (while it runs)."""
         self.holds_slot = False
         self.why: _Why | None = None
         self.disposition = ""
@@ -215,31 +220,6 @@ class Rollout:
         """The request's ``policy_version``: recorded on each traced call, echoed in the result."""
         self.sampling: dict[str, Any] | None = None
         """The request's ``sampling_params``, as checked: set on each model call, echoed in the result."""
-
-
-def _malformed(result: Any) -> str | None:
-    """What is wrong with a backend's report, None when it is a well-formed ExecutionResult."""
-    if not isinstance(result, ExecutionResult):
-        return f"the backend reported {type(result).__name__}, not an ExecutionResult"
-    if not isinstance(result.stage, ExecutionStage) or not isinstance(result.status, ExecutionStatus):
-        return f"the backend reported a result whose stage or status is not one ({result.stage!r}, {result.status!r})"
-    if result.sample is not None and not isinstance(result.sample, RolloutSample):
-        return f"the backend reported a sample that is not a RolloutSample: {type(result.sample).__name__}"
-    if result.error is not None and not isinstance(result.error, ErrorInfo):
-        return f"the backend reported an error that is not an ErrorInfo: {type(result.error).__name__}"
-    timings = result.timings
-    if not isinstance(timings, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in timings.values()
-    ):
-        return f"the backend reported timings that are not numbers of seconds: {str(timings)[:200]}"
-    return None
-
-
-def _carried(last: ExecutionResult | None) -> tuple[RolloutSample | None, dict[str, float]]:
-    """The sample and timings a stage reported, carried into the final result (none from a malformed report)."""
-    if last is None or _malformed(last) is not None:
-        return None, {}
-    return last.sample, dict(last.timings)
 
 
 def _index(value: Any) -> int | None:
@@ -271,7 +251,7 @@ def policy_defaults(policy: PolicyEndpoint | None, deprecated: Mapping[str, Any]
 class RolloutService:
     """Runs the rollouts a server admits on ``backend``.
 
-    :param backend: any :class:`~osmosis_core.ExecutionBackend`; the service closes it in :meth:`close`.
+    :param backend: any :class:`~osmosis_core.plugin.ExecutionBackend`; the service closes it in :meth:`close`.
     :param settings: queue bound, lease, retention, grace, poll wait.
     :param run_folder: where every finished rollout is recorded (opened by :meth:`start`).
     :param policy: the defaults of every request's policy (``[policy]``): the model when a request
@@ -318,14 +298,14 @@ class RolloutService:
         self.slots = max(0, backend.max_concurrency)
         self.capacity = self.slots + settings.max_queued
         self._gate: asyncio.Semaphore | None = None
-        self._table: dict[str, Rollout] = {}
-        self._active: dict[str, Rollout] = {}
-        self._leases: collections.OrderedDict[str, Rollout] = collections.OrderedDict()
-        self._retained: collections.deque[Rollout] = collections.deque()
+        self._table: dict[str, AdmittedRollout] = {}
+        self._active: dict[str, AdmittedRollout] = {}
+        self._leases: collections.OrderedDict[str, AdmittedRollout] = collections.OrderedDict()
+        self._retained: collections.deque[AdmittedRollout] = collections.deque()
         self._idle: asyncio.Event | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._drain: asyncio.Task[None] | None = None
-        self._watch: list[Rollout] = []
+        self._watch: list[AdmittedRollout] = []
         self.draining = False
         self._hurried = False
         self.unavailable: str | None = None
@@ -427,7 +407,7 @@ class RolloutService:
             try:
                 await self.backend.aclose()
             finally:
-                from osmosis_core.plugin import aclose_http
+                from osmosis_core.http import aclose_http
 
                 await self.gateways.aclose()
 
@@ -444,7 +424,7 @@ class RolloutService:
         mac = hmac.digest(self._key, rollout_id.encode() + b"\0" + digest, "sha256")
         return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
-    def _admission(self, entry: Rollout) -> dict[str, Any]:
+    def _admission(self, entry: AdmittedRollout) -> dict[str, Any]:
         return self._admission_of(entry.id, entry.digest, entry.status.value)
 
     def _admission_of(self, rollout_id: str, digest: bytes, status: str) -> dict[str, Any]:
@@ -486,7 +466,7 @@ class RolloutService:
         if len(self._active) >= self.capacity:
             self.counts["refused_full"] += 1
             raise QueueFull
-        entry = Rollout(body.rollout_id, digest)
+        entry = AdmittedRollout(body.rollout_id, digest)
         defaults = self.policy  # the request's URL in place of its base_url, its model and key if given
         policy = PolicyEndpoint(
             body.chat_completions_url,
@@ -552,9 +532,10 @@ class RolloutService:
 
     # -- execution -------------------------------------------------------------------------------
 
-    async def _run(self, entry: Rollout, grade: bool) -> None:
+    async def _run(self, entry: AdmittedRollout, grade: bool) -> None:
         request = entry.request
         assert request is not None
+        entry.reports = reports = RolloutReports(request)
         final: ExecutionResult
         try:
             if self._gate is not None:
@@ -565,49 +546,36 @@ class RolloutService:
             log.debug("rollout %s: running", entry.id)
             if self.traces is not None:
                 request = await self._open_trace(entry, request)
-            await self.backend.execute(request, self._on_workflow(entry, grade), self._on_grader(entry))
-            last = entry.grader_result or entry.workflow_result
-            if last is None:
-                final = self._failure(
-                    entry, ErrorCategory.INFRA_ERROR, "the backend returned without reporting a result"
-                )
-            elif last.status is ExecutionStatus.CANCELLED and entry.why is not None:
+            final = await run_one(
+                self.backend,
+                request,
+                reports,
+                on_workflow_complete=self._on_workflow(entry, grade),
+                secrets=self._server_secrets + entry.secrets,
+            )
+            if final.status is ExecutionStatus.CANCELLED and entry.why is not None:
                 final = self._cancelled(entry)
-            else:
-                final = last
+            elif reports.unavailable is not None and self.unavailable is None:
+                self.unavailable = reports.unavailable
+                log.error("the backend is unavailable: %s; new rollouts get 503", reports.unavailable)
+            elif final is not reports.last and final.error is not None:  # run_one's: what went wrong around it
+                log.error("rollout %s: %s", entry.id, final.error.message)
         except asyncio.CancelledError:
-            if entry.why is None:  # not cancelled by us: a backend (or what it runs) raised it
-                final = self._failure(
-                    entry,
-                    ErrorCategory.INFRA_ERROR,
-                    "the backend raised CancelledError while the server did not cancel the rollout",
-                )
-            else:
-                final = self._cancelled(entry)
-        except BackendUnavailable as exc:
-            message = clip(str(exc), self._server_secrets + entry.secrets, 1000)
-            if self.unavailable is None:
-                self.unavailable = message
-                log.error("the backend is unavailable: %s; new rollouts get 503", message)
-            final = self._failure(entry, ErrorCategory.INFRA_ERROR, f"the backend is unavailable: {message}")
-        except Exception as exc:
-            info = error_info(exc, secrets=self._server_secrets + entry.secrets, category=ErrorCategory.INFRA_ERROR)
-            log.error("rollout %s: the backend failed: %s", entry.id, info.message)
-            final = self._failure(entry, info.category, info.message)
+            final = self._cancelled(entry)
         finally:
             self._release(entry)
             if self.traces is not None:
                 self._take_trace(entry)
         self._finish(entry, final)
 
-    async def _open_trace(self, entry: Rollout, request: ExecutionRequest) -> ExecutionRequest:
+    async def _open_trace(self, entry: AdmittedRollout, request: ExecutionRequest) -> ExecutionRequest:
         """The request with the rollout's own endpoint on the gateway in front of its policy (which
         sets the trainer's sampling settings on each call and records them, with the policy version)."""
         endpoint = await self.gateways.open(request.policy, entry.id, policy_version=entry.policy_version)
         entry.trace_policy = request.policy
         return attrs.evolve(request, policy=endpoint)
 
-    def _take_trace(self, entry: Rollout) -> None:
+    def _take_trace(self, entry: AdmittedRollout) -> None:
         upstream, entry.trace_policy = entry.trace_policy, None
         if upstream is None:
             return
@@ -615,7 +583,7 @@ class RolloutService:
         if trace is not None:
             entry.trace = trace.to_json()
 
-    def _task_done(self, entry: Rollout) -> Callable[[asyncio.Task[None]], None]:
+    def _task_done(self, entry: AdmittedRollout) -> Callable[[asyncio.Task[None]], None]:
         # the safety net: a task cancelled before it ever ran (its coroutine never entered its
         # try block) or one that failed in the server's own code still ends with a final status
         def done(task: asyncio.Task[None]) -> None:
@@ -631,19 +599,16 @@ class RolloutService:
 
         return done
 
-    def _release(self, entry: Rollout) -> None:
+    def _release(self, entry: AdmittedRollout) -> None:
         if entry.holds_slot:
             entry.holds_slot = False
             assert self._gate is not None
             self._gate.release()
 
-    def _on_workflow(self, entry: Rollout, grade: bool) -> Callable[[ExecutionResult], Awaitable[None]]:
+    def _on_workflow(self, entry: AdmittedRollout, grade: bool) -> Callable[[ExecutionResult], Awaitable[None]]:
         async def on_workflow_complete(result: ExecutionResult) -> None:
-            if not isinstance(result, ExecutionResult):
-                raise TypeError(f"on_workflow_complete takes an ExecutionResult, got {type(result).__name__}")
-            if entry.workflow_result is not None or entry.result_body is not None:
-                return  # at most once per stage (a backend that calls twice is ignored)
-            entry.workflow_result = result
+            if entry.result_body is not None:
+                return
             self._release(entry)
             if result.ok:
                 if grade:
@@ -655,33 +620,17 @@ class RolloutService:
 
         return on_workflow_complete
 
-    def _on_grader(self, entry: Rollout) -> Callable[[ExecutionResult], Awaitable[None]]:
-        async def on_grader_complete(result: ExecutionResult) -> None:
-            if not isinstance(result, ExecutionResult):
-                raise TypeError(f"on_grader_complete takes an ExecutionResult, got {type(result).__name__}")
-            if entry.grader_result is None and entry.result_body is None:
-                entry.grader_result = result
+    def _failure(self, entry: AdmittedRollout, category: ErrorCategory, message: str) -> ExecutionResult:
+        return self._reports(entry).failure(category, message)
 
-        return on_grader_complete
+    def _reports(self, entry: AdmittedRollout) -> RolloutReports:
+        if entry.reports is None:  # cancelled or failed before it ran
+            assert entry.request is not None
+            entry.reports = RolloutReports(entry.request)
+        return entry.reports
 
-    def _stage(self, entry: Rollout) -> ExecutionStage:
-        wf = entry.workflow_result
-        return _GR if wf is not None and wf.ok else _WF
-
-    def _failure(self, entry: Rollout, category: ErrorCategory, message: str) -> ExecutionResult:
-        sample, timings = _carried(entry.grader_result or entry.workflow_result)
-        return ExecutionResult(
-            entry.id,
-            self._stage(entry),
-            ExecutionStatus.FAILURE,
-            sample=sample,
-            error=ErrorInfo(category, message),
-            timings=timings,
-        )
-
-    def _cancelled(self, entry: Rollout, more: str = "") -> ExecutionResult:
-        stage = self._stage(entry)
-        reported = entry.grader_result if stage is _GR else entry.workflow_result
+    def _cancelled(self, entry: AdmittedRollout, more: str = "") -> ExecutionResult:
+        reports = self._reports(entry)
         why = entry.why or _Why.SHUTDOWN
         if why is _Why.LEASE:
             reason = f"nobody polled its result for {self.settings.lease_timeout_sec:g}s (polling lease expired)"
@@ -689,18 +638,10 @@ class RolloutService:
             reason = f"the server shut down (its grace period of {self.settings.grace_sec:g}s was over)"
         else:
             reason = why.value
-        where = "while queued" if entry.disposition == "cancelled_queued" else f"during the {stage} stage"
-        sample, timings = _carried(reported)
-        return ExecutionResult(
-            entry.id,
-            stage,
-            ExecutionStatus.CANCELLED,
-            sample=sample,
-            error=ErrorInfo(ErrorCategory.CANCELLED, f"{reason} {where}{more}"),
-            timings=timings,
-        )
+        where = "while queued" if entry.disposition == "cancelled_queued" else f"during the {reports.stage} stage"
+        return reports.cancelled(f"{reason} {where}{more}")
 
-    def _finish(self, entry: Rollout, final: ExecutionResult) -> None:
+    def _finish(self, entry: AdmittedRollout, final: ExecutionResult) -> None:
         """End a rollout: its result document, its line in the run folder, its counters, its push.
 
         It never raises: whatever goes wrong here (a result no document can hold, a bug of ours)
@@ -743,7 +684,7 @@ class RolloutService:
         finally:
             # forget what is not needed any more: only the encoded result stays for its retention
             entry.request = None
-            entry.workflow_result = entry.grader_result = None
+            entry.reports = None
             entry.sampling = entry.policy_version = None
             entry.task = None
             self._leases.pop(entry.id, None)
@@ -753,10 +694,12 @@ class RolloutService:
             if self._idle is not None and not self._active:
                 self._idle.set()
 
-    def _document(self, entry: Rollout, final: ExecutionResult, lease_expired: bool) -> tuple[ExecutionResult, bytes]:
+    def _document(
+        self, entry: AdmittedRollout, final: ExecutionResult, lease_expired: bool
+    ) -> tuple[ExecutionResult, bytes]:
         """The final result and its encoded document. A malformed report of the backend's is an
         infra_error failure; a sample that is not JSON (the workflow's doing) a validation_error one."""
-        problem = _malformed(final)
+        problem = RolloutReports.problem(final)
         if problem is None:
             try:
                 document = result_document(final, label=entry.label, lease_expired=lease_expired)
@@ -774,7 +717,7 @@ class RolloutService:
         document = self._with_knobs(entry, result_document(failure, label=entry.label))
         return failure, self._dumps(entry, self._with_trace(entry, document))
 
-    def _dumps(self, entry: Rollout, document: dict[str, Any]) -> bytes:
+    def _dumps(self, entry: AdmittedRollout, document: dict[str, Any]) -> bytes:
         """A result document as the trainer gets it, without the server's or the request's secrets.
 
         The rollout itself redacts with the policy it was given; with traces on that is its gateway
@@ -788,14 +731,14 @@ class RolloutService:
                 body = dumps(redact_data(document, secrets))
         return body
 
-    def _with_knobs(self, entry: Rollout, document: dict[str, Any]) -> dict[str, Any]:
+    def _with_knobs(self, entry: AdmittedRollout, document: dict[str, Any]) -> dict[str, Any]:
         """``document`` with what the request set of the rollout's sampling (``sampling_params``, as
         checked) and ``policy_version``, each only when it set it (:meth:`_knobs`)."""
         document.update(self._knobs(entry))
         return document
 
     @staticmethod
-    def _knobs(entry: Rollout) -> dict[str, Any]:
+    def _knobs(entry: AdmittedRollout) -> dict[str, Any]:
         """The request's ``sampling_params`` and ``policy_version`` that it set (a result document
         and a ``results.jsonl`` line carry them; a request without them leaves both as before)."""
         knobs: dict[str, Any] = {}
@@ -805,13 +748,13 @@ class RolloutService:
             knobs["policy_version"] = entry.policy_version
         return knobs
 
-    def _with_trace(self, entry: Rollout, document: dict[str, Any]) -> dict[str, Any]:
+    def _with_trace(self, entry: AdmittedRollout, document: dict[str, Any]) -> dict[str, Any]:
         """``document`` with the rollout's ``trace`` when traces are on (null when it has none)."""
         if self.traces is not None:
             document["trace"] = entry.trace
         return document
 
-    def _record(self, entry: Rollout, final: ExecutionResult, lease_expired: bool) -> None:
+    def _record(self, entry: AdmittedRollout, final: ExecutionResult, lease_expired: bool) -> None:
         try:
             trace_offset = None
             if entry.trace is not None:  # the trace line first: a result in the folder always has its trace
@@ -834,7 +777,7 @@ class RolloutService:
             self.counts["unrecorded"] += 1
             log.error("rollout %s: its result could not be written to %s: %s", entry.id, self.folder.results_path, exc)
 
-    def _log_final(self, entry: Rollout, final: ExecutionResult) -> None:
+    def _log_final(self, entry: AdmittedRollout, final: ExecutionResult) -> None:
         if not log.isEnabledFor(logging.INFO):
             return
         spent = sum(v for k, v in final.timings.items() if k != "queued")
@@ -852,7 +795,7 @@ class RolloutService:
                 clip(final.error.message, self._server_secrets + entry.secrets, 200),
             )
 
-    def _push(self, entry: Rollout, result: ExecutionResult | None, *, final: bool) -> None:
+    def _push(self, entry: AdmittedRollout, result: ExecutionResult | None, *, final: bool) -> None:
         url = entry.callback_url
         assert url is not None
         if result is None:
@@ -870,7 +813,7 @@ class RolloutService:
             entry.id, url, entry.callback_api_key, body, after=entry.push_task, done=done
         )
 
-    def _delivered(self, entry: Rollout) -> Callable[[bool], None]:
+    def _delivered(self, entry: AdmittedRollout) -> Callable[[bool], None]:
         def done(ok: bool) -> None:
             entry.read = True
             entry.push_task = None
@@ -879,13 +822,13 @@ class RolloutService:
 
     # -- polling ---------------------------------------------------------------------------------
 
-    def _changed(self, entry: Rollout) -> None:
+    def _changed(self, entry: AdmittedRollout) -> None:
         event = entry.changed
         if event is not None:
             entry.changed = None
             event.set()
 
-    def _check(self, rollout_id: str, token: str) -> Rollout:
+    def _check(self, rollout_id: str, token: str) -> AdmittedRollout:
         entry = self._table.get(rollout_id)
         if entry is None:
             raise UnknownRollout(rollout_id)
@@ -893,7 +836,7 @@ class RolloutService:
             raise BadLease(rollout_id)
         return entry
 
-    def _renew(self, entry: Rollout) -> None:
+    def _renew(self, entry: AdmittedRollout) -> None:
         if entry.id in self._leases:
             entry.lease_deadline = asyncio.get_running_loop().time() + self.settings.lease_timeout_sec
             self._leases.move_to_end(entry.id)
@@ -1003,7 +946,7 @@ class RolloutService:
             log.info("cancel (%s): %d rollouts cancelled", what, cancelled)
         return dispositions
 
-    def _cancel(self, entry: Rollout, why: _Why) -> str:
+    def _cancel(self, entry: AdmittedRollout, why: _Why) -> str:
         if entry.why is not None:
             return entry.disposition
         entry.why = why

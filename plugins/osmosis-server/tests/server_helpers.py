@@ -72,7 +72,7 @@ class Served:
 
 def run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
     """Run a client-side coroutine on a fresh loop, closing the loop's HTTP session after."""
-    from osmosis_core.plugin import http_scope
+    from osmosis_core.http import http_scope
 
     async def main() -> T:
         async with http_scope():

@@ -5,14 +5,8 @@ from __future__ import annotations
 import httpx
 from server_helpers import TOKEN, read_lines, run
 
-from osmosis_core import (
-    BackendUnavailable,
-    ExecutionBackend,
-    ExecutionResult,
-    ExecutionStage,
-    ExecutionStatus,
-    RolloutSample,
-)
+from osmosis_core import ExecutionResult, ExecutionStage, ExecutionStatus, RolloutSample
+from osmosis_core.plugin import BackendUnavailable, ExecutionBackend
 from osmosis_server import RolloutStatus, ServerSettings
 from osmosis_trainer import RolloutClient, RolloutRequest
 

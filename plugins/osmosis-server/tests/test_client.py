@@ -267,7 +267,7 @@ async def entered(rollout_id):
 
 
 async def beside_core(rollout_id):
-    from osmosis_core.plugin import http_request
+    from osmosis_core.http import http_request
 
     async with http_request("GET", url + "/livez") as response:  # osmosis-core's own session on this loop
         await response.read()

@@ -18,13 +18,8 @@ import httpx
 from server_helpers import TOKEN, read_lines, run
 from test_serve import serve_config
 
-from osmosis_core import (
-    ExecutionBackend,
-    ExecutionResult,
-    ExecutionStage,
-    ExecutionStatus,
-    RolloutSample,
-)
+from osmosis_core import ExecutionResult, ExecutionStage, ExecutionStatus, RolloutSample
+from osmosis_core.plugin import ExecutionBackend
 from osmosis_server import RolloutStatus, ServerSettings
 from osmosis_trainer import RolloutClient, RolloutRequest
 

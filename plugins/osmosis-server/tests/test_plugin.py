@@ -64,7 +64,7 @@ def test_the_client_names_moved_to_osmosis_trainer_warn_and_are_the_same_objects
     import importlib
 
     import osmosis_trainer
-    from osmosis_core.plugin import OsmosisDeprecationWarning
+    from osmosis_core import OsmosisDeprecationWarning
 
     message = rf"{module}\.{name} is deprecated .*: use osmosis_trainer\.{name} \(pip install osmosis-trainer\)"
     with pytest.warns(OsmosisDeprecationWarning, match=message):
@@ -76,7 +76,7 @@ def test_the_client_names_moved_to_osmosis_trainer_warn_and_are_the_same_objects
 def test_the_clients_retry_delays_moved_too():
     import osmosis_server.client
     import osmosis_trainer.client
-    from osmosis_core.plugin import OsmosisDeprecationWarning
+    from osmosis_core import OsmosisDeprecationWarning
 
     with pytest.warns(OsmosisDeprecationWarning, match=r"use osmosis_trainer\.client\.RETRY_DELAYS_SEC"):
         assert osmosis_server.client.RETRY_DELAYS_SEC is osmosis_trainer.client.RETRY_DELAYS_SEC

@@ -7,8 +7,7 @@ import warnings
 
 import pytest
 
-from osmosis_core import LocalBackend, PolicyEndpoint
-from osmosis_core.plugin import OsmosisDeprecationWarning
+from osmosis_core import LocalBackend, OsmosisDeprecationWarning, PolicyEndpoint
 from osmosis_server import create_app
 
 

@@ -263,7 +263,7 @@ async def aclose_http() -> None:
 async def http_scope() -> AsyncIterator[None]:
     """``async with http_scope():``: the loop's HTTP clients are closed when the block ends::
 
-    from osmosis_core.plugin import http_scope
+    from osmosis_core.http import http_scope
 
     async def main():
         async with http_scope():
