@@ -122,7 +122,8 @@ def _compile_sources(session: nox.Session, *paths: str) -> None:
 def _pytest_with_coverage(session: nox.Session, package: str, *args: str) -> None:
     """``pytest *args``, measured by coverage (in this process; sys.monitoring where the Python has it), then
     one line with the share of ``package``'s lines the tests ran: the figure CI prints per distribution."""
-    data = Path(session.create_tmp()) / f".coverage.{package}"
+    # (not session.create_tmp(): it points TMPDIR into the clone, where a sandboxed trial may not read)
+    data = Path(session.virtualenv.location) / f".coverage.{package}"
     session.env["COVERAGE_FILE"] = str(data)
     session.env["COVERAGE_CORE"] = "sysmon"  # coverage >= 7.4 on Python >= 3.12: a fraction of the tracer's cost
     session.run("coverage", "run", f"--source={package}", "-m", "pytest", *args)

@@ -228,8 +228,8 @@ def report_problem(result: object) -> str | None:
 class RolloutReports:
     """What a backend has reported for one rollout so far: the caller's side of :class:`RolloutReporter`.
 
-    :func:`run_one` fills it (each stage at most once, the first report wins); a caller that is
-    cancelled reads it to build its own ``cancelled`` result (:meth:`cancelled`).
+    :func:`run_one` fills it (each callback's result at most once, the first report wins); a caller
+    that is cancelled reads it to build its own ``cancelled`` result (:meth:`cancelled`).
     """
 
     request: ExecutionRequest
@@ -286,14 +286,15 @@ class RolloutReports:
             return None, {}
         return result.sample, dict(result.timings)
 
-    async def keep(self, result: ExecutionResult) -> bool:
-        """Keep a reported result; False when its stage was reported already (the report is ignored)."""
+    async def keep(self, result: ExecutionResult, stage: ExecutionStage) -> bool:
+        """Keep a result reported through ``stage``'s callback; False when that stage was reported
+        already (the report is ignored). A malformed report is kept as it came (see :meth:`problem`)."""
         if not isinstance(result, ExecutionResult):
             raise TypeError(f"a backend reports an ExecutionResult, got {type(result).__name__}")
-        if result.stage is _WF:
+        if stage is _WF:
             if self.workflow is not None:
                 return False
-            if result.sample is not None and isinstance(result.sample, RolloutSample):
+            if isinstance(result.sample, RolloutSample) and isinstance(result.sample.metrics, dict):
                 self.workflow_metrics = dict(result.sample.metrics)
             self.workflow = result
             return True
@@ -355,11 +356,11 @@ async def run_one(
     reports = reports if reports is not None else RolloutReports(request)
 
     async def on_workflow(result: ExecutionResult) -> None:
-        if await reports.keep(result) and on_workflow_complete is not None:
+        if await reports.keep(result, _WF) and on_workflow_complete is not None:
             await on_workflow_complete(result)
 
     async def on_grader(result: ExecutionResult) -> None:
-        await reports.keep(result)
+        await reports.keep(result, _GR)
 
     try:
         await backend.execute(request, on_workflow, on_grader)

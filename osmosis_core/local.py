@@ -83,10 +83,11 @@ class LocalBackend(ExecutionBackend):
         require_labels: bool = False,
         limits: RunLimits | None = None,
     ) -> None:
-        self._start(
-            BackendSetup.resolve(workflow, workflow_config, grader, grader_config, require_labels=require_labels),
-            limits if max_concurrent is None else attrs.evolve(limits or RunLimits(), concurrency=max_concurrent),
+        limits = limits if max_concurrent is None else attrs.evolve(limits or RunLimits(), concurrency=max_concurrent)
+        setup = BackendSetup.resolve(
+            workflow, workflow_config, grader, grader_config, require_labels=require_labels, limits=limits
         )
+        self._start(setup, setup.limits)
 
     @classmethod
     def _of(cls, setup: BackendSetup) -> LocalBackend:

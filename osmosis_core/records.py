@@ -1,6 +1,6 @@
 """The records that cross the seams: requests, samples, results and their error categories.
 
-They are attrs classes. ``osmosis_core._engine.results.result_line`` writes a finished result as a
+They are attrs classes. ``osmosis_core.wire.result_line`` writes a finished result as a
 ``results.jsonl`` line; the rollout server's wire format will share one converter with it.
 """
 

@@ -211,18 +211,20 @@ def structure_problems(
     path: str = "$",
     *,
     missing: str = "required key missing",
-    mapping: str = "object",
+    mapping: str | None = None,
     unknown: Callable[[ForbiddenExtraKeysError], str] | None = None,
+    told: tuple[type[BaseException], ...] = (Exception,),
     expected: Any = None,
 ) -> list[str]:
     """Every problem cattrs found structuring data, each as ``what @ where`` (``path`` names the root).
 
     The one formatter of osmosis's structuring errors (the wire, the run config, the rollout
-    server's bodies): a missing key says ``missing``; a value that is not a mapping where one is
-    wanted says ``expected a <mapping>``; keys a class forbids say ``unknown key(s): ...`` (or what
-    ``unknown`` says of them); any other error says its own message, or ``expected <type>`` without one.
-    Given ``expected`` (the type that was being structured), an error cattrs did not wrap (a
-    converter without detailed validation) is one problem without a place.
+    server's bodies): a missing key says ``missing``; keys a class forbids say ``unknown key(s):
+    ...`` (or what ``unknown`` says of them); with ``mapping`` (``"table"``), a value where a mapping
+    is wanted says ``expected a <mapping>, got ...``; an error of the kinds ``told`` says its own
+    message; anything else ``expected <type>``. Given ``expected`` (the type that was being
+    structured), an error cattrs did not wrap (a converter without detailed validation) is one
+    problem without a place.
 
     >>> import attrs
     >>> @attrs.define
@@ -241,9 +243,12 @@ def structure_problems(
             return unknown(error) if unknown is not None else f"unknown key(s): {', '.join(sorted(error.extra_fields))}"
         if isinstance(error, KeyError):
             return missing
-        if isinstance(error, TypeError) and (type_ is dict or "Mapping" in str(type_) or "dict" in str(type_)):
-            return f"expected {'an' if mapping[0] in 'aeiou' else 'a'} {mapping}, got {error}"
-        if isinstance(error, (ValueError, TypeError)) and str(error):
+        wanted = str(type_)
+        if mapping is not None and (
+            (isinstance(error, TypeError) and type_ is dict) or "Mapping" in wanted or "dict" in wanted
+        ):
+            return f"expected a {mapping}, got {error}"
+        if isinstance(error, told) and str(error):
             return str(error)
         return f"expected {getattr(type_, '__name__', None) or type_}"
 
@@ -256,7 +261,9 @@ def _structure[T](data: Any, type_: type[T], what: str) -> T:
     try:
         return converter.structure(data, type_)
     except (ClassValidationError, ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"not {what}: {'; '.join(structure_problems(exc, expected=type_))}") from None
+        raise ValueError(
+            f"not {what}: {'; '.join(structure_problems(exc, told=(ValueError,), expected=type_))}"
+        ) from None
 
 
 def sample_to_json(sample: RolloutSample) -> dict[str, Any]:

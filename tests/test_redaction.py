@@ -121,3 +121,14 @@ def test_the_results_writer_redacts_fragments_anywhere_in_a_line(tmp_path: Path)
 
 def test_redact_data_walks_keys_and_values():
     assert redact_data({KEY[:9]: [KEY[1:12], 3, None]}, [KEY]) == {"***": ["***", 3, None]}
+
+
+def test_the_results_writer_redacts_a_secret_in_a_key_that_is_not_a_string(tmp_path: Path):
+    """A metric keyed by a number is a string only once the line is encoded: it is redacted there too."""
+    path = tmp_path / "results.jsonl"
+    writer = ResultWriter(path, secrets=["12345678"])
+    writer.write({"metrics": {12345678: 1, "ok": (b"x12345678", "y")}})
+    writer.close()
+    text = path.read_text()
+    assert "12345678" not in text, text
+    assert json.loads(text)["metrics"]["***"] == 1

@@ -158,14 +158,9 @@ class ResultWriter:
         own = self._secrets + _usable(secrets) if secrets else self._secrets
         text = _encode(line)
         if own and holds_secret(text, own):
-            # the line redacted once and encoded again: its strings, and what an object the encoder
-            # meets is written as (bytes, an exception, anything written as its repr)
-            text = json.dumps(
-                redact_data(line, own),
-                ensure_ascii=False,
-                allow_nan=False,
-                default=lambda value: redact_data(_json_default(value), own),
-            )
+            # redact the JSON form: a secret may sit in bytes, an exception, an object written as its
+            # repr, or a key that is not a string (each a string only once encoded)
+            text = _encode(redact_data(json.loads(text), own))
         self._handle.write(text + "\n")
         self._handle.flush()
 

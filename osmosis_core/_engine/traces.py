@@ -22,7 +22,7 @@ from osmosis_core.wire import finite_json
 
 __all__ = ["RunTraces", "SharedGateways", "make_trace_gateway", "write_trace_line"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("osmosis_core.traces")  # the name users filter on, as before
 
 _warned: set[type] = set()
 """The gateway classes already said to take no ``policy_version``."""

@@ -559,9 +559,17 @@ class RolloutService:
                 self.unavailable = reports.unavailable
                 log.error("the backend is unavailable: %s; new rollouts get 503", reports.unavailable)
             elif final is not reports.last and final.error is not None:  # run_one's: what went wrong around it
-                log.error("rollout %s: %s", entry.id, final.error.message)
+                log.error("rollout %s: the backend failed: %s", entry.id, final.error.message)
         except asyncio.CancelledError:
-            final = self._cancelled(entry)
+            if entry.why is None:  # not cancelled by us: raised by a step of the server's around the backend
+                message = "CancelledError was raised while the server did not cancel the rollout"
+                final = self._failure(entry, ErrorCategory.INFRA_ERROR, message)
+            else:
+                final = self._cancelled(entry)
+        except Exception as exc:  # the server's own steps around the backend (opening the rollout's trace)
+            info = error_info(exc, secrets=self._server_secrets + entry.secrets, category=ErrorCategory.INFRA_ERROR)
+            log.error("rollout %s: the server failed running it: %s", entry.id, info.message)
+            final = self._failure(entry, info.category, info.message)
         finally:
             self._release(entry)
             if self.traces is not None:

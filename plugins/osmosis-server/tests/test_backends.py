@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import httpx
 from server_helpers import TOKEN, read_lines, run
 
@@ -88,3 +89,30 @@ def test_a_third_party_backend_its_failures_and_its_end(serve):
     assert "the cluster is gone" in refused.json()["detail"]
     lines = read_lines(served.service.folder.results_path)
     assert [line["rollout_id"] for line in lines] == ["one", "silent", "raises", "two", "gone"]
+
+
+def test_a_failure_of_the_servers_own_steps_around_the_backend_is_a_redacted_failure(serve, caplog):
+    """Opening a rollout's trace is the server's own step (not the backend's): a failure there ends
+    the rollout as an infra_error failure whose message and log line hold no secret."""
+    key = "sk-server-side-secret-key-1234"
+    served = serve(Remote())
+    service = served.service
+
+    async def refuse(policy, rollout_id, **_keywords):
+        raise RuntimeError(f"the gateway refused {rollout_id} (key {key})\nsecond line")
+
+    service.traces = {}  # traces on: each rollout opens its route on the gateway first
+    service.gateways.open = refuse
+
+    async def go():
+        return await RolloutClient(served.url, token=TOKEN).run(attrs.evolve(request("traced"), llm_api_key=key))
+
+    with caplog.at_level("ERROR"):
+        result = run(go)
+    assert result.status is RolloutStatus.FAILURE
+    assert result.error.category.value == "infra_error", result
+    assert "the gateway refused traced" in result.error.message
+    assert key not in result.error.message
+    assert "\n" not in result.error.message
+    assert key not in caplog.text
+    assert "the gateway refused traced" in caplog.text
