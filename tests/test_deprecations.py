@@ -117,7 +117,6 @@ def test_moved_names_warn_and_are_the_same_object(module, name, new_home):
     [
         ("osmosis_core.plugin", "Rollout", "RolloutReporter"),
         ("osmosis_core.lifecycle", "Rollout", "RolloutReporter"),
-        ("osmosis_report.load", "Rollout", "RolloutRecord"),
     ],
 )
 def test_renamed_names_warn_naming_the_new_one_and_are_the_same_object(module, old, new):
