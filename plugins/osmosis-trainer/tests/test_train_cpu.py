@@ -14,8 +14,7 @@ Rollouts sample at temperature 1.3 (TRL's ``temperature``, which the adapter for
 model call and TRL's loss uses too). At 1.0 a run could collapse, about one in ten, to one answer
 for every rollout (all 16 the same ``wwww...`` without the tool, or a bare tool call after it):
 every reward of a step the same, so GRPO has nothing left to learn from. Measured here: 0 such
-runs in 8 token-in and 8 chat runs at 1.3, against 1 in 8 token-in runs at 1.0 (and the CI failure
-of stop 32).
+runs in 8 token-in and 8 chat runs at 1.3, against 1 in 6 token-in runs at 1.0 (and a CI failure).
 
 It trains twice: with the live server rendering the chat template (``adapter = "vllm"``: the
 rollouts' chat calls reach it as chat), and through the token-in path (``adapter = "trl-generate"``:
