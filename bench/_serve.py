@@ -38,10 +38,12 @@ class Served:
 
     def __init__(self, config: Path, out: Path, token: str, *extra: str) -> None:
         exe = Path(sys.executable).parent / "osmosis"
-        cmd = [str(exe), "serve", str(config), "--port", "0", "--output", str(out), *extra]
+        cmd = [str(exe), "serve", str(config), "--port", "0", "--output", str(out), "--watch-stdin", *extra]
         env = {**os.environ, "OSMOSIS_SERVER_TOKEN": token}
         self.log = (out.parent / f"{out.name}.log").open("w")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
+        )  # stdin: the lifeline (the server stops when this bench dies)
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
         self.url = ""

@@ -132,9 +132,12 @@ def noisy_calculator(state: dict[str, float]) -> Any:
 def start_server(out: Path, token: str, concurrency: int) -> tuple[subprocess.Popen[str], str]:
     """`osmosis serve` of the multiply-plain training config, on a free port."""
     osmosis = Path(sys.executable).parent / "osmosis"
+    # --watch-stdin: the server drains and stops when this script ends, however it ends (kill -9 too)
+    args = ["serve", str(CONFIG), "--port", "0", "--watch-stdin", "--concurrency", str(concurrency)]
     proc = subprocess.Popen(
-        [str(osmosis), "serve", str(CONFIG), "--port", "0", "--output", str(out), "--concurrency", str(concurrency)],
+        [str(osmosis), *args, "--output", str(out)],
         env={**os.environ, "OSMOSIS_SERVER_TOKEN": token},
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=(out.parent / "serve.log").open("w"),
         text=True,

@@ -51,9 +51,12 @@ DATASET = ROOT / "rollouts" / "tiny-tools" / "data" / "letters.jsonl"
 def start_osmosis_serve(osmosis: str, config: Path, folder: Path, token: str) -> tuple[subprocess.Popen[str], str]:
     """``osmosis serve CONFIG --traces`` on a free port (its log in ``folder/serve.log``); its URL."""
     log = (folder / "serve.log").open("w")
+    # --watch-stdin: the server drains and stops when this script ends, however it ends (kill -9 too)
+    args = ["serve", str(config), "--traces", "--port", "0", "--grace", "5", "--watch-stdin"]
     proc = subprocess.Popen(
-        [osmosis, "serve", str(config), "--traces", "--port", "0", "--output", str(folder / "run"), "--grace", "5"],
+        [osmosis, *args, "--output", str(folder / "run")],
         env={**os.environ, "OSMOSIS_SERVER_TOKEN": token},
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,

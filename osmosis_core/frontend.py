@@ -7,7 +7,9 @@ written in ``osmosis run``'s line format with every secret redacted. Reading: ``
 ``latest_records``, ``ResultStats``, ``Summary`` and friends count a folder's results as ``osmosis
 run``'s summary does; ``nonfinite_paths`` and ``finite_json`` find and spell the NaN and infinite
 numbers an older or hand-written file may hold. A command takes ``osmosis run``'s config flags
-with :func:`config_options`.
+with :func:`config_options`. A long-running command that another process starts stops with it
+through ``signal_when_parent_gone`` (its standard input as the lifeline), as ``osmosis serve
+--watch-stdin`` does.
 
 A frontend that runs one prompt through a config's rollout and keeps its result, as a server
 does (``url``: an OpenAI-compatible endpoint, e.g. ``osmosis_core.testing.ScriptedPolicyServer``)::
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from osmosis_core._engine.dataset import DatasetRow as DatasetRow
     from osmosis_core._engine.dataset import fingerprint as fingerprint
     from osmosis_core._engine.dataset import read_dataset as read_dataset
+    from osmosis_core._engine.lifeline import signal_when_parent_gone as signal_when_parent_gone
     from osmosis_core._engine.loader import LoadedRollout as LoadedRollout
     from osmosis_core._engine.loader import load_rollout as load_rollout
     from osmosis_core._engine.results import ResultStats as ResultStats
@@ -93,6 +96,7 @@ _lazy_getattr, _dir, _lazy = _reexport.attach(
     submod_attrs={
         "_engine.config": ["RunConfig", "config_from_dict", "policy_endpoint"],
         "_engine.dataset": ["DatasetRow", "fingerprint", "read_dataset"],
+        "_engine.lifeline": ["signal_when_parent_gone"],
         "_engine.loader": ["LoadedRollout", "load_rollout"],
         "_engine.results": [
             "ResultStats",

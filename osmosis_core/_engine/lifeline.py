@@ -12,6 +12,10 @@ each use one or both):
   zygote itself watches the lifeline and kills, after a grace period, a worker too blocked to
   read it.
 
+A server started as a command (``osmosis serve --watch-stdin``, the scripted policy server's
+``--watch-stdin``) has its standard input as the lifeline: :func:`signal_when_parent_gone` sends it
+SIGTERM at end-of-file, so it stops the way SIGTERM stops it (``osmosis serve`` drains).
+
 >>> import os
 >>> read_end, write_end = os.pipe()
 >>> os.close(write_end)               # what the kernel does when the parent dies
@@ -27,8 +31,9 @@ import os
 import select
 import signal
 import sys
+import threading
 
-__all__ = ["parent_gone", "set_parent_death_signal"]
+__all__ = ["parent_gone", "set_parent_death_signal", "signal_when_parent_gone"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -62,3 +67,23 @@ def parent_gone(read_end: int) -> bool:
         return os.read(read_end, 1) == b""
     except BlockingIOError:
         return False
+
+
+def signal_when_parent_gone(fd: int = 0, sig: int = signal.SIGTERM) -> threading.Thread:
+    """Send ``sig`` to this process once ``fd`` (by default standard input, a pipe whose write end
+    the parent holds) reaches end-of-file: the parent died, ``kill -9`` included. A thread blocks
+    reading it (and drops what it reads); a parent already gone is seen at once. The process stops
+    as ``sig`` stops it, through its own handler.
+    """
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 65536):
+                pass
+        except OSError:  # closed, or not readable: as good as end-of-file
+            pass
+        os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=watch, name="osmosis-lifeline", daemon=True)
+    thread.start()
+    return thread

@@ -822,19 +822,10 @@ async def _serve(args: argparse.Namespace) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
             signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
-    if args.watch_stdin:
-        # the parent holds the other end of our stdin: end-of-file means it is gone (a parent that
-        # died before this line leaves end-of-file waiting, so it is seen too)
-        from osmosis_core._engine.lifeline import parent_gone
+    if args.watch_stdin:  # the parent holds the other end of our stdin: end-of-file is a SIGTERM
+        from osmosis_core._engine.lifeline import signal_when_parent_gone
 
-        stdin = sys.stdin.fileno()
-
-        def stdin_readable() -> None:
-            if parent_gone(stdin):
-                loop.remove_reader(stdin)
-                stop.set()
-
-        loop.add_reader(stdin, stdin_readable)
+        signal_when_parent_gone(sys.stdin.fileno())
     print(f"osmosis stub policy listening on {server.url}", flush=True)
     try:
         await stop.wait()

@@ -197,9 +197,11 @@ def serve_training_run(folder: Path, plan: list[tuple[str, int, int, str, str | 
     token = secrets.token_urlsafe(16)
     suffix = {"right": "", "wrong": " (guess)", "broken": " (broken)"}
     with ScriptedPolicyServer(scripted(wrong=["(guess)"], broken=["(broken)"]), flavor="vllm") as policy:
+        args = ["serve", str(config), "--port", "0", "--traces", "--grace", "1", "--watch-stdin"]  # it stops with us
         serve = subprocess.Popen(
-            [osmosis_exe(), "serve", str(config), "--port", "0", "--traces", "--output", str(out), "--grace", "1"],
+            [osmosis_exe(), *args, "--output", str(out)],
             env={**clean_env(), "OSMOSIS_SERVER_TOKEN": token},
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

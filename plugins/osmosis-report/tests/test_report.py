@@ -160,9 +160,10 @@ def test_osmosis_serve_writes_its_report_when_it_stops(workspace, while_running)
     folder = workspace / "runs" / f"served-{while_running}"  # a server remembers its folder: one each
     with ScriptedPolicyServer() as policy:
         serve = subprocess.Popen(
-            [osmosis_exe(), "serve", "configs/eval/multiply-plain.toml", "--port", "0", "--no-auth",
+            [osmosis_exe(), "serve", "configs/eval/multiply-plain.toml", "--port", "0", "--no-auth", "--watch-stdin",
              "--output", str(folder), *(["--progress-every", "0.5"] if while_running else [])],
-            cwd=workspace, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=workspace, env=clean_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         try:
             _drive_the_server(serve, policy, folder, while_running)

@@ -87,6 +87,12 @@ def _not_for_serve(function: Callable[..., Any]) -> Callable[..., Any]:
     help="Record every model call (prompt and generated token ids, logprobs) through a policy gateway in front "
     "of each request's policy; each result carries its trace (as a [traces] table does; needs osmosis-gateway).",
 )
+@click.option(
+    "--watch-stdin",
+    is_flag=True,
+    help="Drain and stop when standard input reaches end-of-file, as on SIGTERM: for a server another process "
+    "starts with a pipe as its stdin (a trainer's script, a test), so it never outlives that process (kill -9 too).",
+)
 def serve(
     config_file: Path | None,
     host: str | None,
@@ -101,6 +107,7 @@ def serve(
     progress_every: float,
     log_level: str,
     traces: bool,
+    watch_stdin: bool,
     **flags: Any,
 ) -> None:
     """Serve a rollout to a trainer over HTTP (the osmosis-ai rollout protocol).
@@ -122,7 +129,14 @@ def serve(
     import attrs
 
     from osmosis_core import ConfigError, OsmosisError, PolicyEndpoint
-    from osmosis_core.frontend import load_run, make_console, make_trace_gateway, policy_endpoint, traces_enabled
+    from osmosis_core.frontend import (
+        load_run,
+        make_console,
+        make_trace_gateway,
+        policy_endpoint,
+        signal_when_parent_gone,
+        traces_enabled,
+    )
     from osmosis_core.plugin import structure_table
     from osmosis_server.auth import is_loopback
     from osmosis_server.run_folder import RunFolder
@@ -240,6 +254,8 @@ def serve(
             f"listening on {url}  (auth: {how}; SIGTERM drains, Ctrl-C twice stops now)", soft_wrap=True, markup=False
         )
         sys.stdout.flush()
+        if watch_stdin:  # now that SIGTERM drains (a parent already gone is seen at once)
+            signal_when_parent_gone()
 
     progress = _ProgressTeller(lambda final: run.tell_progress(run_dir, final=final))
     progress.start(folder.results_path, progress_every)

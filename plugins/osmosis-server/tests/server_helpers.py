@@ -118,9 +118,10 @@ class ServeProcess:
         environment = {k: v for k, v in os.environ.items() if k != "OSMOSIS_SERVER_TOKEN"}
         environment.update(env or {})
         self.proc = subprocess.Popen(
-            [osmosis_exe(), "serve", *args],
+            [osmosis_exe(), "serve", *args, "--watch-stdin"],  # stdin: it stops when the tests do, however they end
             cwd=cwd,
             env=environment,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,

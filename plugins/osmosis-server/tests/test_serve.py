@@ -9,6 +9,8 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -114,6 +116,58 @@ def test_sigterm_under_load_ends_every_admitted_rollout_and_records_it(tmp_path)
     log = served.output()
     assert "SIGTERM received: draining" in log
     assert "grace period over: cancelling 14 rollouts" in log
+
+
+_PARENT = """
+import subprocess, sys, time
+serve = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+for line in serve.stdout:
+    if "listening on" in line:
+        print(serve.pid, line.split("listening on ")[1].split()[0], flush=True)
+        break
+time.sleep(600)
+"""
+
+
+def test_with_watch_stdin_the_server_drains_and_stops_when_the_process_that_started_it_is_killed(tmp_path):
+    """A trainer's script (or a test) that starts ``osmosis serve --watch-stdin`` and is killed with
+    ``kill -9`` leaves no server behind: the server reads end-of-file on its stdin, drains as on
+    SIGTERM (the running rollout recorded as cancelled) and exits."""
+    args = [osmosis_exe(), "serve", str(config(tmp_path)), "--port", "0", "--output", str(tmp_path / "run")]
+    args += ["--grace", "0.5", "--watch-stdin"]
+    environment = {**os.environ, "OSMOSIS_SERVER_TOKEN": TOKEN}
+    log = (tmp_path / "serve.log").open("w")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, *args], cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=log,
+        text=True,
+    )  # fmt: skip
+    server_pid = 0
+    try:
+        assert parent.stdout is not None
+        pid, url = parent.stdout.readline().split()
+        server_pid = int(pid)
+
+        async def submit():
+            client = RolloutClient(url, token=TOKEN)
+            await client.submit(request("running", label="42", metadata={"sleep": 60}))
+
+        run(submit)
+        time.sleep(0.5)
+        parent.kill()  # SIGKILL: no cleanup of the parent's runs
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and Path(f"/proc/{server_pid}").exists():
+            time.sleep(0.1)
+        assert not Path(f"/proc/{server_pid}").exists(), "osmosis serve outlived the process that started it"
+    finally:
+        if server_pid and Path(f"/proc/{server_pid}").exists():
+            os.kill(server_pid, signal.SIGKILL)
+        parent.kill()
+        log.close()
+    [line] = read_lines(tmp_path / "run" / "results.jsonl")
+    assert (line["rollout_id"], line["status"]) == ("running", "cancelled")
+    assert "the server shut down" in line["error"]["message"]
+    assert "SIGTERM received: draining" in (tmp_path / "serve.log").read_text()
 
 
 def test_the_token_is_generated_into_a_private_file_and_no_secret_reaches_a_file_or_a_log(tmp_path):

@@ -147,7 +147,7 @@ def rollout_server(config: Path, folder: Path, *, traces: bool = True) -> Iterat
     folder.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(24)
     args = [str(Path(python).parent / "osmosis"), "serve", str(config), "--port", "0", "--grace", "1"]
-    args += ["--output", str(folder / "run"), *(["--traces"] if traces else [])]
+    args += ["--output", str(folder / "run"), "--watch-stdin", *(["--traces"] if traces else [])]
     server = _Child(
         args, banner="listening on ", env={**_clean_env(), "OSMOSIS_SERVER_TOKEN": token}, log=folder / "serve.log"
     )
