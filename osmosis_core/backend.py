@@ -244,6 +244,7 @@ class BackendSetup:
         backend_config: Any = None,
         require_labels: bool = False,
         limits: RunLimits | None = None,
+        max_concurrent: int | None = None,
         **paths: Any,
     ) -> BackendSetup:
         """A setup from a backend constructor's arguments, each class given as a class or an import
@@ -253,6 +254,8 @@ class BackendSetup:
         >>> setup = BackendSetup.resolve("osmosis_core.testing.contract:ContractWorkflow")
         >>> setup.workflow_class.__name__, type(setup.workflow_config).__name__, setup.grader_class
         ('ContractWorkflow', 'AgentWorkflowConfig', None)
+
+        ``max_concurrent``, a backend constructor's own limit, overrides ``limits.concurrency``.
 
         :raises TypeError: a class or config that cannot be imported or is not of its kind.
         """
@@ -265,6 +268,9 @@ class BackendSetup:
                 grader_config = resolve_config_object(grader_config, GraderConfig, what="grader_config")
         except RolloutLoadError as exc:
             raise TypeError(str(exc)) from None
+        limits = limits or RunLimits()
+        if max_concurrent is not None:
+            limits = attrs.evolve(limits, concurrency=max_concurrent)
         return cls(
             workflow_class,
             workflow_config,  # type: ignore[arg-type]  # None: the class's default (__attrs_post_init__)
@@ -272,7 +278,7 @@ class BackendSetup:
             grader_config,  # type: ignore[arg-type]
             backend_config,
             require_labels=require_labels,
-            limits=limits or RunLimits(),
+            limits=limits,
             **paths,
         )
 

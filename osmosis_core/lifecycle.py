@@ -286,7 +286,7 @@ class RolloutReports:
             return None, {}
         return result.sample, dict(result.timings)
 
-    async def keep(self, result: ExecutionResult, stage: ExecutionStage) -> bool:
+    def keep(self, result: ExecutionResult, stage: ExecutionStage) -> bool:
         """Keep a result reported through ``stage``'s callback; False when that stage was reported
         already (the report is ignored). A malformed report is kept as it came (see :meth:`problem`)."""
         if not isinstance(result, ExecutionResult):
@@ -306,10 +306,7 @@ class RolloutReports:
 
 def _cancel_requested() -> bool:
     """True when the running task was asked to cancel (by its caller), not hit by a stray CancelledError."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # not on asyncio
-        return True
+    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None  # (None: not on asyncio)
     return task is None or task.cancelling() > 0
 
 
@@ -356,11 +353,11 @@ async def run_one(
     reports = reports if reports is not None else RolloutReports(request)
 
     async def on_workflow(result: ExecutionResult) -> None:
-        if await reports.keep(result, _WF) and on_workflow_complete is not None:
+        if reports.keep(result, _WF) and on_workflow_complete is not None:
             await on_workflow_complete(result)
 
     async def on_grader(result: ExecutionResult) -> None:
-        await reports.keep(result, _GR)
+        reports.keep(result, _GR)
 
     try:
         await backend.execute(request, on_workflow, on_grader)
@@ -526,8 +523,7 @@ def _own_failure(exc: BaseException) -> bool:
     if isinstance(exc, (SystemExit, KeyboardInterrupt)):
         return True
     if isinstance(exc, asyncio.CancelledError):
-        task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
-        return task is not None and task.cancelling() == 0
+        return not _cancel_requested()
     return False
 
 

@@ -83,9 +83,14 @@ class LocalBackend(ExecutionBackend):
         require_labels: bool = False,
         limits: RunLimits | None = None,
     ) -> None:
-        limits = limits if max_concurrent is None else attrs.evolve(limits or RunLimits(), concurrency=max_concurrent)
         setup = BackendSetup.resolve(
-            workflow, workflow_config, grader, grader_config, require_labels=require_labels, limits=limits
+            workflow,
+            workflow_config,
+            grader,
+            grader_config,
+            require_labels=require_labels,
+            limits=limits,
+            max_concurrent=max_concurrent,
         )
         self._start(setup, setup.limits)
 

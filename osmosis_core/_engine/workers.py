@@ -323,9 +323,16 @@ class WorkerPool(ExecutionBackend):
         require_labels: bool = False,
         limits: RunLimits | None = None,
     ) -> None:
-        setup = BackendSetup.resolve(workflow, workflow_config, grader, grader_config, require_labels=require_labels)
-        limits = limits if max_concurrent is None else attrs.evolve(limits or RunLimits(), concurrency=max_concurrent)
-        self._start(setup, limits or RunLimits(), workers, max_restarts)
+        setup = BackendSetup.resolve(
+            workflow,
+            workflow_config,
+            grader,
+            grader_config,
+            require_labels=require_labels,
+            limits=limits,
+            max_concurrent=max_concurrent,
+        )
+        self._start(setup, setup.limits, workers, max_restarts)
 
     @classmethod
     def _of(cls, setup: BackendSetup) -> WorkerPool:

@@ -134,11 +134,14 @@ class RayBackend(ExecutionBackend):
     ) -> None:
         # the workflow and grader, their configs and which requests get a grader stage (for the
         # watchdog's deadline): resolved once
-        self._given_limits = limits or RunLimits()
-        if max_concurrent is not None:
-            self._given_limits = attrs.evolve(self._given_limits, concurrency=max_concurrent)
         self.setup = BackendSetup.resolve(
-            workflow, workflow_config, grader, grader_config, require_labels=require_labels, limits=self._given_limits
+            workflow,
+            workflow_config,
+            grader,
+            grader_config,
+            require_labels=require_labels,
+            limits=limits,
+            max_concurrent=max_concurrent,
         )
         self.config = config if config is not None else RayBackendConfig()
         self.rollout_dir = Path(rollout_dir).resolve() if rollout_dir is not None else None
@@ -213,7 +216,7 @@ class RayBackend(ExecutionBackend):
             free = float(ray.available_resources().get("CPU", 0.0))
             n_actors = max(1, math.floor(free / cfg.cpus_per_actor)) if cfg.cpus_per_actor > 0 else self._node_count
         setup = self.setup
-        limits = self._given_limits
+        limits = setup.limits  # the run's, as given: resolved below against the configs
         if cfg.concurrency_per_actor is not None:
             limits = attrs.evolve(limits, concurrency=cfg.concurrency_per_actor * n_actors)
         limits = limits.resolve(setup.workflow_config, setup.grader_config)
