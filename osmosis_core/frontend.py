@@ -4,9 +4,10 @@
 Running: :func:`load_run` loads a config's rollout once and builds its backend as ``osmosis run``
 builds it; :class:`RunFiles` is a run folder's lock and its ``results.jsonl`` / ``traces.jsonl``,
 written in ``osmosis run``'s line format with every secret redacted. Reading: ``scan_results``,
-``latest_records``, ``ResultStats``, ``Summary`` and friends count a folder's results as ``osmosis
-run``'s summary does; ``nonfinite_paths`` and ``finite_json`` find and spell the NaN and infinite
-numbers an older or hand-written file may hold. A command takes ``osmosis run``'s config flags
+``latest_records``, ``summary_fields`` (a line's :class:`LineOutcome`), ``ResultStats``,
+``Summary`` and friends count a folder's results as ``osmosis run``'s summary does;
+``nonfinite_paths`` and ``finite_json`` find and spell the NaN and infinite numbers an older or
+hand-written file may hold. A command takes ``osmosis run``'s config flags
 with :func:`config_options`. A long-running command that another process starts stops with it
 through ``signal_when_parent_gone`` (its standard input as the lifeline), as ``osmosis serve
 --watch-stdin`` does.
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from osmosis_core._engine.lifeline import signal_when_parent_gone as signal_when_parent_gone
     from osmosis_core._engine.loader import LoadedRollout as LoadedRollout
     from osmosis_core._engine.loader import load_rollout as load_rollout
+    from osmosis_core._engine.results import LineOutcome as LineOutcome
     from osmosis_core._engine.results import ResultStats as ResultStats
     from osmosis_core._engine.results import Summary as Summary
     from osmosis_core._engine.results import latest_records as latest_records
@@ -99,6 +101,7 @@ _lazy_getattr, _dir, _lazy = _reexport.attach(
         "_engine.lifeline": ["signal_when_parent_gone"],
         "_engine.loader": ["LoadedRollout", "load_rollout"],
         "_engine.results": [
+            "LineOutcome",
             "ResultStats",
             "Summary",
             "latest_records",

@@ -195,10 +195,31 @@ def test_an_unknown_name_is_still_an_attribute_error():
         osmosis_core.plugin.nope  # noqa: B018
 
 
+def test_summary_fields_read_as_the_dict_it_was_warns_and_gives_the_same_values():
+    """``summary_fields`` gives a :class:`LineOutcome` now; indexing it as 0.1's dict still works, with a warning."""
+    from osmosis_core.frontend import LineOutcome, summary_fields
+
+    error = {"category": "policy_error", "message": "HTTP 503"}
+    line = {"row": 0, "sample_index": 0, "status": "failure", "reward": None, "sample": {"messages": []},
+            "error": error, "timings": {"workflow": 0.5, "x": 1.0}}  # fmt: skip
+    outcome = summary_fields(line)
+    assert isinstance(outcome, LineOutcome)
+    assert outcome.timings == {"workflow": 0.5}  # only what a latency adds up
+    with pytest.warns(
+        OsmosisDeprecationWarning, match=r"summary_fields\(line\)\['status'\].*use summary_fields\(line\).status"
+    ) as told:
+        assert outcome["status"] == "failure"
+    assert told[0].filename == __file__
+    with pytest.warns(OsmosisDeprecationWarning):
+        assert outcome["error"] == error
+    with pytest.warns(OsmosisDeprecationWarning):
+        assert (outcome.get("reward"), outcome.get("nope", 3)) == (None, 3)
+
+
 def test_every_deprecation_is_in_the_changelog():
     changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
     names = ("LocalBackend.from_setup", "LocalBackendConfig", "result_line", "lazy_exports", "osmosis_harbor.wire")
-    names += ("osmosis_core.plugin.attach_stub", "osmosis_core.lazy.stub_exports")
+    names += ("osmosis_core.plugin.attach_stub", "osmosis_core.lazy.stub_exports", "summary_fields(line)[key]")
     moved = ("osmosis_core.runner", "osmosis_core.plugins", "config_options", "build_backend", "RunLock")
     moved += ("osmosis_core.http", "osmosis_core.wire", "osmosis_core.sampling", "`osmosis_core.WorkerPool`")
     for name in (*names, *moved, "osmosis_core.plugin.rollout_openai_client", "osmosis_core.plugin.policy_error"):

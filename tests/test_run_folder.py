@@ -108,6 +108,14 @@ def test_a_damaged_results_line_is_named_by_its_line_number(workspace, osmosis_e
     r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
     assert r.returncode == 1
     assert f"{results}:3: not a JSON line" in r.stderr
+    # a line with the keys, read through the records' converter: the field that is wrong is named
+    odd = json.loads(kept[1]) | {"status": "failure", "error": {"category": "oops", "message": "m"}}
+    results.write_text("\n".join([kept[0], json.dumps(odd), kept[2]]) + "\n")
+    r = osmosis(osmosis_exe, *args, "--resume", cwd=workspace, env=clean_env)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert f"{results}:2: not a result line (expected one of timeout," in r.stderr
+    assert "got 'oops' @ $.error.category)" in r.stderr
 
 
 def test_resume_reads_a_large_results_file_as_a_stream(tmp_path):
@@ -123,7 +131,7 @@ def test_resume_reads_a_large_results_file_as_a_stream(tmp_path):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(latest) == 30
-    assert all(x["reward"] == 1.0 for x in latest.values())
+    assert all(x.reward == 1.0 for x in latest.values())
     print(f"\nresume over a {results.stat().st_size >> 20} MB results file: peak {peak >> 20} MB traced")
     assert peak < 20 << 20  # about one line at a time, not the file
 

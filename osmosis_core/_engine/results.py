@@ -17,12 +17,13 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 import attrs
 
 from osmosis_core.errors import clip, holds_secret, redact_data
-from osmosis_core.records import ExecutionStatus
+from osmosis_core.records import ErrorInfo, ExecutionResult, ExecutionStatus
 
 if TYPE_CHECKING:
     from osmosis_core._engine.config import RunConfig
 
 __all__ = [
+    "LineOutcome",
     "ResultStats",
     "ResultWriter",
     "RunProgress",
@@ -104,18 +105,75 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     return [line for _, line in scan_results(path)]
 
 
-def summary_fields(line: dict[str, Any]) -> dict[str, Any]:
-    """What :class:`ResultStats` counts of a line (status, error category and message, reward, timings): no sample."""
-    error = line.get("error")
-    timings = line.get("timings") or {}
-    return {
-        "status": line["status"],
-        "error": {"category": error.get("category"), "message": _message_key(error.get("message"))}
-        if isinstance(error, dict)
-        else None,
-        "reward": line.get("reward"),
-        "timings": {k: timings[k] for k in ("workflow", "grader") if k in timings},
-    }
+@attrs.frozen
+class LineOutcome:
+    """How the rollout of one ``results.jsonl`` line ended: what ``--resume``, ``--retry-failed`` and
+    the summary read of it (a few bytes: no sample). Read from a line by :func:`summary_fields`,
+    through the converter that reads every record (:mod:`osmosis_core.wire`); made from the result
+    itself as the line is written (:meth:`of`).
+
+    >>> summary_fields({"row": 0, "sample_index": 0, "status": "failure", "reward": None,
+    ...                 "error": {"category": "policy_error", "message": "HTTP 503"}, "timings": {"workflow": 0.5}})
+    LineOutcome(status=<ExecutionStatus.FAILURE: 'failure'>, error=ErrorInfo(category=<ErrorCategory.POLICY_ERROR: \
+'policy_error'>, message='HTTP 503'), reward=None, timings={'workflow': 0.5})
+    """
+
+    status: ExecutionStatus
+    error: ErrorInfo | None = None
+    reward: float | None = None
+    timings: dict[str, float] = attrs.field(factory=dict)
+    """The workflow's and the grader's seconds (what a rollout's latency adds up)."""
+
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated: the dict :func:`summary_fields` returned before 0.2 (``outcome["status"]``)."""
+        return self._old_form(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Deprecated: the dict :func:`summary_fields` returned before 0.2 (``outcome.get("reward")``)."""
+        return self._old_form(key, default)
+
+    def _old_form(self, key: str, *default: Any) -> Any:
+        from osmosis_core.deprecation import warn_deprecated
+        from osmosis_core.wire import converter
+
+        warn_deprecated(f"summary_fields(line)[{key!r}]", f"summary_fields(line).{key}", "0.2.0", stacklevel=4)
+        data: dict[str, Any] = converter.unstructure(self)
+        return data.get(key, *default) if default else data[key]
+
+    @classmethod
+    def of(cls, result: ExecutionResult) -> LineOutcome:
+        """The outcome of a final result, as its line will say it (the message whole: :class:`ResultStats`
+        redacts it with the run's secrets before it cuts it)."""
+        return cls(
+            result.status,
+            result.error,
+            None if result.sample is None else result.sample.reward,
+            _latency_parts(result.timings),
+        )
+
+
+def summary_fields(line: dict[str, Any]) -> LineOutcome:
+    """What :class:`ResultStats` counts of a line (status, error, reward, timings), read through the
+    records' converter; the message cut to :data:`MESSAGE_CHARS`.
+
+    :raises ValueError: a line that says none of it validly (an unknown status or error category, a
+        reward that is not a number), naming the field.
+    """
+    from osmosis_core.wire import converter, structure_problems
+
+    try:
+        outcome = converter.structure(line, LineOutcome)
+    except Exception as exc:
+        raise ValueError("; ".join(structure_problems(exc, told=(ValueError,), expected=LineOutcome))) from None
+    error, timings = outcome.error, _latency_parts(outcome.timings)
+    if error is not None and (key := _message_key(error.message) or "") != error.message:
+        outcome = attrs.evolve(outcome, error=ErrorInfo(error.category, key))
+    return outcome if timings == outcome.timings else attrs.evolve(outcome, timings=timings)
+
+
+def _latency_parts(timings: dict[str, float]) -> dict[str, float]:
+    """The timings a rollout's latency adds up (the workflow's and the grader's)."""
+    return {k: v for k, v in timings.items() if k in ("workflow", "grader")}
 
 
 def latest_records(
@@ -129,13 +187,20 @@ def latest_records(
 
     A pair run again (``--retry-failed``, a retried request) has several lines; the last one counts,
     for ``--resume``, the summary and the report alike. Only ``keep(line)`` is held per pair (by
-    default :func:`summary_fields`, never a sample), so a results file of any size reads in little memory.
+    default its :class:`LineOutcome`, never a sample), so a results file of any size reads in little memory.
 
-    :param repair: and ``damaged``: as :func:`scan_results` takes them.
+    :param repair: and ``damaged``: as :func:`scan_results` takes them; a line ``keep`` refuses
+        (raising ``ValueError``) is a damaged one.
     """
     latest: dict[tuple[int, int], Any] = {}
-    for _number, line in scan_results(path, repair=repair, damaged=damaged):
-        latest[(line["row"], line["sample_index"])] = keep(line)
+    for number, line in scan_results(path, repair=repair, damaged=damaged):
+        try:
+            latest[(line["row"], line["sample_index"])] = keep(line)
+        except ValueError as exc:
+            problem = f"{path}:{number}: not a result line ({exc})"
+            if damaged is None:
+                raise ValueError(problem) from None
+            damaged.append(problem)
     return latest
 
 
@@ -243,30 +308,30 @@ class ResultStats:
     secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
     """Values no counted message may hold (the policy's key and header values)."""
 
-    def add(self, line: dict[str, Any]) -> None:
-        """Count one result line."""
+    def add(self, outcome: LineOutcome | dict[str, Any]) -> None:
+        """Count one rollout's outcome (or a result line, read with :func:`summary_fields`).
+
+        :raises ValueError: a line that is not a valid one.
+        """
+        if not isinstance(outcome, LineOutcome):
+            outcome = summary_fields(outcome)
         self.finished += 1
-        if line.get("status") == ExecutionStatus.SUCCESS.value:
+        if outcome.status is ExecutionStatus.SUCCESS:
             self.succeeded += 1
+            if outcome.reward is None:
+                self.ungraded += 1
+            else:
+                self.rewards.append(outcome.reward)
+                self.passed += outcome.reward >= self.pass_threshold
         else:
-            error = line.get("error") or {}
-            category = str(error.get("category", "unknown"))
+            category = "unknown" if outcome.error is None else outcome.error.category.value
             self.errors[category] += 1
-            message = _message_key(error.get("message"), self.secrets)
+            message = None if outcome.error is None else _message_key(outcome.error.message, self.secrets)
             if message is not None:
                 seen = self.error_messages.setdefault(category, Counter())
                 if message in seen or len(seen) < MESSAGES_KEPT:
                     seen[message] += 1
-        reward = line.get("reward")
-        if line.get("status") == ExecutionStatus.SUCCESS.value:
-            if isinstance(reward, (int, float)) and not isinstance(reward, bool):
-                self.rewards.append(float(reward))
-                if reward >= self.pass_threshold:
-                    self.passed += 1
-            else:
-                self.ungraded += 1
-        timings = line.get("timings") or {}
-        self.latencies.append(float(timings.get("workflow", 0.0)) + float(timings.get("grader", 0.0)))
+        self.latencies.append(outcome.timings.get("workflow", 0.0) + outcome.timings.get("grader", 0.0))
 
     @property
     def failed(self) -> int:
@@ -389,9 +454,9 @@ def folder_progress(
     threshold = config.run.pass_threshold if config is not None else 1.0
     stats = ResultStats(pass_threshold=threshold)
     latest = latest_records(Path(run_dir) / "results.jsonl", repair=False, damaged=[])
-    for line in latest.values():
-        if line["status"] != ExecutionStatus.CANCELLED.value:
-            stats.add(line)
+    for outcome in latest.values():
+        if outcome.status is not ExecutionStatus.CANCELLED:
+            stats.add(outcome)
     rows = len({row for row, _ in latest})
     summary = Summary.from_stats(stats, rows=rows, n_samples=1, wall_sec=0.0, interrupted=False, stub_policy=False)
     return RunProgress(Path(run_dir), summary, final, kind, config)

@@ -15,7 +15,8 @@ One rollout, from ``osmosis run configs/eval/x.toml`` to its line in ``results.j
    (``read_dataset``); ``_engine/loader.py`` imports the rollout's entrypoint (``load_rollout``: the
    workflow and grader classes, each checked by ``backend.py``'s ``resolve_object``, and their
    configs); ``_engine/run_lock.py`` locks the run folder; on ``--resume``, ``_engine/results.py``
-   (``latest_records``) says which pairs are done; ``build_backend`` puts the classes, configs,
+   (``latest_records``) reads each pair's latest line as a :class:`LineOutcome` (through
+   ``wire.py``'s converter) and says which pairs are done; ``build_backend`` puts the classes, configs,
    limits and paths in one ``backend.py`` :class:`BackendSetup` (resolved once; its ``grades``
    is the grading rule) and calls the backend's factory from ``_engine/registry.py``
    (``local``: ``_engine/builtin.py``'s ``local_backend``, a ``local.py`` :class:`LocalBackend`, or
@@ -33,7 +34,8 @@ One rollout, from ``osmosis run configs/eval/x.toml`` to its line in ``results.j
    back through the callbacks into ``lifecycle.py``'s :class:`RolloutReports`.
 5. ``_Execution.record``: ``wire.py``'s ``result_line`` turns the final result into the line,
    ``_engine/results.py``'s ``ResultWriter`` redacts every secret (``errors.py``) and appends it to
-   ``results.jsonl`` (the trace line to ``traces.jsonl`` first), ``ResultStats`` counts it and
+   ``results.jsonl`` (the trace line to ``traces.jsonl`` first), ``ResultStats`` counts the
+   result's :class:`LineOutcome` and
    ``cli/display.py`` shows the progress. At the end, ``summary.json`` and the plugins'
    ``osmosis_run_progress`` hooks.
 """
@@ -63,7 +65,7 @@ from osmosis_core._engine.config import RunConfig, policy_endpoint, structure_ta
 from osmosis_core._engine.dataset import DatasetRow, fingerprint, read_dataset
 from osmosis_core._engine.loader import LoadedRollout, load_rollout
 from osmosis_core._engine.registry import PluginRegistry, get_registry
-from osmosis_core._engine.results import ResultStats, ResultWriter, RunProgress, Summary, latest_records
+from osmosis_core._engine.results import LineOutcome, ResultStats, ResultWriter, RunProgress, Summary, latest_records
 from osmosis_core._engine.run_lock import RunLock
 from osmosis_core._engine.spelling import did_you_mean
 from osmosis_core._engine.traces import RunTraces, make_trace_gateway
@@ -325,17 +327,16 @@ def prepare_run(
                         f"--resume: {key} changed since {run_dir} was started ({before.get(key)} -> {meta[key]}); "
                         "start a new run instead"
                     )
-            latest = latest_records(results)
-            again = {c.value for c in retry_failed or ()}
-            for pair, line in latest.items():
-                category = (line.get("error") or {}).get("category")
-                if line.get("status") == ExecutionStatus.CANCELLED.value:
+            latest: dict[tuple[int, int], LineOutcome] = latest_records(results)
+            again = set(retry_failed or ())
+            for pair, outcome in latest.items():
+                if outcome.status is ExecutionStatus.CANCELLED:
                     continue
-                if line.get("status") != ExecutionStatus.SUCCESS.value and category in again:
+                if outcome.status is not ExecutionStatus.SUCCESS and outcome.error and outcome.error.category in again:
                     retried += 1
                     continue
                 done.add(pair)
-                stats.add(line)
+                stats.add(outcome)
         elif results.exists() and results.stat().st_size > 0:
             raise OsmosisError(f"{run_dir} already holds results; finish it with --resume or choose another --output")
         pending = [(row.index, s) for row in rows for s in range(config.run.n_samples) if (row.index, s) not in done]
@@ -478,13 +479,13 @@ class _Execution:
                     f"the workflow's sample cannot be written as JSON: {where} is {value!r} "
                     f"(results.jsonl is strict JSON; {len(found)} such value{'s' if len(found) > 1 else ''})"
                 )
-            failed = ExecutionResult(
-                result.rollout_id, stage, ExecutionStatus.FAILURE, error=info, timings=result.timings
-            )
-            line = result_line(row, sample_index, failed)
-            line["error"]["message"] = message
+            result = ExecutionResult(
+                result.rollout_id, stage, ExecutionStatus.FAILURE, error=attrs.evolve(info, message=message),
+                timings=result.timings,
+            )  # fmt: skip
+            line = result_line(row, sample_index, result)
             self.writer.write(line)
-        self.stats.add(line)
+        self.stats.add(LineOutcome.of(result))
         self.left -= 1
         self.reporter.advance(line, self.stats)
 

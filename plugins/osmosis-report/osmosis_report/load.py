@@ -40,6 +40,7 @@ import attrs
 
 from osmosis_core import OsmosisError
 from osmosis_core.frontend import (
+    LineOutcome,
     ResultStats,
     Summary,
     fingerprint,
@@ -445,7 +446,7 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
     by_id = meta.get("kind") == "serve"  # a server records each rollout id once; its rows repeat (see the module)
     attempts: Counter[Hashable] = Counter()
     total = _count_lines(results)
-    latest: dict[Hashable, tuple[RolloutRecord, dict[str, Any]]] = {}
+    latest: dict[Hashable, tuple[RolloutRecord, LineOutcome]] = {}
     odd: dict[Hashable, tuple[int, list[str]]] = {}
     """(line number, its NaN and infinite numbers) of each rollout whose latest line holds some."""
     first_seen: dict[str, int] = {}
@@ -458,8 +459,13 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
             on_lines(read, total)
         found: list[str] = []
         line = _finite(line, f"{results}:{number}", found)
+        try:
+            outcome = summary_fields(line)
+        except ValueError as exc:  # as the core's summary reads it: a damaged line, said and skipped
+            damaged.append(f"{results}:{number}: not a result line ({exc})")
+            continue
         rollout = _rollout(line, f"{results}:{number}", found)
-        latest[key] = rollout, summary_fields(line)
+        latest[key] = rollout, outcome
         if rollout.version is not None:
             first_seen.setdefault(rollout.version, number)
         if found:
