@@ -1,8 +1,9 @@
 """Rewriting one Python file written for osmosis-ai so it runs on osmosis.
 
-The rewrite is a libcst transformation (:mod:`osmosis_migrate.codemod`, imported only when a file is
-migrated, so ``osmosis --help`` never loads libcst): libcst's concrete syntax tree keeps every
-comment, blank line and odd spacing, so only what is migrated changes. What it does:
+The rewrite is a set of libcst codemods, one per rule (:mod:`osmosis_migrate.codemods`, run by
+:mod:`osmosis_migrate.codemod`, imported only when a file is migrated, so ``osmosis --help`` never
+loads libcst): libcst's concrete syntax tree keeps every comment, blank line and odd spacing, so
+only what is migrated changes. What it does:
 
 * imports from ``osmosis_ai.rollout`` (and its integration, Harbor, server and client modules) go to
   ``osmosis_core``, ``osmosis_strands``, ``osmosis_openai_agents``, ``osmosis_harbor`` and

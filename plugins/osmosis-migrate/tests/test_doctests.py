@@ -10,7 +10,7 @@ import pytest
 
 import osmosis_migrate
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(osmosis_migrate.__path__, "osmosis_migrate."))
+MODULES = sorted(m.name for m in pkgutil.walk_packages(osmosis_migrate.__path__, "osmosis_migrate."))
 
 
 @pytest.mark.parametrize("name", ["osmosis_migrate", *MODULES])
