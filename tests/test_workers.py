@@ -263,6 +263,46 @@ def test_when_no_worker_can_be_replaced_waiting_rollouts_are_not_run_and_say_so(
     assert "every worker process is gone" in str(refused[0])
 
 
+def test_workers_that_die_together_never_block_the_event_loop(stub):
+    """Both workers are killed while the loop is busy, so their ends and the zygote's exit reports
+    are all ready in one turn of the loop: the first loss reads the reports, and the control
+    socket's own callback, ready in the same turn, finds nothing left to read. It must return, not
+    wait in ``recv`` for a report that never comes (no worker is replaced: ``max_restarts=0``)."""
+    pool = WorkerPool(Sleeps, workers=2, max_concurrent=2, max_restarts=0)
+
+    def stalled(_signum: int, _frame: object) -> None:
+        raise TimeoutError("the event loop was blocked")
+
+    async def kill_together() -> list[ExecutionResult]:
+        results: list[ExecutionResult] = []
+
+        async def keep(result: ExecutionResult) -> None:
+            results.append(result)
+
+        async with anyio.create_task_group() as tg:
+            for r in requests(stub.url, 2, sleep=5.0):
+                tg.start_soon(pool.execute, r, keep, keep)
+            await anyio.sleep(0.3)
+            for pid in pool.worker_pids:
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)  # noqa: ASYNC251 (on purpose: all the kills cause is ready at the next turn)
+        return results
+
+    previous = signal.signal(signal.SIGALRM, stalled)
+    signal.alarm(20)  # ends a blocked recv (asyncio logs the error of the callback it ended)
+    try:
+        started = time.monotonic()
+        results = anyio.run(kill_together)
+        took = time.monotonic() - started
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        anyio.run(pool.aclose)
+    assert took < 10, f"the pool blocked the event loop for {took:.1f} s"
+    assert len(results) == 2
+    assert all(r.error.category is ErrorCategory.INFRA_ERROR for r in results)
+
+
 # -- osmosis run with workers, as a user runs it ---------------------------------------------------
 
 

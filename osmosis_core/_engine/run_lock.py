@@ -73,6 +73,7 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = ""
             with contextlib.suppress(OSError):
                 holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
             os.close(fd)

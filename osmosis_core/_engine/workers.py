@@ -405,6 +405,10 @@ class WorkerPool(ExecutionBackend):
 
     def _ctl_readable(self) -> None:
         try:
+            # the blocking socket may have been read already in this turn of the loop (a lost
+            # worker's wait for its exit status reads the reports it finds): never wait here
+            if not select.select([self._ctl], [], [], 0)[0]:
+                return
             kind, pid, status, fd = self._receive()
         except (BackendUnavailable, OSError):
             assert self._attached is not None
