@@ -188,10 +188,6 @@ def _typo_hint(keys: list[str], type_: Any) -> str:
     return f" (did you mean: {', '.join(pairs)}?)" if pairs else ""
 
 
-def _problems(exc: BaseException, path: str) -> list[str]:
-    return structure_problems(exc, path, mapping="table", unknown=_unknown_keys)
-
-
 def structure_table[T](data: Any, type_: type[T], path: str, source: str) -> T:
     """Read a table into an attrs class, rejecting unknown keys; errors become a :class:`ConfigError`.
 
@@ -200,7 +196,7 @@ def structure_table[T](data: Any, type_: type[T], path: str, source: str) -> T:
     try:
         return _converter.structure(data, type_)
     except (BaseValidationError, CattrsError, ValueError, TypeError, KeyError) as exc:
-        raise ConfigError(source, _problems(exc, path)) from None
+        raise ConfigError(source, structure_problems(exc, path, mapping="table", unknown=_unknown_keys)) from None
 
 
 def workspace_root(config_file: Path) -> Path:

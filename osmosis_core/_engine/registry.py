@@ -171,18 +171,14 @@ class PluginRegistry:
             version = ep.dist.version if ep.dist is not None else "?"
             if ep.name in seen:
                 other = seen[ep.name]
-                self._record(
-                    ep.name,
-                    dist,
-                    version,
-                    ep.value,
-                    "failed",
-                    error=f"plugin name {ep.name!r} is also provided by {other.distribution} "
-                    f"{other.version}; uninstall one of them",
+                error = (
+                    f"plugin name {ep.name!r} is also provided by {other.distribution} {other.version}; "
+                    "uninstall one of them"
                 )
+                self._record(PluginInfo(ep.name, dist, version, ep.value, "failed", error=error))
                 continue
             if ep.name in self._disabled or (self._only is not None and ep.name not in self._only):
-                info = self._record(ep.name, dist, version, ep.value, "disabled")
+                info = self._record(PluginInfo(ep.name, dist, version, ep.value, "disabled"))
             else:
                 info = self._load(ep.name, ep.value, dist, version, ep.load, False)
             seen[ep.name] = info
@@ -204,25 +200,13 @@ class PluginRegistry:
                 _core_version(),
                 name,
             )
-            return self._record(name, dist, version, module, "failed", error=error, builtin=builtin)
+            return self._record(PluginInfo(name, dist, version, module, "failed", error=error, builtin=builtin))
         hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or ()))
-        info = self._record(name, dist, version, module, "active", hooks=hooks, builtin=builtin)
+        info = self._record(PluginInfo(name, dist, version, module, "active", hooks, builtin=builtin))
         self._info_of[id(plugin)] = info
         return info
 
-    def _record(
-        self,
-        name: str,
-        dist: str,
-        version: str,
-        module: str,
-        status: Status,
-        *,
-        hooks: tuple[str, ...] = (),
-        error: str | None = None,
-        builtin: bool = False,
-    ) -> PluginInfo:
-        info = PluginInfo(name, dist, version, module, status, hooks, error, builtin)
+    def _record(self, info: PluginInfo) -> PluginInfo:
         self._plugins.append(info)
         return info
 

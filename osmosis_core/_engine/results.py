@@ -240,7 +240,7 @@ class ResultWriter:
 def _usable(secrets: Iterable[str | None]) -> tuple[str, ...]:
     """The secrets, and each as JSON writes it when that differs (a quote, a backslash, a control character)."""
     usable = tuple(s for s in secrets if s and len(s) >= 4)
-    return usable + tuple(e for s in usable if (e := _escaped(s)) != s)
+    return usable + tuple(e for s in usable if (e := json.dumps(s, ensure_ascii=False)[1:-1]) != s)
 
 
 def _encode(line: dict[str, Any]) -> str:
@@ -251,10 +251,6 @@ def json_ready(value: Any) -> Any:
     """``value`` as a results line holds it: what JSON cannot hold becomes its repr (an attrs
     instance, its fields). :raises ValueError: a NaN or infinity."""
     return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default))
-
-
-def _escaped(secret: str) -> str:
-    return json.dumps(secret, ensure_ascii=False)[1:-1]
 
 
 def _json_default(value: Any) -> Any:
