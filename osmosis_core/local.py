@@ -27,8 +27,7 @@ import anyio
 import attrs
 
 from osmosis_core.backend import BackendSetup, ExecutionBackend, ResultCallback, RunLimits, load_object
-from osmosis_core.context import RolloutContext
-from osmosis_core.lifecycle import RolloutReporter, run_grader, run_workflow
+from osmosis_core.lifecycle import RolloutReporter, _context, run_grader, run_workflow
 from osmosis_core.records import ExecutionRequest
 from osmosis_core.workflow import AgentWorkflow, AgentWorkflowConfig, Grader, GraderConfig
 
@@ -169,8 +168,7 @@ class LocalBackend(ExecutionBackend):
         submitted = time.perf_counter()
         report = RolloutReporter(request, on_workflow_complete, on_grader_complete, grades=self.grades(request))
         timings = report.timings
-        # a rollout's own copy of the row's metadata: the n samples of a row must not see each other's edits
-        rollout = RolloutContext(request.rollout_id, request.policy, dict(request.metadata))
+        rollout = _context(request)  # (its own copy of the row's metadata)
         self._queued += 1
         queued = True
         # a free slot is taken without a coroutine (``acquire_nowait``; anyio's ``async with`` runs
