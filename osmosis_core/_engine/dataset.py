@@ -86,15 +86,12 @@ def row_from_json(obj: Any, index: int, line: int) -> DatasetRow:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise ValueError(f'"messages"[{i}] must be an object with a "role"')
-        prompt: list[Message] = [dict(m) for m in messages]
-        if system is not None:
-            prompt.insert(0, {"role": "system", "content": _text(system, "system_prompt")})
+    elif user is None:
+        raise ValueError('missing "user_prompt" (or a "messages" list)')
+    prompt: list[Message] = [] if system is None else [{"role": "system", "content": _text(system, "system_prompt")}]
+    if messages is not None:
+        prompt += [dict(m) for m in messages]
     else:
-        if user is None:
-            raise ValueError('missing "user_prompt" (or a "messages" list)')
-        prompt = []
-        if system is not None:
-            prompt.append({"role": "system", "content": _text(system, "system_prompt")})
         prompt.append({"role": "user", "content": _text(user, "user_prompt")})
     return DatasetRow(index=index, line=line, prompt=prompt, label=label, metadata=data)
 

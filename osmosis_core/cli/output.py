@@ -59,8 +59,8 @@ def _to_devnull(descriptor: int) -> None:
         os.close(devnull)
 
 
-def _quiet(stream: TextIO | None) -> TextIO | None:
-    if not isinstance(stream, io.TextIOWrapper):  # (a test's capture, or already replaced)
+def _quiet(stream: TextIO) -> TextIO:
+    if not isinstance(stream, io.TextIOWrapper):  # (None, a test's capture, or already replaced)
         return stream
     try:
         descriptor = stream.fileno()
@@ -83,9 +83,5 @@ def _quiet(stream: TextIO | None) -> TextIO | None:
 
 def survive_closed_output() -> None:
     """Make ``sys.stdout`` and ``sys.stderr`` immune to a reader that went away (see the module)."""
-    quiet_out = _quiet(sys.stdout)
-    quiet_err = _quiet(sys.stderr)
-    if quiet_out is not None:
-        sys.stdout = quiet_out
-    if quiet_err is not None:
-        sys.stderr = quiet_err
+    sys.stdout = _quiet(sys.stdout)
+    sys.stderr = _quiet(sys.stderr)
