@@ -42,36 +42,28 @@ async def chat_completion_response(
     if policy.sampling is not None:  # the trainer's, over the workflow's
         apply_sampling(body, policy.sampling)
     secrets = policy.secrets()
+
+    def failed(text: str, limit: int = 300, status: int | None = None) -> PolicyError:
+        return PolicyError(clip(f"policy endpoint {url} {text}", secrets, limit), status=status, endpoint=url)
+
     try:
         async with http_request("POST", url, json=body, headers=rollout.headers()) as response:
             status = response.status
             content = await read_limited(response, policy.max_response_bytes)
     except ResponseTooLarge as exc:
-        raise PolicyError(clip(f"policy endpoint {url} failed: {exc}", secrets), endpoint=url) from None
+        raise failed(f"failed: {exc}") from None
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         what = f"{type(exc).__name__}: {exc}".rstrip(": ")
-        raise PolicyError(clip(f"policy endpoint {url} failed: {what}", secrets, 500), endpoint=url) from None
+        raise failed(f"failed: {what}", 500) from None
     if status >= 400:
-        raise PolicyError(
-            clip(f"policy endpoint {url} answered {status}: {_error_detail(content)}", secrets, 500),
-            status=status,
-            endpoint=url,
-        )
+        raise failed(f"answered {status}: {_error_detail(content)}", 500, status)
     try:
         data = json.loads(content)
     except ValueError as exc:
-        raise PolicyError(
-            clip(f"policy endpoint {url} answered {status} with malformed JSON ({exc}): {_text(content)}", secrets),
-            status=status,
-            endpoint=url,
-        ) from None
+        raise failed(f"answered {status} with malformed JSON ({exc}): {_text(content)}", status=status) from None
     problem = chat_completion_problem(data)
     if problem is not None:
-        raise PolicyError(
-            clip(f"policy endpoint {url} answered {status} with {problem}: {_text(content)}", secrets),
-            status=status,
-            endpoint=url,
-        )
+        raise failed(f"answered {status} with {problem}: {_text(content)}", status=status)
     return data  # type: ignore[no-any-return]
 
 
