@@ -518,13 +518,9 @@ def _own_failure(exc: BaseException) -> bool:
     ``CancelledError`` raised while nobody cancelled the rollout (the run's own cancellation is
     passed on and reported as ``cancelled``).
     """
-    if isinstance(exc, Exception):
-        return True
-    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-        return True
     if isinstance(exc, asyncio.CancelledError):
         return not _cancel_requested()
-    return False
+    return isinstance(exc, (Exception, SystemExit, KeyboardInterrupt))
 
 
 async def _partial_sample(rollout: RolloutContext) -> RolloutSample | None:

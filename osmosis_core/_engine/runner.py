@@ -618,13 +618,9 @@ class _Execution:
 
     def hand_over(self, found: dict[int, Any]) -> None:
         """The signals' handlers once the run stops watching them (see :meth:`watch_signals`)."""
-        if not self.exit_on_second_signal:
-            handlers = found
-        elif self.signalled:
-            handlers = dict.fromkeys(_STOP_SIGNALS, self.stop_now)
-        else:
-            handlers = dict.fromkeys(_STOP_SIGNALS, self.after_the_run)
-        for signum, handler in handlers.items():
+        if self.exit_on_second_signal:
+            found = dict.fromkeys(_STOP_SIGNALS, self.stop_now if self.signalled else self.after_the_run)
+        for signum, handler in found.items():
             signal.signal(signum, handler)
 
     def first_signal(self, scope: anyio.CancelScope | None) -> None:

@@ -536,12 +536,9 @@ class WorkerPool(ExecutionBackend):
         self._waiters.wake(everyone=True)  # waiters re-check: a slot elsewhere, a replacement coming, or none left
 
     def _pick(self) -> _Worker | None:
-        """The least-busy live worker with room for one more rollout, if any."""
-        best: _Worker | None = None
-        for worker in self._workers:
-            if worker.alive and worker.running < self._share and (best is None or worker.running < best.running):
-                best = worker
-        return best
+        """The least-busy live worker with room for one more rollout, if any (the first of equals)."""
+        room = (worker for worker in self._workers if worker.alive and worker.running < self._share)
+        return min(room, key=lambda worker: worker.running, default=None)
 
     async def _slot(self) -> _Worker:
         while True:
