@@ -561,7 +561,9 @@ class RolloutService:
             elif final is not reports.last and final.error is not None:  # run_one's: what went wrong around it
                 log.error("rollout %s: the backend failed: %s", entry.id, final.error.message)
         except asyncio.CancelledError:
-            if entry.why is None:  # not cancelled by us: raised by a step of the server's around the backend
+            task = asyncio.current_task()
+            if entry.why is None and task is not None and not task.cancelling():
+                # nobody cancelled the task (lifecycle's rule): a step of the server's around the backend raised it
                 message = "CancelledError was raised while the server did not cancel the rollout"
                 final = self._failure(entry, ErrorCategory.INFRA_ERROR, message)
             else:

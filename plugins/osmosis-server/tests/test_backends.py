@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import attrs
 import httpx
 from server_helpers import TOKEN, read_lines, run
@@ -116,3 +118,24 @@ def test_a_failure_of_the_servers_own_steps_around_the_backend_is_a_redacted_fai
     assert "\n" not in result.error.message
     assert key not in caplog.text
     assert "the gateway refused traced" in caplog.text
+
+
+def test_a_stray_cancelled_error_from_the_servers_own_steps_is_a_failure_not_a_cancellation(serve):
+    """A ``CancelledError`` nobody asked for (raised by opening the trace, the task not cancelled) is
+    the server's failure: an infra_error that says so, not a rollout reported cancelled."""
+    served = serve(Remote())
+    service = served.service
+
+    async def stray(policy, rollout_id, **_keywords):
+        raise asyncio.CancelledError
+
+    service.traces = {}
+    service.gateways.open = stray
+
+    async def go():
+        return await RolloutClient(served.url, token=TOKEN).run(request("stray"))
+
+    result = run(go)
+    assert result.status is RolloutStatus.FAILURE, result
+    assert result.error.category.value == "infra_error", result
+    assert "CancelledError was raised while the server did not cancel the rollout" in result.error.message
