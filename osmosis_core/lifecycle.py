@@ -306,7 +306,10 @@ class RolloutReports:
 
 def _cancel_requested() -> bool:
     """True when the running task was asked to cancel (by its caller), not hit by a stray CancelledError."""
-    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None  # (None: not on asyncio)
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        return True
     return task is None or task.cancelling() > 0
 
 
