@@ -18,6 +18,7 @@ import attrs
 
 from osmosis_core.errors import clip, holds_secret, redact_data
 from osmosis_core.records import ErrorInfo, ExecutionResult, ExecutionStatus
+from osmosis_core.wire import converter, structure_problems
 
 if TYPE_CHECKING:
     from osmosis_core._engine.config import RunConfig
@@ -134,7 +135,6 @@ class LineOutcome:
 
     def _old_form(self, key: str, *default: Any) -> Any:
         from osmosis_core.deprecation import warn_deprecated
-        from osmosis_core.wire import converter
 
         warn_deprecated(f"summary_fields(line)[{key!r}]", f"summary_fields(line).{key}", "0.2.0", stacklevel=4)
         data: dict[str, Any] = converter.unstructure(self)
@@ -159,8 +159,6 @@ def summary_fields(line: dict[str, Any]) -> LineOutcome:
     :raises ValueError: a line that says none of it validly (an unknown status or error category, a
         reward that is not a number), naming the field.
     """
-    from osmosis_core.wire import converter, structure_problems
-
     try:
         outcome = converter.structure(line, LineOutcome)
     except Exception as exc:
