@@ -44,7 +44,7 @@ def migrate_module(rel: str, text: str, *, entrypoint: bool = False, decorate_co
     facts = Facts.read(context, text, entrypoint=entrypoint, decorate_configs=decorate_configs)
     plan = Plan.start(context)
     tree = facts.module
-    for codemod in gather_codemods():
+    for codemod in gather_codemods():  # not transform_module: it copies the tree, and the plan is keyed by its nodes
         tree = codemod(context).transform_module_impl(tree)
     new_text = tree.code if plan.changed else text
     line_of = _line_map(facts.lines, split_lines(new_text)) if plan.changed else _same_line

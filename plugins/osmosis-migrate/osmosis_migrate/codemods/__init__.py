@@ -5,7 +5,8 @@ that reads the file's :class:`~osmosis_migrate.codemods.facts.Facts` and adds to
 :class:`~osmosis_migrate.codemods.plan.Plan`, both carried by the shared ``CodemodContext``; the rules
 plan against the original tree, so its scopes and positions stay true while they run. The last
 codemod, :class:`ApplyPlan`, applies the plan in one transformer pass.
-:func:`osmosis_migrate.codemod.migrate_module` runs them.
+:func:`osmosis_migrate.codemod.migrate_module` runs them, and only it can: the rules need the facts
+and the plan it puts in the context (so libcst's own command line cannot run them alone).
 
 >>> [c.__name__ for c in gather_codemods()][:2]
 ['RemoveMemorySession', 'RelocateServerImports']

@@ -5,7 +5,7 @@ Every rule is a :class:`~libcst.codemod.CodemodCommand`; it reads the file's
 tree again: a ``VisitorBasedCodemodCommand``'s matcher set-up alone costs about 10 ms per file and
 rule) and writes its part of the :class:`~osmosis_migrate.codemods.plan.Plan`, both found in the
 ``CodemodContext`` it is built with.
-A rule runs only in a file that imports osmosis-ai (:meth:`MigrationRule.applies`) and returns the
+By default a rule runs only in a file that imports osmosis-ai (:meth:`MigrationRule.applies`); it returns the
 tree as it got it: the last codemod, :class:`~osmosis_migrate.codemods.apply.ApplyPlan`, changes it.
 
 >>> from osmosis_migrate.codemod import migrate_module

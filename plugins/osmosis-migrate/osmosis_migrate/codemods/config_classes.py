@@ -18,8 +18,6 @@ class C(AgentWorkflowConfig):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import libcst as cst
 import libcst.matchers as m
 
@@ -100,7 +98,7 @@ class DecorateConfigClasses(MigrationRule):
                 "now an attrs class (@attrs.define(kw_only=True)): osmosis's configs are attrs",
             )
             needs_import = True
-        if needs_import and not any(m.matches(s, _IMPORT_ATTRS) for s in small_statements(self.facts.module)):
+        if needs_import and not any(m.matches(s, _IMPORT_ATTRS) for s in small_statements(self.facts.module.body)):
             self._import_attrs()
 
     def _import_attrs(self) -> None:
@@ -120,17 +118,9 @@ def _holds(line: cst.BaseStatement, imports: list[Import] | None) -> bool:
     return isinstance(first, Import) and (imports is None or first in imports)
 
 
-def _class_statements(cls: cst.ClassDef) -> Iterator[cst.CSTNode]:
-    for line in cls.body.body:
-        if isinstance(line, cst.SimpleStatementLine):
-            yield from line.body
-        else:
-            yield line
-
-
 def _fields(cls: cst.ClassDef) -> set[str]:
     fields = set()
-    for statement in _class_statements(cls):
+    for statement in small_statements(cls.body.body):
         if isinstance(statement, cst.AnnAssign) and isinstance(statement.target, cst.Name):
             annotation = statement.annotation.annotation
             if dotted(annotation.value if isinstance(annotation, cst.Subscript) else annotation) not in (
@@ -143,7 +133,7 @@ def _fields(cls: cst.ClassDef) -> set[str]:
 
 def _pydantic_features(cls: cst.ClassDef) -> list[cst.CSTNode]:
     found: list[cst.CSTNode] = []
-    for statement in _class_statements(cls):
+    for statement in small_statements(cls.body.body):
         if isinstance(statement, cst.Assign | cst.AnnAssign):
             targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
             if any(dotted(t) == "model_config" for t in targets):

@@ -85,7 +85,6 @@ class Binding:
     name: str
     local: str
     result: Target | NotOffered
-    alias: cst.ImportAlias
     statement: Import
 
 
@@ -95,8 +94,7 @@ class Facts:
     def __init__(self, wrapper: MetadataWrapper, text: str, *, entrypoint: bool, decorate_configs: bool) -> None:
         self.wrapper = wrapper
         self.module = wrapper.module
-        self.text = text
-        self.lines = split_lines(self.text)
+        self.lines = split_lines(text)
         self.entrypoint = entrypoint
         self.decorate_configs = decorate_configs
         collector = _Nodes()
@@ -199,7 +197,7 @@ class Facts:
         """Names bound at module level (assignments, imports, functions, classes)."""
         bound: set[str] = set()
         self.values: dict[str, cst.BaseExpression] = {}
-        for statement in small_statements(self.module):
+        for statement in small_statements(self.module.body):
             targets: list[cst.BaseExpression] = []
             value: cst.BaseExpression | None = None
             if isinstance(statement, cst.Assign):
@@ -230,7 +228,7 @@ class Facts:
                     if full in MODULE_PATHS:
                         self.module_aliases[local] = full
                     else:
-                        self.bindings[local] = Binding(module, name, local, resolve_name(module, name), alias, node)
+                        self.bindings[local] = Binding(module, name, local, resolve_name(module, name), node)
             else:
                 for alias in node.names:
                     name = dotted(alias.name) or ""

@@ -99,9 +99,11 @@ def with_leading(statement: cst.BaseStatement, lines: Sequence[cst.EmptyLine]) -
     return statement.with_changes(leading_lines=list(lines))
 
 
-def small_statements(module: cst.Module) -> Iterator[cst.BaseSmallStatement | cst.BaseCompoundStatement]:
-    """The module's top-level statements, each small statement of a line on its own."""
-    for statement in module.body:
+def small_statements(
+    body: Sequence[cst.BaseStatement | cst.BaseSmallStatement],
+) -> Iterator[cst.BaseStatement | cst.BaseSmallStatement]:
+    """The statements of a body (a module's, a class's), each small statement of a line on its own."""
+    for statement in body:
         if isinstance(statement, cst.SimpleStatementLine):
             yield from statement.body
         else:
