@@ -35,9 +35,8 @@ One rollout, from ``osmosis run configs/eval/x.toml`` to its line in ``results.j
 5. ``_Execution.record``: ``wire.py``'s ``result_line`` turns the final result into the line,
    ``_engine/results.py``'s ``ResultWriter`` redacts every secret (``errors.py``) and appends it to
    ``results.jsonl`` (the trace line to ``traces.jsonl`` first), ``ResultStats`` counts the
-   result's :class:`LineOutcome` and
-   ``cli/display.py`` shows the progress. At the end, ``summary.json`` and the plugins'
-   ``osmosis_run_progress`` hooks.
+   result's :class:`LineOutcome` and ``cli/display.py`` shows the progress. At the end,
+   ``summary.json`` and the plugins' ``osmosis_run_progress`` hooks.
 """
 
 from __future__ import annotations
@@ -282,15 +281,13 @@ def prepare_run(
     registry = registry or get_registry()
     source = str(config.source or "<config>")
     resume = resume or retry_failed is not None
-    if policy_override is not None:
-        policy = policy_override
-    else:
-        if not config.policy.base_url:
-            raise ConfigError(
-                source,
-                ["no policy endpoint: set policy.base_url (or --policy-url), or use --stub-policy @ $.policy.base_url"],
-            )
-        policy = policy_endpoint(config)
+    stub = policy_override is not None
+    if not stub and not config.policy.base_url:
+        raise ConfigError(
+            source,
+            ["no policy endpoint: set policy.base_url (or --policy-url), or use --stub-policy @ $.policy.base_url"],
+        )
+    policy = policy_override if policy_override is not None else policy_endpoint(config)
     gateway = None
     if traces_enabled(config.traces):  # (the plugin checks the [traces] table before anything is written)
         gateway = make_trace_gateway(policy, config.traces, source=source, registry=registry)
@@ -307,7 +304,7 @@ def prepare_run(
         "dataset_sha256": fingerprint(dataset_path),
         "rows": len(rows),
         "n_samples": config.run.n_samples,
-        "stub_policy": policy_override is not None,
+        "stub_policy": stub,
         "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     created = not run_dir.exists()
@@ -327,9 +324,8 @@ def prepare_run(
                         f"--resume: {key} changed since {run_dir} was started ({before.get(key)} -> {meta[key]}); "
                         "start a new run instead"
                     )
-            latest: dict[tuple[int, int], LineOutcome] = latest_records(results)
-            again = set(retry_failed or ())
-            for pair, outcome in latest.items():
+            again = retry_failed or frozenset()
+            for pair, outcome in latest_records(results).items():
                 if outcome.status is ExecutionStatus.CANCELLED:
                     continue
                 if outcome.status is not ExecutionStatus.SUCCESS and outcome.error and outcome.error.category in again:
@@ -342,7 +338,7 @@ def prepare_run(
         pending = [(row.index, s) for row in rows for s in range(config.run.n_samples) if (row.index, s) not in done]
         if not resume:  # a resumed run keeps the record of how it was started
             (run_dir / RUN_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-            _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=policy_override is not None)
+            _write_resolved_config(config, run_dir / RESOLVED_CONFIG, policy, stub=stub)
         # last: once the backend exists (it may hold worker processes), nothing here can fail any more
         backend = build_backend(config, rollout, registry, run_dir)
     except BaseException:
@@ -361,7 +357,7 @@ def prepare_run(
         policy=policy,
         backend=backend,
         in_flight=2 * limit,
-        stub_policy=policy_override is not None,
+        stub_policy=stub,
         lock=lock,
         retried=retried,
         registry=registry,
@@ -398,18 +394,18 @@ async def execute_run(
     A rollout's result is written the moment it is known. A rollout cancelled by the run (Ctrl-C,
     SIGTERM) is not written, so ``--resume`` runs it again. When the backend becomes unusable
     (:class:`~osmosis_core.errors.BackendUnavailable`), the run stops the same way and says so.
-    ``summary.json`` is written before the backend winds down. With ``handle_signals`` the first
-    Ctrl-C / SIGTERM cancels the rollouts in flight and waits for them; a second one then has its
-    usual effect (``KeyboardInterrupt``, or SIGTERM's default), unless ``exit_on_second_signal``
-    (what ``osmosis run`` passes): then the summary is written and the process exits 130 at once,
-    even while a rollout blocks the event loop. A signal that comes once every rollout has its
-    result cancels nothing: the run is complete and says so. The signals are watched until the
-    wind-down ends; then the handlers found are back, except with ``exit_on_second_signal``: the
-    process keeps the run's (a first signal while ``osmosis run`` prints its summary changes
-    nothing, a second exits 130 at once) and the caller puts its own back when it is done.
-    What runs in processes the run started (workers,
-    the stand-in server, bubblewrap sandboxes, a local Ray cluster) dies with it; a backend's
-    resources elsewhere (a Harbor docker or cloud environment) are not stopped then.
+    ``summary.json`` is written before the backend winds down.
+
+    With ``handle_signals`` the first Ctrl-C / SIGTERM cancels the rollouts in flight and waits for
+    them; once every rollout has its result it cancels nothing (the run is complete and says so).
+    The signals are watched until the wind-down ends; then the handlers found are back, and a
+    second signal has its usual effect (``KeyboardInterrupt``, or SIGTERM's default). With
+    ``exit_on_second_signal`` (what ``osmosis run`` passes) the process keeps the run's handlers
+    and the caller puts its own back when it is done: a second signal writes the summary and exits
+    130 at once, even while a rollout blocks the event loop, and a first one after the run (while
+    ``osmosis run`` prints its summary) changes nothing. What runs in processes the run started
+    (workers, the stand-in server, bubblewrap sandboxes, a local Ray cluster) dies with it; a
+    backend's resources elsewhere (a Harbor docker or cloud environment) are not stopped then.
 
     The plugins' ``osmosis_run_progress`` hooks hear of the run every ``progress_every`` seconds
     while results come in, and once at its end (interrupted or not), in a worker thread: never on
@@ -593,15 +589,9 @@ class _Execution:
         return self.ended or self.left <= 0 or self.summary is not None
 
     async def watch_signals(self, scope: anyio.CancelScope) -> None:
-        """The first Ctrl-C / SIGTERM cancels the rollouts in flight (and their wind-down is waited for).
-
-        It watches from the start of the run to the end of its wind-down (the backend's close, the
-        progress hooks' last call). A signal once the rollouts are over cancels nothing and changes
-        nothing in the record: the run is complete. When it stops watching, the signals go (held
-        back meanwhile) to :meth:`stop_now` for a second signal, or to :meth:`after_the_run`
-        (``exit_on_second_signal``: ``osmosis run`` keeps them until it exits), or back to the
-        handlers it found.
-        """
+        """Wait for the first Ctrl-C / SIGTERM (:meth:`first_signal`; the rules are :func:`execute_run`'s)
+        from the start of the run to the end of its wind-down (the backend's close, the progress
+        hooks' last call), then hand the signals over (:meth:`hand_over`), held back meanwhile."""
         found: dict[int, Any] = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
         receiver = anyio.open_signal_receiver(*_STOP_SIGNALS)
         signals = receiver.__enter__()
@@ -617,7 +607,8 @@ class _Execution:
                 self.hand_over(found)
 
     def hand_over(self, found: dict[int, Any]) -> None:
-        """The signals' handlers once the run stops watching them (see :meth:`watch_signals`)."""
+        """The signals' handlers once the run stops watching them: with ``exit_on_second_signal``,
+        :meth:`stop_now` after a first signal, else :meth:`after_the_run`; without, those it found."""
         if self.exit_on_second_signal:
             found = dict.fromkeys(_STOP_SIGNALS, self.stop_now if self.signalled else self.after_the_run)
         for signum, handler in found.items():
@@ -712,7 +703,6 @@ class _Execution:
         )
 
     async def close_all(self) -> None:
-        """Close the backend, the traces, the HTTP clients and the lock, shielded from cancellation."""
         from osmosis_core.http.client import aclose_http
 
         with anyio.CancelScope(shield=True):
@@ -726,7 +716,6 @@ class _Execution:
                     self.plan.lock.release()
 
     async def tell_the_end(self, listening: bool) -> None:
-        """Tell the progress hooks the run's end (shielded)."""
         if listening:
             with anyio.CancelScope(shield=True):
                 written = await anyio.to_thread.run_sync(self.registry.tell_progress, self.progress(True))

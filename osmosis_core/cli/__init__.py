@@ -101,8 +101,7 @@ def make_cli() -> click.Group:
 
 
 def main() -> None:
-    """The console script. Its output may be closed early (``osmosis run ... | head``): the command
-    carries on, printing nowhere, and exits with its own status (see :mod:`osmosis_core.cli.output`)."""
+    """The console script; an output closed early does not stop it (see :mod:`osmosis_core.cli.output`)."""
     import warnings
 
     from osmosis_core.cli import common

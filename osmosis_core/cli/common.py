@@ -103,13 +103,8 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 
 def _key_left_behind(policy: Any, flags: dict[str, Any]) -> str | None:
-    """The notice when ``--policy-url`` points the run at another host than the config's key is for.
-
-    The config's ``[policy] api_key_env`` names a key meant for its ``base_url``; a ``--policy-url``
-    on another host (scheme, name or port) does not get it, as requests and curl drop credentials on
-    a redirect to another host. Naming the variable on the command line too (``--api-key-env``)
-    sends it there. ``[policy] headers`` go to the URL given.
-    """
+    """The notice when ``--policy-url`` is on another host (scheme, name or port) than the config's
+    ``base_url``, whose key is then not sent (the rule and why: ``--policy-url``'s help)."""
     url = flags.get("policy_url")
     if not url or flags.get("api_key_env") is not None or not policy.base_url or not policy.api_key_env:
         return None
@@ -150,12 +145,8 @@ def _blame_flags(problems: list[str], given: set[str]) -> None:
     :raises click.BadParameter: one problem, of ``--flag``; ``click.UsageError`` for several.
     """
     ctx = click.get_current_context(silent=True)
-    mine: list[tuple[str, str]] = []
-    for problem in problems:
-        message, _, path = problem.rpartition(" @ ")
-        flag = _FLAG_OF_KEY.get(path)
-        if flag is not None and flag in given:
-            mine.append((flag, message))
+    split = [problem.rpartition(" @ ") for problem in problems]
+    mine = [(_FLAG_OF_KEY[path], message) for message, _, path in split if _FLAG_OF_KEY.get(path) in given]
     if len(mine) == 1:
         raise click.BadParameter(mine[0][1], ctx=ctx, param_hint=f"'{mine[0][0]}'")
     if mine:

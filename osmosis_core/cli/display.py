@@ -127,8 +127,7 @@ def print_summary(
     table.add_row("mean reward", _fmt(summary.mean_reward) + counted)
     if counted:
         table.add_row("mean reward (graded)", f"{_fmt(summary.mean_reward_graded)} (failed rollouts left out)")
-    pass_rate = "-" if summary.pass_rate is None else f"{summary.pass_rate:.1%}"
-    table.add_row("pass rate", f"{pass_rate} (reward >= {summary.pass_threshold:g})")
+    table.add_row("pass rate", f"{_fmt(summary.pass_rate, '.1%')} (reward >= {summary.pass_threshold:g})")
     table.add_row("errors", _errors_text(summary))
     table.add_row(
         "latency p50 / p95",

@@ -91,10 +91,9 @@ def run(
     err = make_console(stderr=True)
     if not stub_policy:
         _check_policy(config, err)
-    # from the run's start, SIGINT / SIGTERM are the run's (one after its rollouts changes nothing, a
-    # second stops at once): in the console script until the process exits (a handler put back before
-    # that would let a signal in its last moments kill a complete run), for a caller in the same
-    # process (a test) until this command returns
+    # from the run's start SIGINT / SIGTERM are the run's (execute_run's exit_on_second_signal): in the
+    # console script until the process exits (a handler put back before that would let a signal in its
+    # last moments kill a complete run), for a caller in the same process (a test) until this returns
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         stub = None
@@ -230,18 +229,16 @@ def _retry_hint(errors_by_category: dict[str, int], run_dir: Path) -> str:
     failed = sorted(errors_by_category)
     retried = [c for c in failed if c in default]
     left = [c for c in failed if c not in default]
+    again = f"run the {', '.join(retried)} failures again with: {_resume_command(run_dir, retry=True)}"
     if not left:
-        return f"run the {', '.join(retried)} failures again with: {_resume_command(run_dir, retry=True)}"
+        return again
     everything = _resume_command(run_dir, retry=True, categories=failed)
     if not retried:
         return (
             f"--retry-failed does not run {', '.join(left)} again by default (a second attempt tends to fail the"
             f" same way); once the cause is fixed: {everything}"
         )
-    return (
-        f"run the {', '.join(retried)} failures again with: {_resume_command(run_dir, retry=True)}"
-        f" ({', '.join(left)} too, once the cause is fixed: {everything})"
-    )
+    return f"{again} ({', '.join(left)} too, once the cause is fixed: {everything})"
 
 
 def _resume_command(run_dir: Path, *, retry: bool = False, categories: list[str] | None = None) -> str:
@@ -261,9 +258,7 @@ def _resume_command(run_dir: Path, *, retry: bool = False, categories: list[str]
         if arg not in ("--resume", "--retry-failed") and not arg.startswith(("--output=", "--retry-failed=")):
             args.append(arg)
         i += 1
-    last = (
-        ["--retry-failed", ",".join(categories)]
-        if retry and categories
-        else ["--retry-failed" if retry else "--resume"]
-    )
+    last = ["--retry-failed" if retry else "--resume"]
+    if retry and categories:
+        last.append(",".join(categories))
     return shlex.join(["osmosis", *args, "--output", str(run_dir), *last])

@@ -11,6 +11,9 @@ from osmosis_core.cli.common import config_options, resolve_config
 
 __all__ = ["validate"]
 
+_OK = click.style("ok", fg="green")
+_WARN = click.style("warn", fg="yellow")
+
 
 @click.command(short_help="Check a run config without running anything.")
 @click.argument("config_file", metavar="CONFIG", required=False, type=click.Path(dir_okay=False, path_type=Path))
@@ -39,24 +42,23 @@ def validate(config_file: Path | None, **flags: Any) -> None:
 
     config = resolve_config(config_file, flags)
     registry = get_registry()
-    ok = click.style("ok", fg="green")
-    click.echo(f"{ok}    config {config.source or '(flags)'}")
+    click.echo(f"{_OK}    config {config.source or '(flags)'}")
     if config.dataset.path:
         rows = read_dataset(config.resolve(config.dataset.path), limit=config.dataset.limit)
         labelled = sum(r.label is not None for r in rows)
-        click.echo(f"{ok}    dataset: {len(rows)} rows ({labelled} with a label)")
+        click.echo(f"{_OK}    dataset: {len(rows)} rows ({labelled} with a label)")
     else:
-        click.echo(click.style("warn", fg="yellow") + "  no dataset.path (give --dataset to osmosis run)")
+        click.echo(f"{_WARN}  no dataset.path (give --dataset to osmosis run)")
     try:
         rollout = load_rollout(config, registry)
     except MissingDependency as exc:
-        click.echo(click.style("warn", fg="yellow") + f"  {exc}")
+        click.echo(f"{_WARN}  {exc}")
         click.echo(click.style("skip", fg="yellow") + "  workflow, grader and backend checks need that package")
         return
     grader = rollout.grader_class.__name__ if rollout.grader_class else "none"
-    click.echo(f"{ok}    rollout: workflow {rollout.workflow_class.__name__}, grader {grader}")
+    click.echo(f"{_OK}    rollout: workflow {rollout.workflow_class.__name__}, grader {grader}")
     backend = build_backend(config, rollout, registry, None)
-    click.echo(f"{ok}    backend {config.run.backend!r} (up to {backend.max_concurrency or 'unlimited'} at once)")
+    click.echo(f"{_OK}    backend {config.run.backend!r} (up to {backend.max_concurrency or 'unlimited'} at once)")
     import anyio
 
     anyio.run(backend.aclose)  # a backend may hold processes or sandboxes even before its first rollout
@@ -64,11 +66,11 @@ def validate(config_file: Path | None, **flags: Any) -> None:
         try:
             api_key_from_env(config)
         except ConfigError as exc:
-            click.echo(click.style("warn", fg="yellow") + f"  {exc.problems[0]}")
+            click.echo(f"{_WARN}  {exc.problems[0]}")
             config.policy.api_key_env = None  # (the endpoint is still asked, without a key)
         _check_policy(config)
     else:
-        click.echo(click.style("warn", fg="yellow") + "  no policy.base_url: give --policy-url or --stub-policy")
+        click.echo(f"{_WARN}  no policy.base_url: give --policy-url or --stub-policy")
 
 
 def _check_policy(config: Any) -> None:
@@ -81,16 +83,15 @@ def _check_policy(config: Any) -> None:
 
     policy, check = check_config_policy(config)
     where = f"policy {policy.base_url} model {policy.model!r}"
-    warn = click.style("warn", fg="yellow")
     if check.unreachable is not None:
         click.echo(
-            f"{warn}  {where}: unreachable ({check.unreachable}); osmosis run here would stop before it starts"
+            f"{_WARN}  {where}: unreachable ({check.unreachable}); osmosis run here would stop before it starts"
             " (start its server, or give --policy-url or --stub-policy)"
         )
     elif check.warning is not None:
-        click.echo(f"{warn}  {where}: {check.warning}")
+        click.echo(f"{_WARN}  {where}: {check.warning}")
     else:
         answer = f"answers GET /models ({check.status})"
         if check.models:
             answer += ", lists the model"
-        click.echo(f"{click.style('ok', fg='green')}    {where}: {answer}")
+        click.echo(f"{_OK}    {where}: {answer}")
