@@ -15,9 +15,8 @@ __all__ = ["local_backend", "osmosis_register_backends", "osmosis_register_templ
 def local_backend(setup: BackendSetup) -> ExecutionBackend:
     """The factory of the ``local`` backend. It takes no ``[backend.local]`` settings: ``setup.limits``
     (``[run] concurrency``) are its limits, and ``[run] workers`` > 1 runs it in a
-    :class:`~osmosis_core._engine.workers.WorkerPool` of that many processes. (The pool is a mode of
-    ``local``, not a backend of its own: it runs the same in-process rollouts in several processes,
-    ``--workers`` chooses it with any config, and with one worker none of its modules is imported.)"""
+    :class:`~osmosis_core._engine.workers.WorkerPool` of that many processes (a mode of ``local``,
+    not a backend of its own: ``--workers`` chooses it with any config)."""
     if setup.workers > 1:
         from osmosis_core._engine.workers import WorkerPool
 

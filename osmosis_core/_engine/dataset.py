@@ -38,16 +38,14 @@ MAX_DEPTH = 64
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
-    """True when ``value`` nests lists and objects more than ``limit`` levels deep (checked without recursion)."""
+    """True when ``value`` (an object or a list) nests more than ``limit`` levels deep (checked without recursion)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if depth > limit:
             return True
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
     return False
 
 
@@ -123,14 +121,12 @@ def read_dataset(path: Path | str, *, limit: int | None = None) -> list[DatasetR
             if not data.strip():
                 continue
             try:
-                raw = data.decode("utf-8")
+                obj = json.loads(data.decode("utf-8"))
             except UnicodeDecodeError as exc:
                 problems.append(
                     f"{path}:{lineno}: not UTF-8 text (byte {data[exc.start]:#04x} at column {exc.start + 1})"
                 )
                 continue
-            try:
-                obj = json.loads(raw)
             except json.JSONDecodeError as exc:
                 problems.append(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})")
                 continue

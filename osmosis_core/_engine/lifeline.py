@@ -8,9 +8,7 @@ each use one or both):
   write end and the child reads end-of-file. Every other copy of the write end must be closed in
   the child (a forked child inherits them all);
 * a **parent-death signal** (Linux ``prctl(PR_SET_PDEATHSIG)``): a worker is killed when its
-  zygote dies, and the ``--stub-policy`` server (which ``exec``\\ s) when the run dies. The
-  zygote itself watches the lifeline and kills, after a grace period, a worker too blocked to
-  read it.
+  zygote dies, and the ``--stub-policy`` server (which ``exec``\\ s) when the run dies.
 
 A server started as a command (``osmosis serve --watch-stdin``, the scripted policy server's
 ``--watch-stdin``) has its standard input as the lifeline: :func:`signal_when_parent_gone` sends it
@@ -25,6 +23,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -77,11 +76,9 @@ def signal_when_parent_gone(fd: int = 0, sig: int = signal.SIGTERM) -> threading
     """
 
     def watch() -> None:
-        try:
+        with contextlib.suppress(OSError):  # closed, or not readable: as good as end-of-file
             while os.read(fd, 65536):
                 pass
-        except OSError:  # closed, or not readable: as good as end-of-file
-            pass
         os.kill(os.getpid(), sig)
 
     thread = threading.Thread(target=watch, name="osmosis-lifeline", daemon=True)

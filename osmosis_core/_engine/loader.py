@@ -72,12 +72,10 @@ def _declared_dependencies(rollout_dir: Path) -> set[str]:
     except (OSError, tomllib.TOMLDecodeError):
         return set()
     deps = data.get("project", {}).get("dependencies", [])
-    names = set()
-    for dep in deps if isinstance(deps, list) else []:
-        match = re.match(r"\s*([A-Za-z0-9_.\-]+)", str(dep))
-        if match:
-            names.add(match.group(1).lower().replace("-", "_").replace(".", "_"))
-    return names
+    if not isinstance(deps, list):
+        return set()
+    matches = (re.match(r"\s*([A-Za-z0-9_.\-]+)", str(dep)) for dep in deps)
+    return {m.group(1).lower().replace("-", "_").replace(".", "_") for m in matches if m}
 
 
 def _installed(distribution: str) -> bool:
@@ -101,8 +99,13 @@ def _import_entrypoint(file: Path, rollout_dir: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except ModuleNotFoundError as exc:
-        _restore(name, previous)
+    except Exception as exc:
+        if previous is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = previous
+        if not isinstance(exc, ModuleNotFoundError):
+            raise RolloutLoadError(f"{_where(exc, file)}: import failed: {type(exc).__name__}: {exc}") from exc
         missing = (exc.name or "").split(".")[0]
         declared_names = _declared_dependencies(rollout_dir)
         # declared directly, or (most likely) through a declared distribution that is not installed,
@@ -120,17 +123,7 @@ def _import_entrypoint(file: Path, rollout_dir: Path) -> ModuleType:
             module=missing,
             declared=declared,
         ) from None
-    except Exception as exc:
-        _restore(name, previous)
-        raise RolloutLoadError(f"{_where(exc, file)}: import failed: {type(exc).__name__}: {exc}") from exc
     return module
-
-
-def _restore(name: str, previous: ModuleType | None) -> None:
-    if previous is None:
-        sys.modules.pop(name, None)
-    else:
-        sys.modules[name] = previous
 
 
 def _where(exc: BaseException, file: Path) -> str:

@@ -36,8 +36,7 @@ _held: weakref.WeakSet[RunLock] = weakref.WeakSet()
 
 
 def _drop_in_child() -> None:
-    # a forked child (a worker, the zygote) must not keep the lock alive after the run dies:
-    # its copy of the descriptor is closed at once, so only the process that took the lock holds it
+    # a forked child (a worker, the zygote) closes its copy at once (see the module docstring)
     for lock in list(_held):
         fd, lock._fd = lock._fd, None
         if fd is not None:

@@ -16,12 +16,11 @@ How the processes are made and kept:
 * A worker runs only what it has room for: this process keeps each worker's share of the
   concurrency and holds the rest back. So when a worker dies (``kill -9``, the OOM killer, a
   rollout that calls ``os._exit``), only the rollouts it was running fail (``infra_error``); the
-  rest wait, and the zygote forks a replacement. The pool replaces at most ``max_restarts``
-  dead workers over its life (all workers together); past that it shrinks, and when no worker is
-  left, :meth:`WorkerPool.execute` raises :class:`~osmosis_core.errors.BackendUnavailable` for the
-  rollouts still waiting, which ``osmosis run`` turns into a clean, resumable stop. A result that
-  cannot be pickled (a sample holding a lock or a client) crosses as its JSON form, as the run
-  would write it.
+  rest wait, and the zygote forks a replacement (up to ``max_restarts``, see :class:`WorkerPool`).
+  When no worker is left, :meth:`WorkerPool.execute` raises
+  :class:`~osmosis_core.errors.BackendUnavailable` for the rollouts still waiting, which
+  ``osmosis run`` turns into a clean, resumable stop. A result that cannot be pickled (a sample
+  holding a lock or a client) crosses as its JSON form, as the run would write it.
 * Workers and the zygote ignore SIGINT and SIGTERM (a terminal's Ctrl-C and ``kill 0`` reach the
   whole process group): this process decides, cancels, and every rollout it started is reported
   ``cancelled`` and stays runnable by ``--resume``.
@@ -157,8 +156,7 @@ def _zygote_main(ctl: socket.socket, lifeline: int, backend: LocalBackend) -> No
 
 
 def _end_orphaned(workers: set[int]) -> None:
-    """The run died: its workers see the lifeline too and unwind; one blocked in synchronous code
-    (a CPU-bound step, ``time.sleep``) cannot, so after the grace period it is killed."""
+    """The run died: give the workers the grace period to unwind, then kill those still there."""
     deadline = time.monotonic() + _ORPHAN_GRACE_SEC + 1.0
     while workers and time.monotonic() < deadline:
         for pid in list(workers):
@@ -197,15 +195,11 @@ async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None
     def post(message: tuple[str, Any]) -> None:
         sender.submit(_send_quietly, conn, bytes(ForkingPickler.dumps(message)))
 
-    async def run(request: ExecutionRequest) -> None:
-        async def send(result: ExecutionResult) -> None:
-            try:
-                data = bytes(ForkingPickler.dumps(("result", result)))
-            except Exception as exc:  # a sample holding a lock, a client, ...: sent as its JSON form
-                data = bytes(ForkingPickler.dumps(("result", _as_json_form(result, exc))))
-            sender.submit(_send_quietly, conn, data)
-
-        await backend.execute(request, send, send)
+    async def send(result: ExecutionResult) -> None:
+        try:
+            post(("result", result))
+        except Exception as exc:  # a sample holding a lock, a client, ...: sent as its JSON form
+            post(("result", _as_json_form(result, exc)))
 
     def finished(rollout_id: str, task: asyncio.Task[None]) -> None:
         # a done callback, not a `finally`: it runs even for a task cancelled before it started
@@ -218,7 +212,7 @@ async def _serve(conn: Connection, lifeline: int, backend: LocalBackend) -> None
             while conn.poll():
                 kind, payload = conn.recv()
                 if kind == "run":
-                    task = loop.create_task(run(payload))
+                    task = loop.create_task(backend.execute(payload, send, send))
                     tasks[payload.rollout_id] = task
                     task.add_done_callback(functools.partial(finished, payload.rollout_id))
                 elif kind == "cancel" and payload in tasks:
@@ -284,18 +278,16 @@ class _Worker:
     """Rollouts here in any stage."""
 
 
+@attrs.define(eq=False)
 class _Pending:
-    __slots__ = ("ended", "grades", "holds_slot", "queue", "stage", "worker")
-
-    def __init__(self, worker: _Worker, grades: bool) -> None:
-        self.worker = worker
-        self.queue: asyncio.Queue[ExecutionResult | None] = asyncio.Queue()
-        self.stage = ExecutionStage.WORKFLOW
-        self.holds_slot = True
-        self.grades = grades
-        """A successful workflow is followed by a grader stage."""
-        self.ended = False
-        """Its last result is in (a worker that dies before saying "done" changes nothing)."""
+    worker: _Worker
+    grades: bool
+    """A successful workflow is followed by a grader stage."""
+    queue: asyncio.Queue[ExecutionResult | None] = attrs.Factory(asyncio.Queue)
+    stage: ExecutionStage = ExecutionStage.WORKFLOW
+    holds_slot: bool = True
+    ended: bool = False
+    """Its last result is in (a worker that dies before saying "done" changes nothing)."""
 
 
 class WorkerPool(ExecutionBackend):
@@ -332,21 +324,21 @@ class WorkerPool(ExecutionBackend):
             limits=limits,
             max_concurrent=max_concurrent,
         )
-        self._start(setup, setup.limits, workers, max_restarts)
+        self._start(setup, workers, max_restarts)
 
     @classmethod
     def _of(cls, setup: BackendSetup) -> WorkerPool:
         """The pool of a run's setup (``setup.workers`` processes), its classes taken as resolved."""
         pool = cls.__new__(cls)
-        pool._start(setup, setup.limits, setup.workers, None)
+        pool._start(setup, setup.workers, None)
         return pool
 
-    def _start(self, setup: BackendSetup, limits: RunLimits, workers: int, max_restarts: int | None) -> None:
+    def _start(self, setup: BackendSetup, workers: int, max_restarts: int | None) -> None:
         if workers < 2:
             raise ValueError(f"a worker pool needs 2 or more workers, got {workers}")
         if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
             raise RuntimeError("workers > 1 needs a platform that can fork (Linux)")
-        resolved = limits.resolve(setup.workflow_config, setup.grader_config)
+        resolved = setup.limits.resolve(setup.workflow_config, setup.grader_config)
         self._limit = resolved.concurrency or 0
         share = resolved.split(workers)  # each worker keeps its share of both limits
         self._share = share.concurrency or 1
@@ -428,8 +420,11 @@ class WorkerPool(ExecutionBackend):
     def max_concurrency(self) -> int:
         return self._limit
 
+    def _live(self) -> list[_Worker]:
+        return [w for w in self._workers if w.alive]
+
     def health(self) -> dict[str, Any]:
-        live = [w for w in self._workers if w.alive]
+        live = self._live()
         return {
             "status": "ok" if len(live) == self._size else ("degraded" if live else "failed"),
             "max_concurrency": self._limit,
@@ -442,17 +437,21 @@ class WorkerPool(ExecutionBackend):
         loop = asyncio.get_running_loop()
         if self._attached is loop:
             return
-        old = self._attached
-        if old is not None and not old.is_closed():  # a new loop takes over (one at a time)
-            for worker in self._workers:
-                if worker.alive:
-                    old.remove_reader(worker.conn.fileno())
-            old.remove_reader(self._ctl.fileno())
-        for worker in self._workers:
-            if worker.alive:
-                loop.add_reader(worker.conn.fileno(), self._readable, worker)
+        self._detach()  # a new loop takes over (one at a time)
+        for worker in self._live():
+            loop.add_reader(worker.conn.fileno(), self._readable, worker)
         loop.add_reader(self._ctl.fileno(), self._ctl_readable)
         self._attached = loop
+
+    def _detach(self) -> None:
+        """Stop watching the live workers' sockets and the zygote's on the loop that watched them."""
+        old, self._attached = self._attached, None
+        if old is None or old.is_closed():
+            return
+        for worker in self._live():
+            old.remove_reader(worker.conn.fileno())
+        with contextlib.suppress(ValueError, OSError):  # the control socket may be closed already
+            old.remove_reader(self._ctl.fileno())
 
     def _readable(self, worker: _Worker) -> None:
         try:
@@ -537,7 +536,7 @@ class WorkerPool(ExecutionBackend):
 
     def _pick(self) -> _Worker | None:
         """The least-busy live worker with room for one more rollout, if any (the first of equals)."""
-        room = (worker for worker in self._workers if worker.alive and worker.running < self._share)
+        room = (worker for worker in self._live() if worker.running < self._share)
         return min(room, key=lambda worker: worker.running, default=None)
 
     async def _slot(self) -> _Worker:
@@ -545,7 +544,7 @@ class WorkerPool(ExecutionBackend):
             worker = self._pick()
             if worker is not None:
                 return worker
-            if self._closed or (self._spawning <= 0 and not any(w.alive for w in self._workers)):
+            if self._closed or (self._spawning <= 0 and not self._live()):
                 gone = ", ".join(f"{w.pid} {self._exit_text(w.pid)}" for w in self._workers[-self._size :])
                 raise BackendUnavailable(
                     f"every worker process is gone and none can be replaced ({self._restarts} restarts; "
@@ -599,17 +598,10 @@ class WorkerPool(ExecutionBackend):
             return
         self._closed = True
         self._waiters.wake(everyone=True)
-        if self._attached is not None:
-            for worker in self._workers:
-                if worker.alive:
-                    self._attached.remove_reader(worker.conn.fileno())
-            with contextlib.suppress(ValueError, OSError):
-                self._attached.remove_reader(self._ctl.fileno())
-            self._attached = None
-        for worker in self._workers:
-            if worker.alive:
-                with contextlib.suppress(OSError):
-                    worker.conn.send(("stop", None))
+        self._detach()
+        for worker in self._live():
+            with contextlib.suppress(OSError):
+                worker.conn.send(("stop", None))
         deadline = time.monotonic() + _STOP_GRACE_SEC
         while time.monotonic() < deadline and any(_running(w.pid) for w in self._workers):
             await anyio.sleep(0.02)  # polled, not joined in a thread: later forks stay single-threaded
@@ -633,7 +625,7 @@ class WorkerPool(ExecutionBackend):
     @property
     def worker_pids(self) -> list[int]:
         """The pids of the live workers."""
-        return [w.pid for w in self._workers if w.alive]
+        return [w.pid for w in self._live()]
 
     @property
     def zygote_pid(self) -> int:
