@@ -161,8 +161,7 @@ class RunLimits:
 
     ``osmosis run`` builds it from ``[run] concurrency`` (``--concurrency``) and hands it to the
     backend's factory in :attr:`BackendSetup.limits`; the author's ``workflow_config`` is never
-    written. An unset limit is the author's: ``workflow_config.concurrency`` (default 4), and for
-    grading ``grader_config.concurrency``, else the workflow limit (:meth:`resolve`).
+    written. An unset limit is the author's (:meth:`resolve`).
 
     >>> from osmosis_core import AgentWorkflowConfig
     >>> RunLimits().resolve(AgentWorkflowConfig(), None)
@@ -172,7 +171,7 @@ class RunLimits:
     """
 
     concurrency: int | None = attrs.field(default=None, validator=_limit)
-    """Workflows at once over the whole backend; None: the workflow config's."""
+    """Workflows at once over the whole backend; None: ``workflow_config.concurrency`` (default 4)."""
     grader_concurrency: int | None = attrs.field(default=None, validator=_limit)
     """Grader stages at once; None: the grader config's, else :attr:`concurrency`."""
 
@@ -322,9 +321,8 @@ def resolve_object(spec: Any, base: type[Any], *, module: ModuleType | None = No
     """The class ``spec`` names, checked to be a ``base`` subclass: the one place a string becomes a class.
 
     ``spec`` is a class, an import path (``"pkg.mod:Class"`` or ``"pkg.mod.Class"``), or the name
-    of a class in ``module`` (a rollout's entrypoint). What ``[rollout] workflow = ...``,
-    ``LocalBackend(workflow="rollouts.my_rollout.main:MyWorkflow")`` and the other backends'
-    constructors accept.
+    of a class in ``module`` (a rollout's entrypoint): what ``[rollout] workflow = ...`` and the
+    backends' constructors accept.
 
     >>> from osmosis_core import AgentWorkflow
     >>> resolve_object("osmosis_core.testing.contract:ContractWorkflow", AgentWorkflow).__name__
@@ -387,10 +385,8 @@ class BackendSpec:
 
     def resolve_factory(self) -> Callable[[BackendSetup], ExecutionBackend]:
         """The factory, imported if it was given as a path."""
-        factory = self.factory
-        return load_object(factory) if isinstance(factory, str) else factory
+        return load_object(self.factory) if isinstance(self.factory, str) else self.factory
 
     def resolve_config_type(self) -> type[Any] | None:
         """The config type, imported if it was given as a path."""
-        ct = self.config_type
-        return load_object(ct) if isinstance(ct, str) else ct
+        return load_object(self.config_type) if isinstance(self.config_type, str) else self.config_type

@@ -226,17 +226,12 @@ def redact(text: str, secrets: Iterable[str | None]) -> str:
 def _redact(text: str, plan: _Plan) -> str:
     spans = plan.spans(text) if plan.may_hold(text) else None
     if spans:
-        merged: list[list[int]] = []
-        for lo, hi in sorted(spans):
-            if merged and lo <= merged[-1][1]:  # overlapping or touching runs: one ***
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
         parts: list[str] = []
         done = 0
-        for lo, hi in merged:
-            parts += (text[done:lo], "***")
-            done = hi
+        for lo, hi in sorted(spans):
+            if not parts or lo > done:  # (overlapping or touching runs: one ***)
+                parts += (text[done:lo], "***")
+            done = max(done, hi)
         parts.append(text[done:])
         text = "".join(parts)
     for secret in plan.short:

@@ -2,25 +2,13 @@
 
 A backend decides *where* a rollout runs (this event loop, a worker process, a Harbor trial, a
 Ray actor); what happens around it is the same everywhere and lives here. The backend's side:
-
-* :class:`RolloutReporter` reports one rollout through the seam's callbacks: each callback at most once,
-  the workflow's before the grader's; it knows the stage a failure or a cancellation belongs to,
-  delivers the ``cancelled`` report exactly once (shielded from the cancellation under way), and
-  turns an exception escaping a backend's own machinery into an ``infra_error`` result.
-* :func:`run_workflow` and :func:`run_grader` run one stage as the ``local`` backend runs it:
-  a fresh instance with a config copy, the stage's timeout, the error category of what it raised,
-  a failed workflow's partial sample, the grader's label and reward checks.
-
-A whole backend built on them is the example in :mod:`osmosis_core.backend` (the README's, and
-``osmosis_core.testing.example_backend``, which the contract suite runs).
+:class:`RolloutReporter` reports one rollout through the seam's callbacks, and :func:`run_workflow`
+and :func:`run_grader` run one stage as the ``local`` backend runs it. A whole backend built on
+them is the example in :mod:`osmosis_core.backend`.
 
 The caller's side (``osmosis run``'s runner, ``osmosis serve``, the Ray actor, a trainer's harness):
-
-* :func:`run_one` runs one request on a backend and returns its one final result: the last stage
-  reported, or a failure that says what went wrong around the backend (it returned without
-  reporting, raised, raised ``CancelledError`` that nobody asked for, or is unavailable).
-  :class:`RolloutReports` holds what was reported on the way, for a caller that streams the
-  workflow's result or builds its own ``cancelled`` result.
+:func:`run_one` runs one request on a backend and returns its one final result;
+:class:`RolloutReports` holds what was reported on the way.
 """
 
 from __future__ import annotations
@@ -81,13 +69,8 @@ def cancelled_result(
     rollout_id: str, stage: ExecutionStage, *, timings: dict[str, float] | None = None, detail: str = ""
 ) -> ExecutionResult:
     """The ``cancelled`` result of a rollout cancelled during ``stage`` (``detail`` ends its message)."""
-    return ExecutionResult(
-        rollout_id,
-        stage,
-        ExecutionStatus.CANCELLED,
-        error=ErrorInfo(ErrorCategory.CANCELLED, f"rollout cancelled during the {stage} stage{detail}"),
-        timings=dict(timings or {}),
-    )
+    error = ErrorInfo(ErrorCategory.CANCELLED, f"rollout cancelled during the {stage} stage{detail}")
+    return ExecutionResult(rollout_id, stage, ExecutionStatus.CANCELLED, error=error, timings=dict(timings or {}))
 
 
 class RolloutReporter:
@@ -96,9 +79,6 @@ class RolloutReporter:
     :param grades: whether a successful workflow is followed by a grader stage (when False, the
         workflow's result is the last one, and a cancellation after it is not reported).
 
-    :meth:`report` delivers a stage's result to its callback: a workflow result once, then a
-    grader result once; a result for a stage already reported, or after the last one, is dropped,
-    and a grader result before the workflow's is an error (``RuntimeError``).
     Leaving the ``async with`` block:
 
     * cancelled (the run stops, a server cancels): the current stage is reported ``cancelled``
@@ -145,7 +125,9 @@ class RolloutReporter:
         self._callback_raised = False
 
     async def report(self, result: ExecutionResult) -> None:
-        """Deliver ``result`` to its stage's callback (once per stage, the workflow's first)."""
+        """Deliver ``result`` to its stage's callback: a workflow result once, then a grader result
+        once; a result for a stage already reported, or after the last one, is dropped, and a grader
+        result before the workflow's is an error (``RuntimeError``)."""
         if result.stage is _WF:
             if self.stage is not _WF:
                 return
@@ -172,11 +154,10 @@ class RolloutReporter:
             return
         if isinstance(error, BaseException):
             error = error_info(error, secrets=self.request.policy.secrets(), category=ErrorCategory.INFRA_ERROR)
-        await self.report(
-            ExecutionResult(
-                self.request.rollout_id, self.stage, _FAILURE, sample=sample, error=error, timings=self.timings
-            )
+        result = ExecutionResult(
+            self.request.rollout_id, self.stage, _FAILURE, sample=sample, error=error, timings=self.timings
         )
+        await self.report(result)
 
     async def cancelled(self) -> None:
         """Report the current stage ``cancelled``, once, shielded from the cancellation under way."""
@@ -192,15 +173,12 @@ class RolloutReporter:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        if exc is None:
-            return False
         if isinstance(exc, anyio.get_cancelled_exc_class()):
             await self.cancelled()
-            return False
-        if self._callback_raised or isinstance(exc, BackendUnavailable) or not isinstance(exc, Exception):
-            return False
-        await self.fail(exc)
-        return True
+        elif isinstance(exc, Exception) and not isinstance(exc, BackendUnavailable) and not self._callback_raised:
+            await self.fail(exc)
+            return True
+        return False
 
 
 # -- the caller's side ---------------------------------------------------------------------------------
@@ -261,30 +239,21 @@ class RolloutReports:
 
     def failure(self, category: ErrorCategory, message: str) -> ExecutionResult:
         """A failed result of the current stage, carrying the sample and timings reported so far."""
-        sample, timings = self._carried(self.last)
-        return ExecutionResult(
-            self.request.rollout_id,
-            self.stage,
-            _FAILURE,
-            sample=sample,
-            error=ErrorInfo(category, message),
-            timings=timings,
-        )
+        return self._result(_FAILURE, ErrorInfo(category, message), self.last)
 
     def cancelled(self, message: str) -> ExecutionResult:
         """The ``cancelled`` result of the current stage (``message`` says why), with what it reported."""
-        stage = self.stage
-        sample, timings = self._carried(self.grader if stage is _GR else self.workflow)
-        info = ErrorInfo(ErrorCategory.CANCELLED, message)
-        return ExecutionResult(
-            self.request.rollout_id, stage, ExecutionStatus.CANCELLED, sample=sample, error=info, timings=timings
-        )
+        carried = self.grader if self.stage is _GR else self.workflow
+        return self._result(ExecutionStatus.CANCELLED, ErrorInfo(ErrorCategory.CANCELLED, message), carried)
 
-    @staticmethod
-    def _carried(result: ExecutionResult | None) -> tuple[RolloutSample | None, dict[str, float]]:
-        if result is None or report_problem(result) is not None:
-            return None, {}
-        return result.sample, dict(result.timings)
+    def _result(self, status: ExecutionStatus, error: ErrorInfo, carried: ExecutionResult | None) -> ExecutionResult:
+        """A result of the current stage with ``carried``'s sample and timings (none of a malformed report)."""
+        rollout_id, stage = self.request.rollout_id, self.stage
+        if carried is None or report_problem(carried) is not None:
+            return ExecutionResult(rollout_id, stage, status, error=error)
+        return ExecutionResult(
+            rollout_id, stage, status, sample=carried.sample, error=error, timings=dict(carried.timings)
+        )
 
     def keep(self, result: ExecutionResult, stage: ExecutionStage) -> bool:
         """Keep a result reported through ``stage``'s callback; False when that stage was reported
@@ -297,10 +266,10 @@ class RolloutReports:
             if isinstance(result.sample, RolloutSample) and isinstance(result.sample.metrics, dict):
                 self.workflow_metrics = dict(result.sample.metrics)
             self.workflow = result
-            return True
-        if self.grader is not None:
+        elif self.grader is None:
+            self.grader = result
+        else:
             return False
-        self.grader = result
         return True
 
 
@@ -391,13 +360,11 @@ def _positive(value: float | None) -> float | None:
     return value if value is not None and value > 0 else None
 
 
-async def _within[**P, R](timeout: float | None, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
+async def _within[**P, R](timeout: float, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
     """Await ``fn`` within ``timeout`` seconds (TimeoutError past it).
 
     On asyncio it uses asyncio's own timeout, which costs a fraction of a cancel scope.
     """
-    if timeout is None:
-        return await fn(*args, **kwargs)
     if asyncio._get_running_loop() is not None:  # on asyncio (not trio)
         async with asyncio.timeout(timeout):
             return await fn(*args, **kwargs)
@@ -441,7 +408,7 @@ async def run_workflow(
         if not _own_failure(exc):
             raise  # the run cancels this rollout (or the process is going down)
         timings["workflow"] = time.perf_counter() - started
-        return _failure(request, _WF, exc, timings, timeout, "workflow", await _partial_sample(rollout))
+        return _failure(request, _WF, exc, timings, timeout, await _partial_sample(rollout))
     timings["workflow"] = time.perf_counter() - started
     return ExecutionResult(request.rollout_id, _WF, _SUCCESS, sample=sample, timings=timings)
 
@@ -481,7 +448,7 @@ async def run_grader(
         if not _own_failure(exc):
             raise
         timings["grader"] = time.perf_counter() - started
-        return _failure(request, _GR, exc, timings, timeout, "grader", sample)
+        return _failure(request, _GR, exc, timings, timeout, sample)
     timings["grader"] = time.perf_counter() - started
     return ExecutionResult(request.rollout_id, _GR, _SUCCESS, sample=sample, timings=timings)
 
@@ -500,16 +467,15 @@ def _failure(
     exc: BaseException,
     timings: dict[str, float],
     timeout: float | None,
-    what: str,
     sample: RolloutSample | None = None,
 ) -> ExecutionResult:
     info = error_info(exc, secrets=request.policy.secrets())
     if isinstance(exc, asyncio.CancelledError):
         info = ErrorInfo(
-            ErrorCategory.AGENT_ERROR, f"the {what} raised CancelledError while nobody cancelled the rollout"
+            ErrorCategory.AGENT_ERROR, f"the {stage} raised CancelledError while nobody cancelled the rollout"
         )
-    if isinstance(exc, TimeoutError) and timeout is not None and timings.get(what, 0.0) >= timeout * 0.99:
-        info = ErrorInfo(ErrorCategory.TIMEOUT, f"the {what} ran past its {timeout:g} s timeout{_doing(exc)}")
+    if isinstance(exc, TimeoutError) and timeout is not None and timings.get(stage, 0.0) >= timeout * 0.99:
+        info = ErrorInfo(ErrorCategory.TIMEOUT, f"the {stage} ran past its {timeout:g} s timeout{_doing(exc)}")
     return ExecutionResult(request.rollout_id, stage, _FAILURE, sample=sample, error=info, timings=timings)
 
 
@@ -528,8 +494,6 @@ def _own_failure(exc: BaseException) -> bool:
 
 async def _partial_sample(rollout: RolloutContext) -> RolloutSample | None:
     """What a failed workflow's registered source still holds (the history up to the failure)."""
-    if rollout.sample_source is None:
-        return None
     try:
         sample = await rollout.get_sample()
     except Exception:

@@ -65,10 +65,9 @@ class LocalBackend(ExecutionBackend):
     as in osmosis-ai: ``LocalBackend(workflow="rollouts.my_rollout.main:MyWorkflow",
     grader="rollouts.my_rollout.main:MyGrader")``.
 
-    When grading runs: a grader is configured, the request asks for it (``grade``, true by
-    default) and the row has a label. A row without a label is run and reported ungraded (the
-    workflow's result is the last one: success, no reward), as the reference SDK does, unless
-    ``require_labels``.
+    Grading runs as :meth:`BackendSetup.grades` says: a row without a label is run and reported
+    ungraded (the workflow's result is the last one: success, no reward), as the reference SDK does,
+    unless ``require_labels``.
     """
 
     def __init__(
@@ -91,16 +90,16 @@ class LocalBackend(ExecutionBackend):
             limits=limits,
             max_concurrent=max_concurrent,
         )
-        self._start(setup, setup.limits)
+        self._start(setup)
 
     @classmethod
     def _of(cls, setup: BackendSetup) -> LocalBackend:
         """The backend of a run's setup, its classes and configs taken as resolved (``setup.limits``)."""
         backend = cls.__new__(cls)
-        backend._start(setup, setup.limits)
+        backend._start(setup)
         return backend
 
-    def _start(self, setup: BackendSetup, limits: RunLimits | None) -> None:
+    def _start(self, setup: BackendSetup) -> None:
         self.setup = setup
         """The workflow and grader, their configs and the grading rule (:meth:`BackendSetup.grades`)."""
         self.workflow_class: type[AgentWorkflow[Any]] = setup.workflow_class
@@ -108,7 +107,7 @@ class LocalBackend(ExecutionBackend):
         self.grader_class: type[Grader[Any]] | None = setup.grader_class
         self.grader_config: GraderConfig | None = setup.grader_config
         self.require_labels = setup.require_labels
-        self.limits: RunLimits = (limits or RunLimits()).resolve(self.workflow_config, self.grader_config)
+        self.limits: RunLimits = setup.limits.resolve(self.workflow_config, self.grader_config)
         """The limits this backend keeps, resolved (both numbers)."""
         self._limit: int = self.limits.concurrency or 0
         self._workflow_slots = anyio.Semaphore(self._limit, fast_acquire=True)
@@ -130,8 +129,7 @@ class LocalBackend(ExecutionBackend):
         if setup.workers > 1:
             # the worker pool sits above this module (it hosts LocalBackends), so the deprecated
             # shim reaches the registered factory at run time rather than importing up a layer
-            local_backend = load_object("osmosis_core._engine.builtin:local_backend")
-            backend: ExecutionBackend = local_backend(setup)
+            backend: ExecutionBackend = load_object("osmosis_core._engine.builtin:local_backend")(setup)
             return backend
         return cls(*setup.rollout_args(), require_labels=setup.require_labels, limits=setup.limits)
 
@@ -178,16 +176,14 @@ class LocalBackend(ExecutionBackend):
         try:
             if not _took(slots):
                 await slots.acquire()
+            self._running += 1
             try:
                 self._queued -= 1
                 queued = False
                 timings["queued"] = time.perf_counter() - submitted
-                self._running += 1
-                try:
-                    result = await run_workflow(self.workflow_class, self.workflow_config, request, rollout, timings)
-                finally:
-                    self._running -= 1
+                result = await run_workflow(self.workflow_class, self.workflow_config, request, rollout, timings)
             finally:
+                self._running -= 1
                 slots.release()
             await report.report(result)
             if report.ended:

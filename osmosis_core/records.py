@@ -180,15 +180,8 @@ def message_text(message: Mapping[str, Any]) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, Mapping):
-                text = part.get("text")
-                if isinstance(text, str):
-                    parts.append(text)
-        return "".join(parts)
+        texts = (part.get("text") if isinstance(part, Mapping) else part for part in content)
+        return "".join(text for text in texts if isinstance(text, str))
     return ""
 
 

@@ -24,6 +24,7 @@ made for every rollout, so instance state never leaks between rollouts.
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import enum
 from typing import Any, ClassVar
@@ -162,11 +163,7 @@ class GraderContext[G: GraderConfig]:
 
 
 class Grader[G: GraderConfig](abc.ABC):
-    """The reward side of a rollout. Implement :meth:`grade`::
-
-        class ExactGrader(Grader):
-            async def grade(self, ctx: GraderContext) -> float:
-                return 1.0 if ctx.sample.last_text().strip().endswith(str(ctx.label)) else 0.0
+    """The reward side of a rollout. Implement :meth:`grade`; see the module docstring for an example.
 
     Return the reward, or call ``ctx.set_reward``. A grader that sets no reward fails the rollout
     with a ``validation_error``; so does a row with no label when a grader is configured.
@@ -210,10 +207,7 @@ def copy_config[T](config: T) -> T:
                 value = copy_config(value)
             object.__setattr__(new, name, value)
         return new
-    try:
-        return copy.deepcopy(config)
-    except Exception:
-        try:
-            return copy.copy(config)
-        except Exception:
-            return config
+    for copier in (copy.deepcopy, copy.copy):
+        with contextlib.suppress(Exception):
+            return copier(config)
+    return config
