@@ -23,11 +23,7 @@ def attach(
     live in ``package``'s modules (``submod_attrs``: module relative to ``package`` -> names)."""
     home = {name: f"{package}.{sub}" for sub, names in submod_attrs.items() for name in names}
     names = sorted(home)
-
-    def __dir__() -> list[str]:
-        return list(names)
-
-    return getattr_from(into, home), __dir__, list(names)
+    return getattr_from(into, home), lambda: list(names), list(names)
 
 
 def getattr_from(into: str, home: Mapping[str, str]) -> Callable[[str], Any]:

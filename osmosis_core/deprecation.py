@@ -11,9 +11,7 @@ which the ``osmosis`` CLI shows once per place)::
 
     __getattr__ = moved_names(__name__, {"old_name": ("my_package.new_module:new_name", "0.2.0")})
 
-A name that moved to another distribution names it third, so the warning (and the ImportError
-when it is not installed) says what to install:
-``{"old_name": ("other_package:new_name", "0.2.0", "other-distribution")}``.
+A name that moved to another distribution names it third (see :func:`moved_names`).
 
 >>> import warnings
 >>> getattr_ = moved_names("pkg.old", {"dumps": ("json:dumps", "0.2.0")})

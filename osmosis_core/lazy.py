@@ -2,17 +2,8 @@
 
 A package now loads its public names with ``lazy_loader.attach`` and imports the same names under
 ``if TYPE_CHECKING:``, so type checkers and "go to definition" land in the real code (no ``.pyi``
-stub); ``osmosis_core.testing.check_lazy_exports`` checks the two lists agree::
-
-    # my_plugin/__init__.py
-    from typing import TYPE_CHECKING
-
-    import lazy_loader
-
-    if TYPE_CHECKING:
-        from my_plugin.agent import MyAgent as MyAgent
-
-    __getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={"agent": ["MyAgent"]})
+stub); :mod:`osmosis_core.testing.exports` shows it, and its ``check_lazy_exports`` checks the two
+lists agree.
 """
 
 from __future__ import annotations

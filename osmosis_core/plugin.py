@@ -39,9 +39,8 @@ A complete backend plugin is the example in :mod:`osmosis_core.backend` (the sam
 README's and ``osmosis_core/testing/example_backend.py``, which the backend contract suite runs).
 
 A plugin whose package should import fast (the ``osmosis`` CLI loads every plugin's entry module)
-loads its public names on first use with ``lazy_loader.attach`` and imports the same names under
-``if TYPE_CHECKING:`` for type checkers, as the first-party plugins do;
-``osmosis_core.testing.check_lazy_exports`` checks the two lists agree.
+loads its public names on first use, as :mod:`osmosis_core.testing.exports` shows (and checks with
+``check_lazy_exports``).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -154,10 +153,9 @@ __all__ = [  # noqa: RUF022 - in the order the docstring teaches them
 assert sorted(__all__) == _names, "every name of the table is in __all__, once"
 
 # names that moved to another public module (CHANGELOG 0.2.0): each warns and still works
-_FRONTEND = "osmosis_core.frontend"
 _MOVED_TO: dict[str, tuple[str, ...]] = {
     # a frontend's tools (a command that runs or reads runs)
-    _FRONTEND: (
+    "osmosis_core.frontend": (
         "DatasetRow",
         "ResultStats",
         "Summary",

@@ -107,22 +107,6 @@ for _kind in (ErrorCategory, ExecutionStage, ExecutionStatus):  # str enums: the
     converter.register_unstructure_hook(_kind, lambda member: member.value)
 
 
-def _plain(value: Any, _type: Any = None) -> Any:
-    return value
-
-
-# messages and metrics are the framework's own JSON-ready data: passed through, not walked
-def _is(expected: Any) -> Any:
-    def check(type_: Any) -> bool:
-        return bool(type_ == expected)
-
-    return check
-
-
-for _passed in (list[Message], dict[str, Any], dict[str, float]):
-    converter.register_unstructure_hook_func(_is(_passed), _plain)
-
-
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 """How a non-finite metric is written (strict JSON has no such number), and the value each spelling stands for."""
 
@@ -177,10 +161,6 @@ def _mapping(value: Any, _type: Any) -> dict[str, Any]:
     return value
 
 
-converter.register_structure_hook_func(_is(list[Message]), _messages)
-converter.register_structure_hook_func(_is(dict[str, Any]), _mapping)
-
-
 def _timings(value: Any, _type: Any) -> dict[str, float]:
     if not isinstance(value, dict):
         raise ValueError(f"expected an object of seconds, got {type(value).__name__}")
@@ -192,7 +172,21 @@ def _timings(value: Any, _type: Any) -> dict[str, float]:
     return out
 
 
-converter.register_structure_hook_func(_is(dict[str, float]), _timings)
+def _plain(value: Any) -> Any:
+    return value
+
+
+def _is(expected: Any) -> Any:
+    def check(type_: Any) -> bool:
+        return bool(type_ == expected)
+
+    return check
+
+
+# messages and metrics are the framework's own JSON-ready data: checked when read, passed through (not walked)
+for _passed, _check in ((list[Message], _messages), (dict[str, Any], _mapping), (dict[str, float], _timings)):
+    converter.register_structure_hook_func(_is(_passed), _check)
+    converter.register_unstructure_hook_func(_is(_passed), _plain)
 
 _sample_fields = cattrs.gen.make_dict_unstructure_fn(RolloutSample, converter)
 
@@ -358,9 +352,7 @@ def result_line(
         "rollout_id": result.rollout_id,
         "status": result.status.value,
         "stage": result.stage.value,
-        "error": None
-        if result.error is None
-        else {"category": result.error.category.value, "message": result.error.message},
+        "error": None if result.error is None else converter.unstructure(result.error),
         "reward": None if sample is None else sample.reward,
         "metrics": {} if sample is None else finite_json(sample.metrics),
         "timings": {k: round(v, 6) for k, v in result.timings.items()},

@@ -128,11 +128,8 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON/TOML-ready dict (it never holds a key: only the variable's name)."""
-        data: dict[str, Any] = _converter.unstructure(self)
-        data.pop("source", None)
-        data.pop("root", None)
-        cleaned: dict[str, Any] = _drop_none(data)
-        return cleaned
+        data: dict[str, Any] = _drop_none(_converter.unstructure(self))
+        return {key: value for key, value in data.items() if key not in ("source", "root")}
 
 
 def _drop_none(value: Any) -> Any:
@@ -142,9 +139,6 @@ def _drop_none(value: Any) -> Any:
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
-_converter.register_unstructure_hook(Path, str)
-
-
 register_strict_scalars(_converter)
 
 
@@ -244,8 +238,7 @@ def config_from_dict(data: dict[str, Any], *, source: Path | None = None, root: 
     config = structure_table(data, RunConfig, "$", label)
     config.source = source
     config.root = root if root is not None else (workspace_root(source) if source else Path.cwd())
-    problems = check_config(config)
-    if problems:
+    if problems := check_config(config):
         raise ConfigError(label, problems)
     return config
 
@@ -254,12 +247,9 @@ def check_config(config: RunConfig) -> list[str]:
     """Semantic checks beyond types; each problem as ``message @ $.path``."""
     problems: list[str] = []
     run = config.run
-    if run.concurrency is not None and run.concurrency < 1:
-        problems.append(f"must be >= 1, got {run.concurrency} @ $.run.concurrency")
-    if run.workers < 1:
-        problems.append(f"must be >= 1, got {run.workers} @ $.run.workers")
-    if run.n_samples < 1:
-        problems.append(f"must be >= 1, got {run.n_samples} @ $.run.n_samples")
+    for key in ("concurrency", "workers", "n_samples"):
+        if (count := getattr(run, key)) is not None and count < 1:
+            problems.append(f"must be >= 1, got {count} @ $.run.{key}")
     for key in ("agent_timeout_sec", "grader_timeout_sec"):
         value = getattr(run, key)
         if value is not None and (not math.isfinite(value) or value <= 0):

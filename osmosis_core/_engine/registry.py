@@ -73,17 +73,8 @@ class PluginInfo:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with stable keys."""
-        return {
-            "name": self.name,
-            "distribution": self.distribution,
-            "version": self.version,
-            "module": self.module,
-            "status": self.status,
-            "hooks": list(self.hooks),
-            "error": self.error,
-            "builtin": self.builtin,
-            "provides": {kind: list(names) for kind, names in self.provides.items()},
-        }
+        provides = {kind: list(names) for kind, names in self.provides.items()}
+        return {**attrs.asdict(self, recurse=False), "hooks": list(self.hooks), "provides": provides}
 
 
 _KINDS: dict[str, tuple[str, str]] = {
@@ -122,9 +113,7 @@ def _check_records(hook_name: str, items: Any) -> list[Any]:
 
 
 def _names(value: str | None) -> set[str] | None:
-    if value is None:
-        return None
-    return {n.strip() for n in value.split(",") if n.strip()}
+    return None if value is None else {n.strip() for n in value.split(",") if n.strip()}
 
 
 @attrs.frozen
@@ -167,8 +156,7 @@ class PluginRegistry:
     def _load_entrypoints(self) -> None:
         seen: dict[str, PluginInfo] = {}
         for ep in sorted(entry_points(group=PROJECT_NAME), key=lambda e: e.name):
-            dist = ep.dist.name if ep.dist is not None else "?"
-            version = ep.dist.version if ep.dist is not None else "?"
+            dist, version = (ep.dist.name, ep.dist.version) if ep.dist is not None else ("?", "?")
             if ep.name in seen:
                 other = seen[ep.name]
                 error = (
@@ -247,26 +235,27 @@ class PluginRegistry:
 
     def _validate(self) -> None:
         """Call every register hook once: collect the records, and fail the plugins whose hooks misbehave."""
-        results: dict[int, dict[str, list[Any]]] = {}
+        results: dict[str, list[tuple[object, list[Any]]]] = {hook_name: [] for hook_name in _KINDS}
         failed: dict[int, str] = {}
-        for hook_name in _KINDS:
+        for hook_name, returned in results.items():
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                key = id(impl.plugin)
-                if key in failed:
+                if id(impl.plugin) in failed:
                     continue
                 try:
-                    results.setdefault(key, {})[hook_name] = _check_records(hook_name, impl.function())
+                    returned.append((impl.plugin, _check_records(hook_name, impl.function())))
                 except Exception as exc:
-                    failed[key] = f"{hook_name} failed: {type(exc).__name__}: {exc}"
-        for hook_name in _KINDS:
+                    failed[id(impl.plugin)] = f"{hook_name} failed: {type(exc).__name__}: {exc}"
+        provides: dict[int, dict[str, tuple[str, ...]]] = {}
+        for hook_name, returned in results.items():  # a plugin that failed any hook contributes nothing
             found: dict[str, list[_Provided[Any]]] = {}
-            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                key = id(impl.plugin)
-                if key in failed:
+            for plugin, items in returned:
+                if id(plugin) in failed:
                     continue
-                info = self._info(impl.plugin)
-                for item in results.get(key, {}).get(hook_name, []):
+                info = self._info(plugin)
+                for item in items:
                     found.setdefault(_normalise(item.name), []).append(_Provided(item, info))
+                if items:
+                    provides.setdefault(id(plugin), {})[_KINDS[hook_name][0]] = tuple(sorted(i.name for i in items))
             self._cache[hook_name] = found
         for key, error in failed.items():
             failing = self._info_of.get(key)
@@ -280,14 +269,9 @@ class PluginRegistry:
                 failing.name,
             )
             self._update(key, status="failed", error=error)
-        for key, plugin_results in results.items():
-            working = self._info_of.get(key)
-            if working is None or key in failed:
-                continue
-            provides = {_KINDS[h][0]: tuple(sorted(item.name for item in items)) for h, items in plugin_results.items()}
-            self._update(
-                key, provides={**working.provides, **{kind: names for kind, names in provides.items() if names}}
-            )
+        for key, kinds in provides.items():
+            if key in self._info_of:
+                self._update(key, provides={**self._info_of[key].provides, **kinds})
 
     def _update(self, key: int, **changes: Any) -> None:
         """Replace a plugin's record (they are frozen) in the list and the index."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -60,7 +61,8 @@ def scan_results(
         if size and repair:
             handle.seek(size - 1)
             if handle.read(1) != b"\n":  # a last line cut short: find where it starts, cut it off
-                keep = _last_newline(handle, size) + 1
+                with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as whole:  # searched from its end
+                    keep = whole.rfind(b"\n") + 1
                 with path.open("r+b") as writable:
                     writable.truncate(keep)
         handle.seek(0)
@@ -87,20 +89,6 @@ def scan_results(
             damaged.append(problem)
 
 
-def _last_newline(handle: IO[bytes], size: int) -> int:
-    """The offset of the last newline of a file (-1 when there is none), read backwards in blocks."""
-    end = size
-    while end > 0:
-        start = max(0, end - (1 << 16))
-        handle.seek(start)
-        block = handle.read(end - start)
-        at = block.rfind(b"\n")
-        if at >= 0:
-            return start + at
-        end = start
-    return -1
-
-
 def read_results(path: Path) -> list[dict[str, Any]]:
     """Every line of an existing ``results.jsonl`` (see :func:`scan_results`, which does not hold them all)."""
     return [line for _, line in scan_results(path)]
@@ -109,9 +97,8 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 @attrs.frozen
 class LineOutcome:
     """How the rollout of one ``results.jsonl`` line ended: what ``--resume``, ``--retry-failed`` and
-    the summary read of it (a few bytes: no sample). Read from a line by :func:`summary_fields`,
-    through the converter that reads every record (:mod:`osmosis_core.wire`); made from the result
-    itself as the line is written (:meth:`of`).
+    the summary read of it (a few bytes: no sample). Read from a line by :func:`summary_fields`;
+    made from the result itself as the line is written (:meth:`of`).
 
     >>> summary_fields({"row": 0, "sample_index": 0, "status": "failure", "reward": None,
     ...                 "error": {"category": "policy_error", "message": "HTTP 503"}, "timings": {"workflow": 0.5}})
@@ -154,7 +141,7 @@ class LineOutcome:
 
 def summary_fields(line: dict[str, Any]) -> LineOutcome:
     """What :class:`ResultStats` counts of a line (status, error, reward, timings), read through the
-    records' converter; the message cut to :data:`MESSAGE_CHARS`.
+    records' converter (:mod:`osmosis_core.wire`); the message cut to :data:`MESSAGE_CHARS`.
 
     :raises ValueError: a line that says none of it validly (an unknown status or error category, a
         reward that is not a number), naming the field.
@@ -241,14 +228,14 @@ def _usable(secrets: Iterable[str | None]) -> tuple[str, ...]:
     return usable + tuple(e for s in usable if (e := json.dumps(s, ensure_ascii=False)[1:-1]) != s)
 
 
-def _encode(line: dict[str, Any]) -> str:
-    return json.dumps(line, ensure_ascii=False, allow_nan=False, default=_json_default)
+def _encode(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default)
 
 
 def json_ready(value: Any) -> Any:
     """``value`` as a results line holds it: what JSON cannot hold becomes its repr (an attrs
     instance, its fields). :raises ValueError: a NaN or infinity."""
-    return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default))
+    return json.loads(_encode(value))
 
 
 def _json_default(value: Any) -> Any:
@@ -334,11 +321,8 @@ class ResultStats:
 
     def common_errors(self) -> dict[str, dict[str, Any]]:
         """The most common message of each error category: ``{category: {"message": ..., "count": n}}``."""
-        common = {}
-        for category, seen in sorted(self.error_messages.items()):
-            message, count = seen.most_common(1)[0]
-            common[category] = {"message": message, "count": count}
-        return common
+        top = {category: seen.most_common(1)[0] for category, seen in sorted(self.error_messages.items())}
+        return {category: {"message": message, "count": count} for category, (message, count) in top.items()}
 
     @property
     def graded(self) -> int:
@@ -348,8 +332,7 @@ class ResultStats:
 
     @property
     def mean_reward(self) -> float | None:
-        """Mean reward over the graded rollouts, a failed rollout counting as 0 (the rollouts the
-        pass rate counts); None while no rollout has a reward."""
+        """:attr:`Summary.mean_reward`; None while no rollout has a reward."""
         return sum(self.rewards) / self.graded if self.rewards else None
 
     @property
@@ -397,7 +380,6 @@ class Summary:
         stub_policy: bool,
     ) -> Summary:
         """Freeze running totals into a summary."""
-        rewarded = len(stats.rewards)
         return cls(
             rows=rows,
             n_samples=n_samples,
@@ -408,7 +390,7 @@ class Summary:
             ungraded=stats.ungraded,
             mean_reward=stats.mean_reward,
             mean_reward_graded=stats.mean_reward_graded,
-            pass_rate=(stats.passed / stats.graded) if rewarded else None,
+            pass_rate=(stats.passed / stats.graded) if stats.rewards else None,
             pass_threshold=stats.pass_threshold,
             errors_by_category=dict(sorted(stats.errors.items())),
             latency_p50_sec=percentile(stats.latencies, 0.5),
@@ -445,8 +427,7 @@ def folder_progress(
 ) -> RunProgress:
     """How a run folder stands, read from its ``results.jsonl`` (what ``osmosis serve`` tells the
     ``osmosis_run_progress`` hooks: a server has no dataset, so each row it saw counts once)."""
-    threshold = config.run.pass_threshold if config is not None else 1.0
-    stats = ResultStats(pass_threshold=threshold)
+    stats = ResultStats(pass_threshold=config.run.pass_threshold if config is not None else 1.0)
     latest = latest_records(Path(run_dir) / "results.jsonl", repair=False, damaged=[])
     for outcome in latest.values():
         if outcome.status is not ExecutionStatus.CANCELLED:
