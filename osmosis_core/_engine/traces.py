@@ -83,9 +83,8 @@ class RunTraces:
         """Take the rollout's trace out of the gateway; write its line (:func:`write_trace_line`)
         unless the rollout was cancelled."""
         trace = self.gateway.pop_trace(rollout_id)
-        if trace is None or not write:
-            return
-        write_trace_line(self._writer, trace_line(rollout_id, row_index, sample_index, trace.to_json()))
+        if trace is not None and write:
+            write_trace_line(self._writer, trace_line(rollout_id, row_index, sample_index, trace.to_json()))
 
     async def aclose(self) -> None:
         """Stop the gateway and close the file."""
