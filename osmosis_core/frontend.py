@@ -67,17 +67,21 @@ if TYPE_CHECKING:
     from osmosis_core._engine.lifeline import signal_when_parent_gone as signal_when_parent_gone
     from osmosis_core._engine.loader import LoadedRollout as LoadedRollout
     from osmosis_core._engine.loader import load_rollout as load_rollout
+    from osmosis_core._engine.registry import PluginRegistry
     from osmosis_core._engine.results import LineOutcome as LineOutcome
     from osmosis_core._engine.results import ResultStats as ResultStats
+    from osmosis_core._engine.results import ResultWriter
     from osmosis_core._engine.results import Summary as Summary
     from osmosis_core._engine.results import latest_records as latest_records
     from osmosis_core._engine.results import percentile as percentile
     from osmosis_core._engine.results import scan_results as scan_results
     from osmosis_core._engine.results import summary_fields as summary_fields
     from osmosis_core._engine.traces import make_trace_gateway as make_trace_gateway
+    from osmosis_core.backend import ExecutionBackend
     from osmosis_core.cli.common import config_options as config_options
     from osmosis_core.cli.common import make_console as make_console
     from osmosis_core.cli.common import resolve_config as resolve_config
+    from osmosis_core.records import ExecutionResult
     from osmosis_core.traces import TRACES as TRACES
     from osmosis_core.traces import trace_from_line as trace_from_line
     from osmosis_core.traces import traces_enabled as traces_enabled
@@ -85,12 +89,6 @@ if TYPE_CHECKING:
     from osmosis_core.wire import finite_json as finite_json
     from osmosis_core.wire import nonfinite_paths as nonfinite_paths
     from osmosis_core.wire import result_line as result_line
-
-if TYPE_CHECKING:  # for the annotations below
-    from osmosis_core._engine.registry import PluginRegistry
-    from osmosis_core._engine.results import ResultWriter
-    from osmosis_core.backend import ExecutionBackend
-    from osmosis_core.records import ExecutionResult
 
 # imported on first use, so a command module that imports this one keeps `osmosis --help` fast
 _lazy_getattr, _dir, _lazy = _reexport.attach(

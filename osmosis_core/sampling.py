@@ -11,8 +11,7 @@ values in the trace as sent and records the applied ones on each call).
 
 The settings are the sampling parameters vLLM and the OpenAI API share, plus vLLM's ``top_k``,
 ``min_p`` and ``repetition_penalty`` (an OpenAI upstream refuses those three). ``max_tokens`` caps
-a call's generation whichever name the agent gave its own cap (``max_completion_tokens`` is OpenAI's
-newer name, and vLLM takes it over ``max_tokens``): see :func:`sampling_overrides`.
+a call's generation whichever name the agent gave its own cap: see :func:`sampling_overrides`.
 
 >>> check_sampling({"temperature": 1, "top_p": 0.9, "seed": None})
 {'temperature': 1.0, 'top_p': 0.9}
@@ -67,7 +66,7 @@ def _kind(value: Any) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
-_Made = tuple[Callable[[Any], Any], str, dict[str, Any]]
+_Made = tuple[Callable[[Any], Any], dict[str, Any]]
 
 
 def _number(low: float, high: float | None = None, *, above: bool = False) -> _Made:
@@ -86,7 +85,7 @@ def _number(low: float, high: float | None = None, *, above: bool = False) -> _M
     schema: dict[str, Any] = {"type": "number", ("exclusiveMinimum" if above else "minimum"): low}
     if high is not None:
         schema["maximum"] = high
-    return check, where, schema
+    return check, schema
 
 
 def _integer(low: int, high: int | None = None) -> _Made:
@@ -101,7 +100,7 @@ def _integer(low: int, high: int | None = None) -> _Made:
     schema: dict[str, Any] = {"type": "integer", "minimum": low}
     if high is not None:
         schema["maximum"] = high
-    return check, where, schema
+    return check, schema
 
 
 def _stop(value: Any) -> str | list[str]:
@@ -116,8 +115,7 @@ _INT64: Final = 2**63
 
 
 def _param(name: str, made: _Made, doc: str) -> SamplingParam:
-    check, _, schema = made
-    return SamplingParam(name, check, schema, doc)
+    return SamplingParam(name, *made, doc)
 
 
 SAMPLING_PARAMS: Final[Mapping[str, SamplingParam]] = {

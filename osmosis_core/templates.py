@@ -1,13 +1,7 @@
 """Starter templates (``osmosis template list|apply``) and reusable grader specs.
 
 A template is a folder of files copied into the user's folder as they are. A plugin registers
-one with :func:`~osmosis_core.hookspecs.osmosis_register_templates`::
-
-    @hookimpl
-    def osmosis_register_templates():
-        root = Path(__file__).parent / "template"     # holds rollouts/..., configs/..., data/...
-        return [TemplateSpec("echo-local", root, description="An echo rollout.",
-                             next_steps="osmosis run configs/eval/echo-local.toml --stub-policy")]
+one with :func:`~osmosis_core.hookspecs.osmosis_register_templates` (an example is there).
 """
 
 from __future__ import annotations
@@ -107,9 +101,8 @@ class TemplateSpec:
             candidates = [start] if start.is_file() else (start.rglob("*") if start.is_dir() else [])
             for path in candidates:
                 rel = path.relative_to(root)
-                if path.is_dir() or any(fnmatch.fnmatch(part, skip) for part in rel.parts for skip in _SKIP):
-                    continue
-                if regex.fullmatch(rel.as_posix()):
+                skipped = path.is_dir() or any(fnmatch.fnmatch(part, skip) for part in rel.parts for skip in _SKIP)
+                if not skipped and regex.fullmatch(rel.as_posix()):
                     found.add(rel)
         return sorted(found)
 
@@ -135,27 +128,13 @@ def multiply_template(
     )
 
 
+_GLOB = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+
+
 def _glob_regex(pattern: str) -> re.Pattern[str]:
     """A glob anchored at the start: ``**`` spans folders, ``*`` and ``?`` do not."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out))
+    parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern)  # the wildcards, and the literal text between them
+    return re.compile("".join(_GLOB.get(part) or re.escape(part) for part in parts))
 
 
 def _sources(spec: TemplateSpec) -> dict[Path, tuple[Path, bool]]:

@@ -14,15 +14,12 @@ A backend, ``osmosis serve`` or a trainer's own loop needs three calls of :class
     ...                                     # run the rollout
     line = gateway.pop_trace(request.rollout_id).to_json()
 
-A trainer's policy version and sampling settings for a rollout go to ``open_rollout`` as keywords
-(``policy_version=``, ``sampling=``) where the gateway takes them; ``SharedGateways`` (what
-``osmosis serve --traces`` keeps, in ``osmosis_core.plugin``) passes them from the rollout's
-request. ``make_trace_gateway`` is in ``osmosis_core.frontend``.
+A trainer's ``policy_version=`` and ``sampling=`` for a rollout go to ``open_rollout`` too (see
+:meth:`TraceGateway.open_rollout`). ``make_trace_gateway`` is in ``osmosis_core.frontend``.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -37,8 +34,6 @@ __all__ = [
     "trace_line",
     "traces_enabled",
 ]
-
-log = logging.getLogger(__name__)
 
 TRACES = "traces.jsonl"
 """The run folder's trace file: one line per finished rollout, like ``results.jsonl``."""
@@ -67,9 +62,8 @@ class TraceGateway(Protocol):
         A gateway may also take the keywords ``policy_version`` (a string recorded on each call of
         the rollout) and ``sampling`` (a trainer's checked settings, :mod:`osmosis_core.sampling`,
         set over what the rollout sends on each call it forwards, the rollout's values kept in the
-        trace as sent), as ``osmosis_gateway.PolicyGateway`` does. :class:`SharedGateways` passes
-        each only when a rollout has one, and only to a gateway whose ``open_rollout`` names it (or
-        takes ``**kwargs``); a gateway without them keeps working (see :meth:`SharedGateways.open`).
+        trace as sent), as ``osmosis_gateway.PolicyGateway`` does. A gateway without them keeps
+        working: see :meth:`SharedGateways.open` (in ``osmosis_core.plugin``).
         """
 
     def pop_trace(self, rollout_id: str) -> RolloutTraceLike | None:
@@ -83,13 +77,9 @@ def traces_enabled(table: Mapping[str, Any]) -> bool:
 
 def trace_line(rollout_id: str, row_index: int, sample_index: int, trace: Mapping[str, Any]) -> dict[str, Any]:
     """The ``traces.jsonl`` line of a rollout's trace (its JSON form): its place, then the trace."""
-    data = dict(trace)
-    line = {"rollout_id": rollout_id, "row_index": row_index, "sample_index": sample_index}
-    line["complete"] = data.pop("complete", None)
-    line["incomplete_reason"] = data.pop("incomplete_reason", None)
-    data.pop("rollout_id", None)
-    line.update(data)
-    return line
+    line: dict[str, Any] = {"rollout_id": rollout_id, "row_index": row_index, "sample_index": sample_index}
+    line |= {"complete": None, "incomplete_reason": None}  # next, whether the trace has them or not
+    return line | {key: value for key, value in trace.items() if key != "rollout_id"}
 
 
 def trace_from_line(line: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,8 @@
 """Does the policy endpoint answer? One cheap request before a run starts (``osmosis run``, ``osmosis validate``).
 
-A run against an endpoint nobody serves used to start, fail every rollout in a second and end
-with ``policy_error 20`` and nothing else. Before the first rollout, :func:`check_policy` asks
-``GET {base_url}/models``: vLLM, SGLang, Ollama, OpenAI and LiteLLM all serve it, it generates
-nothing, and it takes the same path as the rollouts' calls (the environment's proxy, the key,
-the ``[policy]`` headers). What the answer means:
+Before the first rollout, :func:`check_policy` asks ``GET {base_url}/models``: vLLM, SGLang,
+Ollama, OpenAI and LiteLLM all serve it, it generates nothing, and it takes the same path as the
+rollouts' calls (the environment's proxy, the key, the ``[policy]`` headers). What the answer means:
 
 * **no HTTP answer** (connection refused, a host name that does not resolve, a TLS certificate
   or handshake refused, no connection within ``connect_timeout`` seconds, a connection closed
@@ -130,7 +128,6 @@ async def check_policy(
 
     :param key_source: where the key came from (``$OPENAI_API_KEY``), for the warning on a 401.
     """
-
     import aiohttp
 
     from osmosis_core.http.client import ResponseTooLarge, http_request, read_limited

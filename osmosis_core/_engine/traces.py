@@ -22,7 +22,7 @@ from osmosis_core.wire import finite_json
 
 __all__ = ["RunTraces", "SharedGateways", "make_trace_gateway", "write_trace_line"]
 
-log = logging.getLogger("osmosis_core.traces")  # the name users filter on, as before
+log = logging.getLogger("osmosis_core.traces")  # the name users filter on
 
 _warned: set[type] = set()
 """The gateway classes already said to take no ``policy_version``."""
@@ -83,9 +83,8 @@ class RunTraces:
         """Take the rollout's trace out of the gateway; write its line (:func:`write_trace_line`)
         unless the rollout was cancelled."""
         trace = self.gateway.pop_trace(rollout_id)
-        if trace is None or not write:
-            return
-        write_trace_line(self._writer, trace_line(rollout_id, row_index, sample_index, trace.to_json()))
+        if trace is not None and write:
+            write_trace_line(self._writer, trace_line(rollout_id, row_index, sample_index, trace.to_json()))
 
     async def aclose(self) -> None:
         """Stop the gateway and close the file."""
@@ -102,17 +101,10 @@ def _open_rollout(
     policy_version: str | None = None,
     sampling: Mapping[str, Any] | None = None,
 ) -> PolicyEndpoint:
-    """``gateway.open_rollout(rollout_id)`` with the keywords the rollout has and the gateway takes
-    (none given: called exactly so, as before the keywords were). Settings the gateway cannot apply
-    go with the endpoint returned, for the rollout's clients to apply; a version it cannot record is
-    lost, with a warning (once per gateway class)."""
-    options: dict[str, Any] = {}
-    if policy_version is not None:
-        options["policy_version"] = policy_version
-    if sampling is not None:
-        options["sampling"] = sampling
-    if not options:
-        return gateway.open_rollout(rollout_id)
+    """``gateway.open_rollout(rollout_id)`` with the keywords given (not None) that the gateway takes
+    (:meth:`SharedGateways.open` says what becomes of the others)."""
+    options: dict[str, Any] = {"policy_version": policy_version, "sampling": sampling}
+    options = {name: value for name, value in options.items() if value is not None}
     kind = type(gateway)
     takes = _keywords(kind) if callable(getattr(kind, "open_rollout", None)) else _signature(gateway.open_rollout)
     taken = {name: value for name, value in options.items() if takes is None or name in takes}
@@ -204,13 +196,14 @@ class SharedGateways:
     ) -> PolicyEndpoint:
         """The rollout's own endpoint on the gateway in front of ``policy`` (started when none is).
 
-        ``policy.sampling`` (a trainer's settings for this rollout) is handed to the gateway, which
-        sets it on each call it forwards and records it; ``policy_version`` is recorded on each call.
-        The gateway is made without them: rollouts with other settings share it. A gateway whose
-        ``open_rollout`` takes no ``sampling`` keyword (a third party's) leaves it to the rollout's
-        own clients: the endpoint returned carries the settings, so ``chat_completion`` and the agent
-        integrations set them (its trace then shows the trainer's values as the ones sent). One
-        that takes no ``policy_version`` records none; a warning says so, once per gateway.
+        ``policy.sampling`` (a trainer's settings for this rollout) and ``policy_version`` go to the
+        gateway's ``open_rollout`` (:meth:`TraceGateway.open_rollout`), each only when given and only
+        when it names the keyword (or takes ``**kwargs``); the gateway is made without them, so
+        rollouts with other settings share it. A gateway that takes no ``sampling`` (a third
+        party's) leaves it to the rollout's own clients: the endpoint returned carries the settings,
+        so ``chat_completion`` and the agent integrations set them (its trace then shows the
+        trainer's values as the ones sent). One that takes no ``policy_version`` records none; a
+        warning says so, once per gateway class.
 
         :raises ConfigError: no plugin provides a gateway, or it refused the settings.
         """

@@ -11,8 +11,7 @@ edges of HTTP for us.
 The session:
 
 * pools keep-alive connections with no cap on their number (the backend's concurrency is the
-  cap), and closes a connection idle for 4 s, before the 5 s after which uvicorn (vLLM, SGLang)
-  closes it, so a request is rarely sent on a connection the server is dropping;
+  cap), and closes one idle for :data:`KEEPALIVE_SEC`;
 * never retries a request: a POST that may have reached the server is never sent twice
   (aiohttp re-sends only idempotent methods, and only on a reused connection that failed);
 * has no overall timeout: a rollout's own ``agent_timeout_sec`` bounds its calls.
@@ -30,10 +29,8 @@ starts one whose ``finally`` closes them, after every other generator that was b
 :class:`~osmosis_core.LocalBackend` or a rollout client so ends without "Unclosed client session".
 Whoever wants them closed earlier, or runs a loop that is closed without that shutdown
 (``loop.close()`` alone), awaits :func:`aclose_http` (or ``async with http_scope():``) on the
-loop: every loop osmosis runs does (``osmosis run``, the worker processes, the runner inside a
-Harbor trial, :func:`osmosis_core.testing.run_rollout_sync`, the rollout server's shutdown), and so
-does the local backend's ``aclose()``. A module that keeps its own per-loop client registers how to
-close it with :func:`on_close`.
+loop, as every loop osmosis runs does, and the local backend's ``aclose()``. A module that keeps
+its own per-loop client registers how to close it with :func:`on_close`.
 """
 
 from __future__ import annotations
@@ -45,7 +42,7 @@ import os
 import sys
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from osmosis_core.records import DEFAULT_MAX_RESPONSE_BYTES
@@ -68,7 +65,8 @@ __all__ = [
 ]
 
 KEEPALIVE_SEC = 4.0
-"""An idle pooled connection is closed after this long (uvicorn's servers close theirs after 5 s)."""
+"""An idle pooled connection is closed after this long: before uvicorn's servers (vLLM, SGLang) close
+theirs, after 5 s, so a request is rarely sent on a connection the server is dropping."""
 
 CONNECT_TIMEOUT_SEC = 30.0
 READ_TIMEOUT_SEC = 600.0
@@ -124,9 +122,8 @@ _ACLOSE = "async_generator_athrow"
 
 
 async def _closed_at_loop_shutdown(clients: _LoopClients) -> AsyncGenerator[None]:
-    """Suspended at its ``yield`` for the loop's life; the loop closes it at its shutdown
-    (``loop.shutdown_asyncgens()``, which ``asyncio.run`` and its kin await), and ``finally`` closes
-    ``clients`` there."""
+    """Suspended at its ``yield`` for the loop's life; its ``finally`` closes ``clients`` when the
+    loop's shutdown closes it (see the module)."""
     try:
         yield
     finally:
@@ -160,10 +157,8 @@ def _clients() -> _LoopClients:
             # it to the running loop's first-iteration hook (which keeps it, weakly, among the
             # generators shutdown_asyncgens closes); one synchronous step runs it to its yield.
             sentinel = clients.sentinel = _closed_at_loop_shutdown(clients)
-            try:
+            with suppress(StopIteration):
                 sentinel.__anext__().send(None)
-            except StopIteration:
-                pass
     return clients
 
 
@@ -261,14 +256,8 @@ async def aclose_http() -> None:
 
 @asynccontextmanager
 async def http_scope() -> AsyncIterator[None]:
-    """``async with http_scope():``: the loop's HTTP clients are closed when the block ends::
-
-    from osmosis_core.http import http_scope
-
-    async def main():
-        async with http_scope():
-            await backend.execute(request, on_workflow_complete, on_grader_complete)
-    """
+    """``async with http_scope():``: the loop's HTTP clients are closed (:func:`aclose_http`) when the
+    block ends, as in the example of :mod:`osmosis_core.http`."""
     try:
         yield
     finally:
@@ -286,8 +275,7 @@ async def read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes:
         raise ResponseTooLarge(limit, declared)
     if declared is not None and not response.headers.get("Content-Encoding"):
         return await response.read()  # aiohttp reads exactly the declared length
-    # no length, or a compressed body (its length says nothing of what it inflates to): counted as
-    # it is decoded
+    # no length, or a compressed body (its length says nothing of what it inflates to): counted decoded
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_chunked(1 << 16):
