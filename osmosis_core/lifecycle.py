@@ -365,10 +365,12 @@ async def _within[**P, R](timeout: float, fn: Callable[P, Awaitable[R]], *args: 
 
     On asyncio it uses asyncio's own timeout, which costs a fraction of a cancel scope.
     """
-    if asyncio._get_running_loop() is not None:  # on asyncio (not trio)
-        async with asyncio.timeout(timeout):
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # not on asyncio (trio)
+        with anyio.fail_after(timeout):
             return await fn(*args, **kwargs)
-    with anyio.fail_after(timeout):
+    async with asyncio.timeout(timeout):
         return await fn(*args, **kwargs)
 
 

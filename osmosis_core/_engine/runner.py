@@ -21,11 +21,11 @@ One rollout, from ``osmosis run configs/eval/x.toml`` to its line in ``results.j
    is the grading rule) and calls the backend's factory from ``_engine/registry.py``
    (``local``: ``_engine/builtin.py``'s ``local_backend``, a ``local.py`` :class:`LocalBackend`, or
    ``_engine/workers.py``'s pool of them with ``[run] workers``). With traces,
-   ``_engine/traces.py`` starts the gateway a plugin provides.
-3. :func:`execute_run`, ``_Execution.rollout``: the pair becomes a ``records.py``
-   :class:`ExecutionRequest` (with its own policy route when traced), and ``lifecycle.py``'s
-   :func:`run_one` runs it on the backend and returns its one final result (the caller's side of
-   the seam: what goes wrong around the backend becomes a failure there, not here).
+   ``_engine/traces.py`` (``make_trace_gateway``) makes the gateway a plugin provides.
+3. :func:`execute_run` starts that gateway (``_Execution.run``); ``_Execution.rollout``: the pair
+   becomes a ``records.py`` :class:`ExecutionRequest` (with its own policy route when traced), and
+   ``lifecycle.py``'s :func:`run_one` runs it on the backend and returns its one final result (the
+   caller's side of the seam: what goes wrong around the backend becomes a failure there, not here).
 4. The backend's side, ``local.py`` ``LocalBackend.execute``: ``lifecycle.py``'s
    :class:`RolloutReporter` reports each stage once; ``run_workflow`` runs the author's
    ``workflow.py`` :class:`AgentWorkflow` in a ``context.py`` :class:`RolloutContext`, whose model
