@@ -273,6 +273,27 @@ def test_every_bad_line_is_reported_with_file_and_line(tmp_path):
     assert problems[4].startswith(f"{path}:6: ")
 
 
+def test_a_dataset_of_bad_lines_reports_the_first_twenty_whatever_is_wrong_with_them(tmp_path):
+    # invalid JSON, text that is not UTF-8 and rows of the wrong shape all count towards the cap
+    lines = [b'{"user_prompt": "broken",', b"\xff\xfe not text", b"[1, 2]"] * 30 + [b'{"user_prompt": "fine"}']
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(DatasetError) as info:
+        read_dataset(path)
+    problems = info.value.problems
+    assert len(problems) == 21
+    assert problems[0].startswith(f"{path}:1: invalid JSON")
+    assert problems[1].startswith(f"{path}:2: not UTF-8 text (byte 0xff at column 1)")
+    assert problems[2] == f"{path}:3: expected a JSON object, got list"
+    assert problems[19].startswith(f"{path}:20: ")
+    assert problems[20] == "(stopped after 20 problems, at line 21)"
+    # twenty problems with nothing after them: nothing was left unread
+    path.write_bytes(b"\n".join(lines[:20]) + b"\n")
+    with pytest.raises(DatasetError) as info:
+        read_dataset(path)
+    assert len(info.value.problems) == 20
+
+
 def test_missing_or_empty_dataset(tmp_path):
     with pytest.raises(DatasetError, match="no such file"):
         read_dataset(tmp_path / "nope.jsonl")

@@ -118,6 +118,9 @@ def read_dataset(path: Path | str, *, limit: int | None = None) -> list[DatasetR
         for lineno, data in enumerate(handle, start=1):
             if limit is not None and len(rows) >= limit:
                 break
+            if len(problems) >= MAX_REPORTED:  # the lines read so far held enough problems to fix first
+                problems.append(f"(stopped after {MAX_REPORTED} problems, at line {lineno})")
+                break
             if not data.strip():
                 continue
             try:
@@ -137,9 +140,6 @@ def read_dataset(path: Path | str, *, limit: int | None = None) -> list[DatasetR
                 rows.append(row_from_json(obj, len(rows), lineno))
             except ValueError as exc:
                 problems.append(f"{path}:{lineno}: {exc}")
-            if len(problems) >= MAX_REPORTED:
-                problems.append("(stopped after 20 problems)")
-                break
     if problems:
         raise DatasetError(problems)
     if not rows and limit != 0:
