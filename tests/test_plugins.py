@@ -316,6 +316,10 @@ def test_plugin_raising_in_a_hook_is_reported_as_failed_and_skipped(
     assert "boom in commands" in (records["noisy"].error or "")
     assert good.status == "active"
     assert records["good"].provides == {"backends": ("good",), "commands": ("good-cmd",)}
+    assert osmosis_registry.provider_of("backend", "good").name == "good"  # type: ignore[union-attr]
+    assert osmosis_registry.provider_of("backend", "nobody's") is None
+    with pytest.raises(ValueError, match="kind must be one of backend, grader, template, got 'backends'"):
+        osmosis_registry.provider_of("backends", "good")
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("'bad'" in m and "osmosis_register_backends" in m and "boom in backends" in m for m in messages)
     assert any("'noisy'" in m and "boom in commands" in m for m in messages)

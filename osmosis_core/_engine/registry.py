@@ -314,8 +314,13 @@ class PluginRegistry:
         return self._pick("osmosis_register_backends", "backend", name)  # type: ignore[no-any-return]
 
     def provider_of(self, kind: str, name: str) -> PluginInfo | None:
-        """The plugin that registered the ``kind`` (``backend``, ``template``, ``grader``) called ``name``."""
-        providers = self._collect(_HOOK_OF.get(kind, "osmosis_register_graders")).get(_normalise(name))
+        """The plugin that registered the ``kind`` (``backend``, ``template``, ``grader``) called ``name``.
+
+        :raises ValueError: another ``kind`` (it was read as ``grader``).
+        """
+        if kind not in _HOOK_OF:
+            raise ValueError(f"kind must be one of {', '.join(sorted(_HOOK_OF))}, got {kind!r}")
+        providers = self._collect(_HOOK_OF[kind]).get(_normalise(name))
         return providers[0].plugin if providers else None
 
     def backends(self) -> list[BackendSpec]:
