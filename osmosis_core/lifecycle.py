@@ -367,10 +367,14 @@ async def _within[**P, R](timeout: float, fn: Callable[P, Awaitable[R]], *args: 
     """
     try:
         asyncio.get_running_loop()
-    except RuntimeError:  # not on asyncio (trio)
-        with anyio.fail_after(timeout):
+    except RuntimeError:  # not on asyncio (trio); the stage runs outside this block
+        on_asyncio = False
+    else:
+        on_asyncio = True
+    if on_asyncio:
+        async with asyncio.timeout(timeout):
             return await fn(*args, **kwargs)
-    async with asyncio.timeout(timeout):
+    with anyio.fail_after(timeout):
         return await fn(*args, **kwargs)
 
 

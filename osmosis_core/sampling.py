@@ -115,7 +115,8 @@ _INT64: Final = 2**63
 
 
 def _param(name: str, made: _Made, doc: str) -> SamplingParam:
-    return SamplingParam(name, *made, doc)
+    check, schema = made
+    return SamplingParam(name, check, schema, doc)
 
 
 SAMPLING_PARAMS: Final[Mapping[str, SamplingParam]] = {

@@ -352,7 +352,9 @@ def result_line(
         "rollout_id": result.rollout_id,
         "status": result.status.value,
         "stage": result.stage.value,
-        "error": None if result.error is None else converter.unstructure(result.error),
+        "error": None
+        if result.error is None
+        else {"category": result.error.category.value, "message": result.error.message},
         "reward": None if sample is None else sample.reward,
         "metrics": {} if sample is None else finite_json(sample.metrics),
         "timings": {k: round(v, 6) for k, v in result.timings.items()},

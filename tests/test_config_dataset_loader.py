@@ -287,8 +287,8 @@ def test_a_dataset_of_bad_lines_reports_the_first_twenty_whatever_is_wrong_with_
     assert problems[2] == f"{path}:3: expected a JSON object, got list"
     assert problems[19].startswith(f"{path}:20: ")
     assert problems[20] == "(stopped after 20 problems, at line 21)"
-    # twenty problems with nothing after them: nothing was left unread
-    path.write_bytes(b"\n".join(lines[:20]) + b"\n")
+    # twenty problems with nothing but blank lines after them: nothing was left unread
+    path.write_bytes(b"\n".join(lines[:20]) + b"\n\n  \n")
     with pytest.raises(DatasetError) as info:
         read_dataset(path)
     assert len(info.value.problems) == 20

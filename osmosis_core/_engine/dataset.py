@@ -118,11 +118,11 @@ def read_dataset(path: Path | str, *, limit: int | None = None) -> list[DatasetR
         for lineno, data in enumerate(handle, start=1):
             if limit is not None and len(rows) >= limit:
                 break
-            if len(problems) >= MAX_REPORTED:  # the lines read so far held enough problems to fix first
-                problems.append(f"(stopped after {MAX_REPORTED} problems, at line {lineno})")
-                break
             if not data.strip():
                 continue
+            if len(problems) >= MAX_REPORTED:  # enough to fix first; this line and the rest are unread
+                problems.append(f"(stopped after {MAX_REPORTED} problems, at line {lineno})")
+                break
             try:
                 obj = json.loads(data.decode("utf-8"))
             except UnicodeDecodeError as exc:

@@ -72,9 +72,18 @@ class PluginInfo:
         return f"{self.distribution} {self.version}".strip()
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict with stable keys."""
-        provides = {kind: list(names) for kind, names in self.provides.items()}
-        return {**attrs.asdict(self, recurse=False), "hooks": list(self.hooks), "provides": provides}
+        """A JSON-ready dict with stable keys (named here: a field added to the record is not one)."""
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "module": self.module,
+            "status": self.status,
+            "hooks": list(self.hooks),
+            "error": self.error,
+            "builtin": self.builtin,
+            "provides": {kind: list(names) for kind, names in self.provides.items()},
+        }
 
 
 _KINDS: dict[str, tuple[str, str]] = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -61,8 +60,7 @@ def scan_results(
         if size and repair:
             handle.seek(size - 1)
             if handle.read(1) != b"\n":  # a last line cut short: find where it starts, cut it off
-                with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as whole:  # searched from its end
-                    keep = whole.rfind(b"\n") + 1
+                keep = _last_newline(handle, size) + 1
                 with path.open("r+b") as writable:
                     writable.truncate(keep)
         handle.seek(0)
@@ -87,6 +85,21 @@ def scan_results(
             if damaged is None:
                 raise ValueError(problem)
             damaged.append(problem)
+
+
+def _last_newline(handle: IO[bytes], size: int) -> int:
+    """The offset of the last newline of a file (-1 when there is none), read backwards in blocks (not
+    mapped whole: a file of any size, on any filesystem, under any address-space limit)."""
+    end = size
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        handle.seek(start)
+        block = handle.read(end - start)
+        at = block.rfind(b"\n")
+        if at >= 0:
+            return start + at
+        end = start
+    return -1
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:

@@ -396,14 +396,15 @@ async def execute_run(
     (:class:`~osmosis_core.errors.BackendUnavailable`), the run stops the same way and says so.
     ``summary.json`` is written before the backend winds down.
 
-    With ``handle_signals`` the first Ctrl-C / SIGTERM cancels the rollouts in flight and waits for
-    them; once every rollout has its result it cancels nothing (the run is complete and says so).
-    The signals are watched until the wind-down ends; then the handlers found are back, and a
-    second signal has its usual effect (``KeyboardInterrupt``, or SIGTERM's default). With
-    ``exit_on_second_signal`` (what ``osmosis run`` passes) the process keeps the run's handlers
-    and the caller puts its own back when it is done: a second signal writes the summary and exits
-    130 at once, even while a rollout blocks the event loop, and a first one after the run (while
-    ``osmosis run`` prints its summary) changes nothing. What runs in processes the run started
+    With ``handle_signals`` a first Ctrl-C / SIGTERM, from the start of the run to the end of its
+    wind-down, cancels the rollouts in flight and waits for them; once every rollout has its result
+    it cancels nothing (the run is complete and says so). From that signal on (or from the end of the
+    wind-down, when none came) the handlers found are back, so a second signal has its usual effect
+    (``KeyboardInterrupt``, or SIGTERM's default). With ``exit_on_second_signal`` (what ``osmosis
+    run`` passes) the process keeps the run's handlers instead and the caller puts its own back when
+    it is done: a second signal writes the summary and exits 130 at once, even while a rollout blocks
+    the event loop, and a first one after the run (while ``osmosis run`` prints its summary) changes
+    nothing. What runs in processes the run started
     (workers, the stand-in server, bubblewrap sandboxes, a local Ray cluster) dies with it; a
     backend's resources elsewhere (a Harbor docker or cloud environment) are not stopped then.
 
@@ -591,7 +592,7 @@ class _Execution:
     async def watch_signals(self, scope: anyio.CancelScope) -> None:
         """Wait for the first Ctrl-C / SIGTERM (:meth:`first_signal`; the rules are :func:`execute_run`'s)
         from the start of the run to the end of its wind-down (the backend's close, the progress
-        hooks' last call), then hand the signals over (:meth:`hand_over`), held back meanwhile."""
+        hooks' last call), then, at once, hand the signals over (:meth:`hand_over`), held back meanwhile."""
         found: dict[int, Any] = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
         receiver = anyio.open_signal_receiver(*_STOP_SIGNALS)
         signals = receiver.__enter__()

@@ -102,9 +102,12 @@ def _open_rollout(
     sampling: Mapping[str, Any] | None = None,
 ) -> PolicyEndpoint:
     """``gateway.open_rollout(rollout_id)`` with the keywords given (not None) that the gateway takes
-    (:meth:`SharedGateways.open` says what becomes of the others)."""
+    (none given: called exactly so, its signature unread; :meth:`SharedGateways.open` says what
+    becomes of the others)."""
     options: dict[str, Any] = {"policy_version": policy_version, "sampling": sampling}
     options = {name: value for name, value in options.items() if value is not None}
+    if not options:
+        return gateway.open_rollout(rollout_id)
     kind = type(gateway)
     takes = _keywords(kind) if callable(getattr(kind, "open_rollout", None)) else _signature(gateway.open_rollout)
     taken = {name: value for name, value in options.items() if takes is None or name in takes}

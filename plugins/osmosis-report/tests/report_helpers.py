@@ -58,7 +58,11 @@ def make_run(
     n_samples: int = 2,
     extra: tuple[str, ...] = (),
 ) -> Path:
-    """``osmosis run`` of the example against a scripted server; ``faults`` requests answer HTTP 400."""
+    """``osmosis run`` of the example against a scripted server; ``faults`` requests answer HTTP 400.
+
+    With faults the rollouts run one at a time, so the faults hit the first rollouts in order (row 0's
+    samples): two at once let a loaded machine's scheduling choose (a fault ends a rollout at once,
+    and the next row's first request could reach the server before the other sample's)."""
     with ScriptedPolicyServer(script) as server:
         if faults:
             server.inject(Fault("status", status=400, message="context length exceeded (injected)"), times=faults)
@@ -74,7 +78,7 @@ def make_run(
                 "--n-samples",
                 str(n_samples),
                 "--concurrency",
-                "2",
+                "1" if faults else "2",
                 "--output",
                 f"runs/{name}",
                 *extra,
