@@ -273,12 +273,18 @@ class RolloutReports:
         return True
 
 
+def _on_asyncio() -> bool:
+    """Whether the running event loop is asyncio's (not trio's, through anyio)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _cancel_requested() -> bool:
     """True when the running task was asked to cancel (by its caller), not hit by a stray CancelledError."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # not on asyncio
-        return True
+    task = asyncio.current_task() if _on_asyncio() else None
     return task is None or task.cancelling() > 0
 
 
@@ -365,13 +371,7 @@ async def _within[**P, R](timeout: float, fn: Callable[P, Awaitable[R]], *args: 
 
     On asyncio it uses asyncio's own timeout, which costs a fraction of a cancel scope.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # not on asyncio (trio); the stage runs outside this block
-        on_asyncio = False
-    else:
-        on_asyncio = True
-    if on_asyncio:
+    if _on_asyncio():
         async with asyncio.timeout(timeout):
             return await fn(*args, **kwargs)
     with anyio.fail_after(timeout):
