@@ -8,9 +8,11 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 
@@ -62,7 +64,13 @@ def requests(url: str, n: int, **metadata) -> list[ExecutionRequest]:
     ]
 
 
-async def run_all(pool: WorkerPool, reqs: list[ExecutionRequest]) -> list[ExecutionResult]:
+async def run_all(
+    pool: WorkerPool,
+    reqs: list[ExecutionRequest],
+    meanwhile: Callable[[anyio.abc.TaskGroup], Awaitable[None]] | None = None,
+) -> list[ExecutionResult]:
+    """Every result of ``reqs``, all started at once; ``meanwhile(task_group)`` runs once they are
+    started (a test kills workers or cancels the rollouts there)."""
     results: list[ExecutionResult] = []
 
     async def keep(result: ExecutionResult) -> None:
@@ -71,6 +79,8 @@ async def run_all(pool: WorkerPool, reqs: list[ExecutionRequest]) -> list[Execut
     async with anyio.create_task_group() as tg:
         for r in reqs:
             tg.start_soon(pool.execute, r, keep, keep)
+        if meanwhile is not None:
+            await meanwhile(tg)
     return results
 
 
@@ -127,20 +137,11 @@ def test_cancelling_reports_cancelled_once_per_rollout(stub):
     pool = WorkerPool(Hangs, workers=2, max_concurrent=4)
     try:
 
-        async def cancel_midway() -> list[ExecutionResult]:
-            results: list[ExecutionResult] = []
+        async def cancel_midway(tg: anyio.abc.TaskGroup) -> None:
+            await anyio.sleep(0.5)
+            tg.cancel_scope.cancel()
 
-            async def keep(result: ExecutionResult) -> None:
-                results.append(result)
-
-            async with anyio.create_task_group() as tg:
-                for r in requests(stub.url, 10):  # 4 running, 6 waiting for a slot
-                    tg.start_soon(pool.execute, r, keep, keep)
-                await anyio.sleep(0.5)
-                tg.cancel_scope.cancel()
-            return results
-
-        cancelled = anyio.run(cancel_midway)
+        cancelled = anyio.run(run_all, pool, requests(stub.url, 10), cancel_midway)  # 4 running, 6 waiting
     finally:
         anyio.run(pool.aclose)
     assert sorted(r.rollout_id for r in cancelled) == sorted(f"w{i}" for i in range(10))
@@ -153,20 +154,15 @@ def test_a_cancel_that_arrives_with_its_run_never_hangs(stub):
     try:
         for _attempt in range(30):
 
+            async def cancel_at_once(tg: anyio.abc.TaskGroup) -> None:
+                await anyio.lowlevel.checkpoint()
+                await anyio.lowlevel.checkpoint()
+                tg.cancel_scope.cancel()
+
             async def run_and_cancel_at_once() -> list[ExecutionResult]:
-                results: list[ExecutionResult] = []
-
-                async def keep(result: ExecutionResult) -> None:
-                    results.append(result)
-
                 with anyio.fail_after(10):  # a hang fails the test instead of stalling it
-                    async with anyio.create_task_group() as tg:
-                        for r in requests(stub.url, 64, sleep=30):  # none can finish before the cancel
-                            tg.start_soon(pool.execute, r, keep, keep)
-                        await anyio.lowlevel.checkpoint()
-                        await anyio.lowlevel.checkpoint()
-                        tg.cancel_scope.cancel()
-                return results
+                    # none can finish before the cancel
+                    return await run_all(pool, requests(stub.url, 64, sleep=30), cancel_at_once)
 
             results = anyio.run(run_and_cancel_at_once)
             assert len(results) == 64
@@ -201,21 +197,12 @@ def test_a_dead_worker_fails_only_its_running_rollouts_and_is_replaced(stub):
     pool = WorkerPool(Sleeps, workers=2, max_concurrent=4)
     try:
 
-        async def kill_one() -> list[ExecutionResult]:
-            results: list[ExecutionResult] = []
-
-            async def keep(result: ExecutionResult) -> None:
-                results.append(result)
-
-            async with anyio.create_task_group() as tg:
-                for r in requests(stub.url, 20, sleep=0.4):
-                    tg.start_soon(pool.execute, r, keep, keep)
-                await anyio.sleep(0.2)  # 2 running in each worker, 16 waiting
-                os.kill(pool.worker_pids[0], signal.SIGKILL)
-            return results
+        async def kill_one(_tg: anyio.abc.TaskGroup) -> None:
+            await anyio.sleep(0.2)  # 2 running in each worker, 16 waiting
+            os.kill(pool.worker_pids[0], signal.SIGKILL)
 
         first = pool.worker_pids[0]
-        results = anyio.run(kill_one)
+        results = anyio.run(run_all, pool, requests(stub.url, 20, sleep=0.4), kill_one)
         health = pool.health()
     finally:
         anyio.run(pool.aclose)
@@ -273,26 +260,17 @@ def test_workers_that_die_together_never_block_the_event_loop(stub):
     def stalled(_signum: int, _frame: object) -> None:
         raise TimeoutError("the event loop was blocked")
 
-    async def kill_together() -> list[ExecutionResult]:
-        results: list[ExecutionResult] = []
-
-        async def keep(result: ExecutionResult) -> None:
-            results.append(result)
-
-        async with anyio.create_task_group() as tg:
-            for r in requests(stub.url, 2, sleep=5.0):
-                tg.start_soon(pool.execute, r, keep, keep)
-            await anyio.sleep(0.3)
-            for pid in pool.worker_pids:
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(0.5)  # noqa: ASYNC251 (on purpose: all the kills cause is ready at the next turn)
-        return results
+    async def kill_together(_tg: anyio.abc.TaskGroup) -> None:
+        await anyio.sleep(0.3)
+        for pid in pool.worker_pids:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)  # noqa: ASYNC251 (on purpose: all the kills cause is ready at the next turn)
 
     previous = signal.signal(signal.SIGALRM, stalled)
     signal.alarm(20)  # ends a blocked recv (asyncio logs the error of the callback it ended)
     try:
         started = time.monotonic()
-        results = anyio.run(kill_together)
+        results = anyio.run(run_all, pool, requests(stub.url, 2, sleep=5.0), kill_together)
         took = time.monotonic() - started
     finally:
         signal.alarm(0)
@@ -415,6 +393,7 @@ def test_a_killed_run_leaves_no_worker_calling_the_policy(workspace, osmosis_exe
 BLOCKING_ROLLOUT = """
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from osmosis_core import AgentWorkflow
 
 
@@ -622,6 +601,7 @@ def test_a_second_signal_stops_at_once_and_keeps_the_summary(workspace, osmosis_
 CLEANS_UP_SLOWLY = """
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from osmosis_core import AgentWorkflow
 
 
