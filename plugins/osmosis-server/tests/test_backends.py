@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import attrs
 import httpx
@@ -139,3 +140,30 @@ def test_a_stray_cancelled_error_from_the_servers_own_steps_is_a_failure_not_a_c
     assert result.status is RolloutStatus.FAILURE, result
     assert result.error.category.value == "infra_error", result
     assert "CancelledError was raised while the server did not cancel the rollout" in result.error.message
+
+
+def test_a_rollout_task_cancelled_from_outside_is_a_cancellation_not_a_stray_error(serve):
+    """The other side of the rule above: the rollout's task cancelled by someone else than the
+    server's own cancel (as the event loop going down cancels its tasks), while the server set no
+    reason, is a cancellation, reported ``cancelled`` as at a shutdown, not the server's failure."""
+    served = serve(Remote())
+    service = served.service
+    opened = threading.Event()
+
+    async def hang(policy, rollout_id, **_keywords):
+        opened.set()
+        await asyncio.Event().wait()
+
+    service.traces = {}
+    service.gateways.open = hang
+
+    async def go():
+        running = asyncio.create_task(RolloutClient(served.url, token=TOKEN).run(request("outside")))
+        assert await asyncio.to_thread(opened.wait, 30)
+        await asyncio.to_thread(served.call, lambda: service._active["outside"].task.cancel())
+        return await running
+
+    result = run(go)
+    assert result.status is RolloutStatus.CANCELLED, result
+    assert result.error.category.value == "cancelled", result
+    assert "the server shut down" in result.error.message
