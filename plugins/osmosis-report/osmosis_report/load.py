@@ -454,7 +454,6 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
     for read, (number, line) in enumerate(scan_results(results, repair=False, damaged=damaged), start=1):
         named = line.get("rollout_id")
         key: Hashable = str(named) if by_id and named else (line["row"], line["sample_index"])
-        attempts[key] += 1
         if on_lines is not None and read % 500 == 0:
             on_lines(read, total)
         found: list[str] = []
@@ -463,7 +462,8 @@ def load_run(path: Path | str, *, on_lines: Callable[[int, int], None] | None = 
             outcome = summary_fields(line)
         except ValueError as exc:  # as the core's summary reads it: a damaged line, said and skipped
             damaged.append(f"{results}:{number}: not a result line ({exc})")
-            continue
+            continue  # (no attempt of its rollout either)
+        attempts[key] += 1
         rollout = _rollout(line, f"{results}:{number}", found)
         latest[key] = rollout, outcome
         if rollout.version is not None:

@@ -18,11 +18,16 @@ from osmosis_report.render import build_report, run_figures
 
 
 def test_a_damaged_line_is_named_as_file_and_line_and_the_rest_is_read(tmp_path):
-    run = write_run(tmp_path / "r", [line(0, 0), "{not json", json.dumps({"row": "x"}), line(1, 0, reward=0.0)])
+    refused = json.dumps({**line(0, 0), "status": "oops"})  # a result line's keys, a status the core refuses
+    lines = [line(0, 0), "{not json", json.dumps({"row": "x"}), refused, line(1, 0, reward=0.0)]
+    run = write_run(tmp_path / "r", lines)
     data = load_run(run)
-    assert [d.split(": ")[0] for d in data.damaged] == [f"{run / 'results.jsonl'}:2", f"{run / 'results.jsonl'}:3"]
+    results = run / "results.jsonl"
+    assert [d.split(": ")[0] for d in data.damaged] == [f"{results}:2", f"{results}:3", f"{results}:4"]
+    assert "not a result line" in data.damaged[2]
     assert data.summary.finished == 2
     assert data.summary.mean_reward == 0.5
+    assert data.rows[0].rollouts[0].attempts == 1  # a damaged line is no attempt of its rollout
 
 
 def test_the_latest_record_of_a_retried_pair_counts_as_in_the_core_summary(tmp_path):
