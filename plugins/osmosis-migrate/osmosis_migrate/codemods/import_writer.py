@@ -86,7 +86,7 @@ def write_statement(facts: Facts, plan: Plan, node: Import, groups: list[Group])
     """Plan ``node``'s replacement by ``groups`` (its removal when there are none)."""
     line = facts.parents.get(node)
     assert isinstance(line, cst.SimpleStatementLine | cst.SimpleStatementSuite)
-    own_line = isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+    own_line = facts.alone(node)
     if not groups:
         if own_line:
             plan.dropped.add(line)
@@ -107,7 +107,8 @@ def write_statement(facts: Facts, plan: Plan, node: Import, groups: list[Group])
         item_indent = item_indent[len(indent) :] if item_indent.startswith(indent) else item_indent
     else:
         item_indent = "    "
-    _after, _before, other = import_comments(facts, node)
+    # the comments no alias holds go on a multi-line from-import's first line (tokenized only for one)
+    other = import_comments(facts, node)[2] if multiline and own_line else []
     texts = []
     for position, group in enumerate(groups):
         head = f"from {group.module} import " if group.kind == "from" else "import "
